@@ -1,0 +1,25 @@
+"""Flint: a training step becomes the workload graph of a cluster of any size, without it.
+
+    import flint
+    step = flint.capture(devices=4096, mesh={"data": 512, "model": 8})(train_step)
+    graph = step.workload(params, opt_state, batch)     # nothing runs
+
+JAX is imported lazily so that Flint can configure compile-only devices before JAX starts.
+"""
+from flint.cluster import Cluster
+from flint.errors import FlintError
+from flint.graph import Collective, Communicator, Loop, Node, NodeKind, WorkloadGraph
+
+__version__ = "0.1.0"
+_LAZY = {"capture": "flint.frontends.jax", "extract": "flint.frontends.jax",
+         "Captured": "flint.frontends.jax"}
+__all__ = ["Cluster", "FlintError", "Collective", "Communicator", "Loop", "Node", "NodeKind",
+           "WorkloadGraph", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'flint' has no attribute {name!r}")

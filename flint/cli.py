@@ -1,0 +1,142 @@
+"""`flint` command line (thin: parse flags, call the library, render)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from flint.errors import FlintError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Flint: training step -> workload graph of a cluster of any size.")
+err = Console(stderr=True)
+
+
+@app.callback()
+def _root():
+    """Flint: training step -> workload graph of a cluster of any size."""
+
+
+@app.command()
+def extract(
+    target: Optional[str] = typer.Argument(
+        None, help="SCRIPT.py:FUNCTION of a training step; default: the built-in --model"),
+    devices: int = typer.Option(4096, "--devices", "-n", help="virtual cluster size"),
+    mesh: Optional[str] = typer.Option(
+        None, help="mesh axes, e.g. data=512,model=8 (default: fsdp=N/8,model=8 for zoo "
+                   "models, data=N for scripts)"),
+    hardware: str = typer.Option("h100-sxm", help="compile target (see `flint hardware`)"),
+    model: str = typer.Option("llama3-8b", help="built-in model when no TARGET is given"),
+    scan: bool = typer.Option(True, "--scan/--unroll", help="zoo: layers in lax.scan or not"),
+    layers: Optional[int] = typer.Option(None, help="zoo: override the layer count"),
+    seq_len: Optional[int] = typer.Option(None, help="zoo: override the sequence length"),
+    batch_per_replica: int = typer.Option(1, help="zoo: sequences per data-parallel replica"),
+    remat: Optional[str] = typer.Option(None, help="zoo: none | full | dots"),
+    sequence_parallel: bool = typer.Option(False, help="zoo: shard activations' sequence dim "
+                                                       "over the TP axis"),
+    devices_per_host: Optional[int] = typer.Option(None, help="devices per host (GPU: 8)"),
+    args_fn: str = typer.Option("example_args", help="script: function giving example args"),
+    out: Optional[str] = typer.Option(None, help="write the graph as JSON to this file"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+):
+    """Compile a training step for N compile-only devices and build its workload graph."""
+    _run(lambda: _extract(target, devices, mesh, hardware, model, scan, layers, seq_len,
+                          batch_per_replica, remat, sequence_parallel, devices_per_host,
+                          args_fn, out, as_json))
+
+
+@app.command()
+def hardware():
+    """List the compile targets Flint knows."""
+    from flint.frontends.targets import ALIASES, known_hardware
+
+    for name in known_hardware():
+        aliases = [a for a, t in ALIASES.items() if t == name]
+        print(name + (f"  (also: {', '.join(aliases)})" if aliases else ""))
+
+
+def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
+             batch_per_replica, remat, sequence_parallel, devices_per_host, args_fn, out,
+             as_json):
+    from flint.frontends.targets import prepare_environment, resolve_target
+
+    prepare_environment()
+    resolve_target(hardware_name)  # fail fast on an unknown target, before JAX starts
+    if out:
+        _check_output_dir(out)
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    t_start = time.perf_counter()
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=err, transient=True, disable=not err.is_terminal) as progress:
+        task = progress.add_task("starting JAX", total=None)
+
+        def stage(text):
+            progress.update(task, description=text)
+
+        from flint.cli_targets import captured_step
+
+        step, args, label = captured_step(target, devices, mesh, hardware_name, model, scan,
+                                          layers, seq_len, batch_per_replica, remat,
+                                          sequence_parallel, devices_per_host, args_fn)
+        stage(f"tracing and lowering {label} for {devices} devices")
+        lowered = step.lower(*args)
+        stage(f"compiling with XLA for {devices} x {step.cfg.hardware} (no hardware runs)")
+        compiled = lowered.compile()
+        stage("lowering optimized HLO into the workload graph")
+        graph = compiled.workload()
+        graph.meta["model"] = label
+        if out:
+            stage(f"writing {out}")
+            graph.save(out)
+    timings = dict(compiled.timings, total_s=time.perf_counter() - t_start)
+    summary = graph.summary()
+    if as_json:
+        print(json.dumps({"summary": summary, "timings_s": timings}, sort_keys=True, indent=1))
+    else:
+        from flint.render import render_summary
+
+        render_summary(summary, Console(), timings)
+        if out:
+            err.print(f"wrote {out} ({os.path.getsize(out) / 2**20:.2f} MiB)")
+
+
+def _check_output_dir(out: str) -> None:
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        raise FlintError(f"output directory {parent!r} does not exist")
+
+
+def _run(fn) -> None:
+    code = 0
+    try:
+        fn()
+    except FlintError as e:
+        err.print(f"[bold red]flint: error:[/] {e}", highlight=False, soft_wrap=True)
+        code = e.exit_code
+    except KeyboardInterrupt:
+        code = 130
+    _exit(code)
+
+
+def _exit(code: int) -> None:
+    from flint.frontends.host_devices import needs_hard_exit
+
+    if needs_hard_exit():  # JAX's one-process distributed runtime hangs at shutdown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

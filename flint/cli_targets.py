@@ -1,0 +1,102 @@
+"""What `flint extract` compiles: a zoo model's step, or a user's SCRIPT.py:FUNCTION."""
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+from flint.errors import FlintError
+
+
+def default_zoo_mesh(devices: int) -> str:
+    """FSDP across hosts, 8-way tensor parallelism inside an 8-GPU host."""
+    if devices >= 8 and devices % 8 == 0:
+        return f"fsdp={devices // 8},model=8"
+    return f"fsdp={devices}"
+
+
+def captured_step(target, devices, mesh, hardware, model, scan, layers, seq_len,
+                  batch_per_replica, remat, sequence_parallel, devices_per_host, args_fn):
+    """Return (Captured step, example args, label)."""
+    from flint.cluster import parse_mesh
+    from flint.frontends.jax import Captured, capture
+
+    if target is None:
+        from flint.models.train import build
+
+        mesh_t = parse_mesh(mesh or default_zoo_mesh(devices), devices)
+        w = build(model, mesh_t, batch_per_replica, seq_len, scan, remat, sequence_parallel,
+                  layers)
+        step = capture(w.step, devices=devices, mesh=dict(mesh_t), hardware=hardware,
+                       in_specs=w.in_specs, out_specs=w.out_specs,
+                       donate_argnums=w.donate_argnums, devices_per_host=devices_per_host)
+        return step, w.args, w.name
+    module, fn_name = _load_script(target)
+    fn = getattr(module, fn_name, None)
+    if fn is None or not callable(fn):
+        raise FlintError(f"{target.split(':')[0]} has no function {fn_name!r}")
+    args = _example_args(module, args_fn, target)
+    if isinstance(fn, Captured):
+        kw = {"devices": devices, "mesh": parse_mesh(mesh, devices) if mesh else
+              _rescaled_mesh(fn.cfg.mesh, devices), "hardware": hardware}
+        step = capture(fn.fn, in_specs=fn.cfg.in_specs, rules=fn.cfg.rules,
+                       out_specs=fn.cfg.out_specs, static_argnums=fn.cfg.static_argnums,
+                       donate_argnums=fn.cfg.donate_argnums,
+                       devices_per_host=devices_per_host, **kw)
+    else:
+        step = capture(fn, devices=devices, mesh=mesh, hardware=hardware,
+                       in_specs=getattr(module, "in_specs", None),
+                       rules=getattr(module, "rules", None), devices_per_host=devices_per_host)
+    return step, args, fn_name
+
+
+def _rescaled_mesh(mesh, devices: int) -> dict:
+    """Keep a decorated step's mesh; when --devices differs, grow its first axis."""
+    sizes = dict(mesh)
+    total = math.prod(sizes.values())
+    if total == devices:
+        return sizes
+    first = next(iter(sizes))
+    rest = total // sizes[first]
+    if devices % rest:
+        raise FlintError(f"--devices {devices} is not a multiple of the step's other mesh "
+                         f"axes ({rest} devices); pass --mesh")
+    sizes[first] = devices // rest
+    return sizes
+
+
+def _load_script(target: str):
+    path_text, sep, fn_name = target.rpartition(":")
+    if not sep or not path_text or not fn_name:
+        raise FlintError(f"target {target!r} must look like path/to/script.py:function")
+    path = Path(path_text)
+    if not path.is_file():
+        raise FlintError(f"file not found: {path}")
+    spec = importlib.util.spec_from_file_location(f"flint_user_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise FlintError(f"{path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent.resolve()))
+    try:
+        spec.loader.exec_module(module)
+    except FlintError:
+        raise
+    except Exception as e:
+        raise FlintError(f"{path} failed to import: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    finally:
+        sys.path.pop(0)
+    return module, fn_name
+
+
+def _example_args(module, args_fn: str, target: str) -> tuple:
+    source = getattr(module, args_fn, None)
+    if source is None:
+        raise FlintError(f"{target.split(':')[0]} defines no {args_fn}() giving the step's "
+                         f"example arguments (ShapeDtypeStructs are fine)")
+    try:
+        args = source() if callable(source) else source
+    except Exception as e:
+        raise FlintError(f"{args_fn}() failed: {type(e).__name__}: {e}") from None
+    return tuple(args) if isinstance(args, (tuple, list)) else (args,)

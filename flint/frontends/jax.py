@@ -1,0 +1,202 @@
+"""JAX frontend: compile a jitted step for N compile-only devices and read its optimized HLO.
+
+Stages mirror JAX's own (`jit(f).lower(...).compile()`):
+
+    step = flint.capture(devices=4096, mesh={"data": 512, "model": 8})(train_step)
+    lowered = step.lower(*args)          # FlintLowered: .as_text() is StableHLO
+    compiled = lowered.compile()         # FlintCompiled: .as_text() is the optimized HLO
+    graph = compiled.workload()          # WorkloadGraph
+    graph = step.workload(*args)         # all three at once
+
+The step is never executed: arguments may be ShapeDtypeStructs or real arrays, and only
+their shapes and dtypes are used.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from flint.cluster import Cluster, parse_mesh
+from flint.errors import FlintError
+from flint.frontends.targets import (devices_for, prepare_environment, quiet_native_stderr,
+                                     resolve_target)
+
+prepare_environment()
+with quiet_native_stderr():  # the CUDA plugin probes for drivers while JAX imports
+    import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+from flint.frontends.arg_specs import abstract_args  # noqa: E402
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    devices: int
+    mesh: tuple[tuple[str, int], ...]
+    hardware: str = "h100-sxm"
+    devices_per_host: int = 8
+    in_specs: object = None
+    rules: tuple = ()
+    out_specs: object = None
+    static_argnums: tuple = ()
+    donate_argnums: tuple = ()
+    compiler_options: tuple = ()
+
+
+def make_config(devices: int, mesh=None, hardware: str = "h100-sxm", **kw) -> CaptureConfig:
+    target = resolve_target(hardware)
+    mesh_t = parse_mesh(mesh, devices)
+    per_host = kw.pop("devices_per_host", None) or (8 if target.platform == "gpu" else 4)
+    opts = tuple(sorted((kw.pop("compiler_options", None) or {}).items()))
+    rules = tuple(kw.pop("rules", None) or ())
+    return CaptureConfig(devices, mesh_t, target.hardware, per_host, rules=rules,
+                         compiler_options=opts, **kw)
+
+
+def build_mesh(cfg: CaptureConfig) -> tuple[Mesh, Cluster]:
+    target = resolve_target(cfg.hardware)
+    devices = devices_for(target, cfg.devices, cfg.devices_per_host)
+    sizes = [s for _, s in cfg.mesh]
+    mesh = Mesh(np.array(devices, dtype=object).reshape(sizes), tuple(n for n, _ in cfg.mesh))
+    cluster = Cluster(cfg.devices, cfg.mesh, target.hardware, target.platform,
+                      min(cfg.devices_per_host, cfg.devices))
+    return mesh, cluster
+
+
+@dataclass
+class FlintCompiled:
+    compiled: object
+    cluster: Cluster
+    name: str
+    timings: dict = field(default_factory=dict)
+
+    def as_text(self) -> str:
+        """The optimized, SPMD-partitioned per-device HLO."""
+        return self.compiled.as_text()
+
+    def cost_analysis(self):
+        return self.compiled.cost_analysis()
+
+    def memory_analysis(self):
+        return self.compiled.memory_analysis()
+
+    def hlo_module(self):
+        from flint.hlo.module import parse_module
+
+        return parse_module(self.as_text())
+
+    def workload(self):
+        from flint.passes.lower_hlo import lower_hlo
+
+        t0 = time.perf_counter()
+        graph = lower_hlo(self.hlo_module(), self.cluster)
+        graph.meta.update(source="jax", function=self.name, jax_version=jax.__version__)
+        self.timings["graph_s"] = time.perf_counter() - t0
+        return graph
+
+
+@dataclass
+class FlintLowered:
+    lowered: object
+    cluster: Cluster
+    name: str
+    compiler_options: dict
+    timings: dict = field(default_factory=dict)
+
+    def as_text(self) -> str:
+        """The StableHLO module JAX lowered (before partitioning and optimization)."""
+        return self.lowered.as_text()
+
+    def compile(self) -> FlintCompiled:
+        t0 = time.perf_counter()
+        try:
+            compiled = self.lowered.compile(self.compiler_options or None)
+        except Exception as e:
+            raise FlintError(f"XLA could not compile {self.name} for {self.cluster.devices} "
+                             f"{self.cluster.hardware} devices: {_first_line(e)}") from None
+        timings = dict(self.timings, compile_s=time.perf_counter() - t0)
+        return FlintCompiled(compiled, self.cluster, self.name, timings)
+
+
+class Captured:
+    """A step function bound to a virtual cluster (what `flint.capture` returns)."""
+
+    def __init__(self, fn: Callable, cfg: CaptureConfig):
+        if not callable(fn):
+            raise FlintError(f"{fn!r} is not a function")
+        self.fn = fn
+        self.cfg = cfg
+        self.name = getattr(fn, "__name__", type(fn).__name__)
+        self.__wrapped__ = fn
+
+    def __call__(self, *args, **kwargs):
+        """Call the step as usual (on whatever real devices this process has)."""
+        return self.fn(*args, **kwargs)
+
+    def with_config(self, **changes) -> "Captured":
+        from dataclasses import replace
+
+        return Captured(self.fn, replace(self.cfg, **changes))
+
+    def lower(self, *args) -> FlintLowered:
+        t0 = time.perf_counter()
+        mesh, cluster = build_mesh(self.cfg)
+        t_dev = time.perf_counter()
+        specs = abstract_args(args, mesh, self.cfg.in_specs, self.cfg.rules,
+                              self.cfg.static_argnums)
+        jitted = self._jitted(mesh)
+        try:
+            with jax.set_mesh(mesh):
+                lowered = jitted.lower(*specs)
+        except FlintError:
+            raise
+        except Exception as e:
+            raise FlintError(f"cannot trace {self.name}: {type(e).__name__}: "
+                             f"{_first_line(e)}") from None
+        timings = {"devices_s": t_dev - t0, "lower_s": time.perf_counter() - t_dev}
+        return FlintLowered(lowered, cluster, self.name, dict(self.cfg.compiler_options), timings)
+
+    def workload(self, *args):
+        return self.lower(*args).compile().workload()
+
+    def _jitted(self, mesh: Mesh):
+        fn = self.fn
+        already_jitted = hasattr(fn, "lower") and hasattr(fn, "trace")
+        if already_jitted and self.cfg.out_specs is None:
+            return fn
+        base = getattr(fn, "__wrapped__", fn) if already_jitted else fn
+        kw = {"static_argnums": self.cfg.static_argnums,
+              "donate_argnums": self.cfg.donate_argnums}
+        if self.cfg.out_specs is not None:
+            kw["out_shardings"] = jax.tree.map(
+                lambda s: NamedSharding(mesh, s), self.cfg.out_specs,
+                is_leaf=lambda x: isinstance(x, P))
+        return jax.jit(base, **kw)
+
+
+def capture(fn: Callable | None = None, *, devices: int, mesh=None, hardware: str = "h100-sxm",
+            **kw):
+    """Bind a (jitted) training step to `devices` compile-only devices of `hardware`.
+
+    `mesh` is `{"data": 512, "model": 8}` or `"data=512,model=8"`; argument shardings come
+    from `in_specs` (a pytree prefix of PartitionSpecs), `rules` ((regex, PartitionSpec)
+    pairs matched against '/'-joined argument paths), or the arguments' own shardings.
+    """
+    cfg = make_config(devices, mesh, hardware, **kw)
+
+    def wrap(f):
+        return Captured(f, cfg)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def extract(fn: Callable, *args, devices: int, mesh=None, hardware: str = "h100-sxm", **kw):
+    """One call: compile `fn(*args)` for the virtual cluster and return its WorkloadGraph."""
+    return capture(fn, devices=devices, mesh=mesh, hardware=hardware, **kw).workload(*args)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__

@@ -1,0 +1,141 @@
+"""Compile-only devices for a target: N virtual GPUs, TPUs or host CPUs, with no hardware.
+
+GPU: the CUDA PJRT plugin compiles for a topology `1x{hosts}x{gpus_per_host}` described by a
+GpuTargetConfigProto text file per SKU (gpu_targets/*.pbtxt, figures from public specs).
+TPU: libtpu's topology descriptions (optional extra). CPU: host devices of this process.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from flint.errors import FlintError
+
+GPU_TARGETS_DIR = Path(__file__).parent / "gpu_targets"
+TPU_TARGETS = {"tpu-v4": ("v4", 3), "tpu-v5e": ("v5e", 2), "tpu-v5p": ("v5p", 3)}
+ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "a100": "a100-80gb-sxm",
+           "a100-40gb": "a100-40gb-sxm", "a100-80gb": "a100-80gb-sxm", "host": "cpu"}
+
+
+@dataclass(frozen=True)
+class Target:
+    hardware: str
+    platform: str            # gpu | tpu | cpu
+
+
+def gpu_target_names() -> list[str]:
+    return sorted(p.stem for p in GPU_TARGETS_DIR.glob("*.pbtxt"))
+
+
+def known_hardware() -> list[str]:
+    return gpu_target_names() + sorted(TPU_TARGETS) + ["cpu"]
+
+
+def resolve_target(hardware: str) -> Target:
+    name = ALIASES.get(hardware.lower(), hardware.lower())
+    if name in gpu_target_names():
+        return Target(name, "gpu")
+    if name in TPU_TARGETS:
+        return Target(name, "tpu")
+    if name == "cpu":
+        return Target(name, "cpu")
+    raise FlintError(f"unknown hardware {hardware!r}; known: {', '.join(known_hardware())}")
+
+
+def prepare_environment() -> None:
+    """Process settings that must precede `import jax` for compile-only targets."""
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    # The CUDA plugin is only needed for its compiler: never start a GPU runtime here.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+@contextlib.contextmanager
+def quiet_native_stderr():
+    """Silence C++ start-up chatter (CUDA stub probes) on fd 2; replay it if we fail."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            sink.seek(0)
+            os.write(2, sink.read()[-4000:])
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def devices_for(target: Target, count: int, devices_per_host: int) -> list:
+    """`count` compile-only devices of the target, in rank order."""
+    if count < 1:
+        raise FlintError(f"device count must be >= 1, got {count}")
+    if target.platform == "gpu":
+        return _gpu_devices(target.hardware, count, devices_per_host)
+    if target.platform == "tpu":
+        return _tpu_devices(target.hardware, count)
+    return _cpu_devices(count)
+
+
+def _gpu_devices(hardware: str, count: int, per_host: int) -> list:
+    per_host = min(per_host, count)
+    if count % per_host:
+        raise FlintError(f"{count} devices do not fill hosts of {per_host} GPUs")
+    return list(_gpu_topology(hardware, count // per_host, per_host).devices)
+
+
+@lru_cache(maxsize=16)
+def _gpu_topology(hardware: str, hosts: int, per_host: int):
+    prepare_environment()
+    with quiet_native_stderr():
+        from jax.experimental import topologies
+
+        config = (GPU_TARGETS_DIR / f"{hardware}.pbtxt").read_text()
+        try:
+            return topologies.get_topology_desc(
+                platform="cuda", topology=f"1x{hosts}x{per_host}", target_config=config)
+        except Exception as e:  # the plugin is missing or rejects the target
+            raise FlintError(f"cannot create compile-only {hardware} devices: "
+                             f"{str(e).splitlines()[0]}") from None
+
+
+def torus_shape(count: int, dims: int) -> tuple[int, ...]:
+    """A balanced power-of-two torus with `count` chips, smallest dimension first."""
+    if count & (count - 1):
+        raise FlintError(f"TPU slices need a power-of-two chip count, got {count}")
+    shape = [1] * dims
+    for _ in range(int(math.log2(count))):
+        shape[shape.index(min(shape))] *= 2
+    return tuple(sorted(shape))
+
+
+def _tpu_devices(hardware: str, count: int) -> list:
+    generation, dims = TPU_TARGETS[hardware]
+    try:
+        import libtpu  # noqa: F401
+    except ImportError:
+        raise FlintError(f"hardware {hardware} needs libtpu: pip install 'flint[tpu]'") from None
+    from jax.experimental import topologies
+
+    name = f"{generation}:" + "x".join(str(d) for d in torus_shape(count, dims))
+    try:
+        topo = topologies.get_topology_desc(name, "tpu")
+    except Exception as e:
+        raise FlintError(f"cannot create TPU topology {name}: {str(e).splitlines()[0]}") from None
+    return list(topo.devices)[:count]
+
+
+def _cpu_devices(count: int) -> list:
+    from flint.frontends.host_devices import host_devices
+
+    return host_devices(count)

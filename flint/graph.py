@@ -1,0 +1,264 @@
+"""WorkloadGraph: the per-device workload of an SPMD training step.
+
+One graph describes every rank: SPMD ranks run the same program and differ only in which
+peers their collectives talk to, which the communicators say. Nothing here grows with the
+device count except communicator group lists that XLA itself printed explicitly.
+
+Nodes are listed in the compiler's schedule order; a node's id is its index. Loop bodies
+appear once with `repeat` set to how many times they run per step (`passes.expand_loops`
+unrolls them for consumers that need every instance).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from functools import cached_property
+from typing import Iterator
+
+import numpy as np
+
+from flint.cluster import Cluster
+from flint.errors import FlintError
+from flint.hlo.replica_groups import parse_replica_groups, parse_source_target_pairs
+
+FORMAT = "flint.workload"
+VERSION = 1
+
+
+class NodeKind(str, Enum):
+    COMPUTE = "compute"        # arithmetic: GEMMs, convolutions, fusions, reductions
+    MEMORY = "memory"          # pure data movement: copies, transposes, host offload
+    COLLECTIVE = "collective"  # all-reduce, all-gather, reduce-scatter, all-to-all, permute
+    SEND = "send"
+    RECV = "recv"
+
+
+@dataclass
+class Collective:
+    """What a communication node moves, and with whom."""
+
+    type: str                 # all-reduce | all-gather | reduce-scatter | all-to-all | ...
+    communicator: int         # index into WorkloadGraph.communicators
+    bytes_in: int             # this rank's input buffer, bytes
+    bytes_out: int            # this rank's output buffer, bytes
+    dtype: str
+    reduction: str | None = None
+    is_async: bool = False
+    # Ids of the first and last node the compiler scheduled between start and done: the
+    # work this collective may overlap with.
+    window: tuple[int, int] | None = None
+
+
+@dataclass
+class Node:
+    id: int
+    name: str
+    kind: NodeKind
+    op: str                   # HLO opcode (or wrapped opcode for async pairs)
+    op_class: str             # gemm, conv, attention, elementwise, reduction, ...
+    inputs: list[int] = field(default_factory=list)
+    control: list[int] = field(default_factory=list)
+    flops: float = 0.0
+    transcendentals: float = 0.0
+    bytes_read: float = 0.0
+    bytes_written: float = 0.0
+    outputs: list[str] = field(default_factory=list)    # e.g. ["bf16[8,4096]"]
+    operands: list[str] = field(default_factory=list)
+    repeat: int = 1           # executions per step (product of enclosing loop trip counts)
+    collective: Collective | None = None
+    meta: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["kind"] = self.kind.value
+        if self.collective is None:
+            del d["collective"]
+        elif d["collective"]["window"] is not None:
+            d["collective"]["window"] = list(d["collective"]["window"])
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Node":
+        d = dict(d)
+        d["kind"] = NodeKind(d["kind"])
+        c = d.get("collective")
+        if c is not None:
+            c = dict(c)
+            if c.get("window") is not None:
+                c["window"] = tuple(c["window"])
+            d["collective"] = Collective(**c)
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Communicator:
+    """A set of device groups that talk in one collective (or source->target pairs)."""
+
+    id: int
+    kind: str                 # "groups" or "pairs"
+    spec: str                 # replica groups / pairs exactly as the compiler wrote them
+    num_devices: int
+    size: int                 # ranks per group (2 for pairs)
+    num_groups: int
+    mesh_axes: tuple[str, ...]
+
+    def groups(self) -> np.ndarray:
+        """[num_groups, size] ranks (for pairs: [num_pairs, 2] as source, target)."""
+        if self.kind == "pairs":
+            return parse_source_target_pairs(self.spec)
+        return parse_replica_groups(self.spec, self.num_devices)
+
+    def group_of(self, rank: int) -> list[int]:
+        g = self.groups()
+        rows = np.nonzero((g == rank).any(axis=1))[0]
+        return [int(r) for r in g[rows[0]]] if len(rows) else []
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["mesh_axes"] = list(self.mesh_axes)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Communicator":
+        return cls(**{**d, "mesh_axes": tuple(d["mesh_axes"])})
+
+
+@dataclass
+class Loop:
+    """A compiled while loop whose body nodes appear once in the graph."""
+
+    id: int
+    name: str
+    trip_count: int
+    parent: int | None
+    first: int                # first and last node id of the body (inclusive)
+    last: int
+    trip_count_known: bool = True
+    # Loop-carried dependencies: for each state element, the body nodes that produce it at
+    # the end of an iteration and the body nodes that consume it at the start of the next.
+    carried: list[tuple[list[int], list[int]]] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["carried"] = [[list(p), list(c)] for p, c in self.carried]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Loop":
+        d = dict(d)
+        d["carried"] = [(list(p), list(c)) for p, c in d.get("carried", [])]
+        return cls(**d)
+
+
+@dataclass
+class WorkloadGraph:
+    cluster: Cluster
+    nodes: list[Node] = field(default_factory=list)
+    communicators: list[Communicator] = field(default_factory=list)
+    loops: list[Loop] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def node(self, node_id: int) -> Node:
+        return self.nodes[node_id]
+
+    @cached_property
+    def users(self) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in self.nodes]
+        for n in self.nodes:
+            for i in n.inputs:
+                out[i].append(n.id)
+        return out
+
+    def collectives(self) -> list[Node]:
+        return [n for n in self.nodes if n.collective is not None]
+
+    def communicator(self, node: Node) -> Communicator:
+        return self.communicators[node.collective.communicator]
+
+    def total_flops(self) -> float:
+        return sum(n.flops * n.repeat for n in self.nodes)
+
+    def to_networkx(self):
+        """A networkx.DiGraph view: node attribute `node` holds the Node, edges are deps."""
+        import networkx as nx
+
+        g = nx.DiGraph(cluster=self.cluster, meta=self.meta)
+        for n in self.nodes:
+            g.add_node(n.id, node=n, kind=n.kind.value, name=n.name)
+        for n in self.nodes:
+            for i in n.inputs:
+                g.add_edge(i, n.id, dep="data")
+            for i in n.control:
+                g.add_edge(i, n.id, dep="control")
+        return g
+
+    def summary(self) -> dict:
+        from flint.summary import summarize
+
+        return summarize(self)
+
+    def as_text(self) -> str:
+        """A readable dump, one line per node (for debugging and pass dumps)."""
+        from flint.summary import graph_text
+
+        return graph_text(self)
+
+    # --- serialization -------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT, "version": VERSION, "cluster": self.cluster.to_json(),
+            "meta": self.meta, "communicators": [c.to_json() for c in self.communicators],
+            "loops": [lp.to_json() for lp in self.loops],
+            "nodes": [n.to_json() for n in self.nodes],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "WorkloadGraph":
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise FlintError("not a Flint workload graph (missing format 'flint.workload')")
+        if d.get("version") != VERSION:
+            raise FlintError(f"workload graph version {d.get('version')} is not supported "
+                             f"(this Flint reads version {VERSION})")
+        try:
+            g = cls(Cluster.from_json(d["cluster"]),
+                    [Node.from_json(n) for n in d["nodes"]],
+                    [Communicator.from_json(c) for c in d["communicators"]],
+                    [Loop.from_json(lp) for lp in d.get("loops", [])], d.get("meta", {}))
+        except (KeyError, TypeError, ValueError) as e:
+            raise FlintError(f"corrupt workload graph: {type(e).__name__}: {e}") from None
+        g.check()
+        return g
+
+    def check(self) -> None:
+        """Structural invariants: dense ids, deps point backwards, communicators exist."""
+        for i, n in enumerate(self.nodes):
+            if n.id != i:
+                raise FlintError(f"corrupt workload graph: node {i} has id {n.id}")
+            for d in n.inputs + n.control:
+                if not 0 <= d < i:
+                    raise FlintError(f"corrupt workload graph: node {i} depends on {d}")
+            if n.collective and not 0 <= n.collective.communicator < len(self.communicators):
+                raise FlintError(f"corrupt workload graph: node {i} names a missing communicator")
+
+    def save(self, path) -> None:
+        from flint.io import write_atomic
+
+        write_atomic(path, dumps_json(self.to_json()))
+
+    @classmethod
+    def load(cls, path) -> "WorkloadGraph":
+        from flint.io import read_json
+
+        return cls.from_json(read_json(path))
+
+
+def dumps_json(obj) -> str:
+    """Deterministic JSON: sorted keys, compact separators, trailing newline."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n"

@@ -1,0 +1,36 @@
+"""File I/O that never leaves half-written outputs behind."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from flint.errors import FlintError
+
+
+def write_atomic(path, data: str | bytes) -> None:
+    """Write to a temporary file beside `path`, then rename it into place."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise FlintError(f"output directory {str(parent)!r} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_json(path):
+    path = Path(path)
+    if not path.is_file():
+        raise FlintError(f"file not found: {path}")
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise FlintError(f"{path} is not valid JSON: {e}") from None

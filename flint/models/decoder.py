@@ -1,0 +1,188 @@
+"""Decoder-only transformers of public shapes (GPT-2 small, Llama 3 8B / 70B), in plain JAX.
+
+Shapes come from the papers: GPT-2 small: 12 layers, d_model 768, 12 heads, vocab 50257,
+context 1024 (Radford et al. 2019, "Language Models are Unsupervised Multitask Learners",
+Table 2). Llama 3 8B: 32 layers, d_model 4096, FFN 14336, 32 heads, 8 KV heads; Llama 3 70B:
+80 layers, d_model 8192, FFN 28672, 64 heads, 8 KV heads; vocab 128256, context 8192
+(Llama Team, "The Llama 3 Herd of Models", 2024, Table 3).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    name: str
+    vocab: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    seq_len: int
+    norm: str = "rms"            # rms | layer
+    mlp: str = "swiglu"          # swiglu | gelu
+    pos: str = "rope"            # rope | learned
+    tie_embeddings: bool = False
+    scan: bool = True            # layers in lax.scan (as MaxText does) or unrolled
+    remat: str = "none"          # none | full | dots
+    param_dtype: str = "float32"
+    compute_dtype: str = "bfloat16"
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def with_(self, **kw) -> "DecoderConfig":
+        return replace(self, **kw)
+
+
+ZOO = {
+    # Vocab 50257 padded to 50304 (a multiple of 128) as Megatron-LM and nanoGPT do, so
+    # vocab-parallel embeddings divide by the TP degree.
+    "gpt2-small": DecoderConfig("gpt2-small", 50304, 768, 12, 12, 12, 3072, 1024, norm="layer",
+                                mlp="gelu", pos="learned", tie_embeddings=True),
+    "llama3-8b": DecoderConfig("llama3-8b", 128256, 4096, 32, 32, 8, 14336, 8192),
+    "llama3-70b": DecoderConfig("llama3-70b", 128256, 8192, 80, 64, 8, 28672, 8192),
+    # A few-layer model of the same structure, small enough to run on host CPUs in tests.
+    "tiny": DecoderConfig("tiny", 512, 128, 2, 4, 2, 256, 64),
+}
+
+
+def param_shapes(cfg: DecoderConfig) -> dict:
+    """Parameter pytree as ShapeDtypeStructs (no memory)."""
+    d, f, hd = cfg.d_model, cfg.d_ff, cfg.head_dim
+    dt = jnp.dtype(cfg.param_dtype)
+
+    def s(*shape):
+        return jax.ShapeDtypeStruct(shape, dt)
+
+    def layer(*lead):
+        p = {"attn_norm": s(*lead, d), "wq": s(*lead, d, cfg.n_heads * hd),
+             "wk": s(*lead, d, cfg.n_kv_heads * hd), "wv": s(*lead, d, cfg.n_kv_heads * hd),
+             "wo": s(*lead, cfg.n_heads * hd, d), "mlp_norm": s(*lead, d),
+             "w_up": s(*lead, d, f), "w_down": s(*lead, f, d)}
+        if cfg.mlp == "swiglu":
+            p["w_gate"] = s(*lead, d, f)
+        return p
+
+    params = {"embed": s(cfg.vocab, d), "final_norm": s(d)}
+    params["layers"] = (layer(cfg.n_layers) if cfg.scan
+                        else {f"layer_{i}": layer() for i in range(cfg.n_layers)})
+    if cfg.pos == "learned":
+        params["pos_embed"] = s(cfg.seq_len, d)
+    if not cfg.tie_embeddings:
+        params["lm_head"] = s(d, cfg.vocab)
+    return params
+
+
+def param_count(cfg: DecoderConfig) -> int:
+    import math
+
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(param_shapes(cfg)))
+
+
+def sharding_rules(cfg: DecoderConfig, fsdp: str | None, tp: str | None) -> list:
+    """Partition-spec rules: FSDP shards the d_model side of every matrix over `fsdp`,
+    Megatron TP splits attention heads and the MLP hidden dim over `tp` (column-parallel
+    wq/wk/wv/w_up/w_gate, row-parallel wo/w_down), embeddings are vocab-parallel."""
+    lead = (None,) if cfg.scan else ()
+    col, row = P(*lead, fsdp, tp), P(*lead, tp, fsdp)
+    return [
+        (r"layers/.*(wq|wk|wv|w_up|w_gate)$", col),
+        (r"layers/.*(wo|w_down)$", row),
+        (r"embed$", P(tp, fsdp)),
+        (r"lm_head$", P(fsdp, tp)),
+        (r".*", P()),
+    ]
+
+
+def _norm(x, w, kind):
+    x32 = x.astype(jnp.float32)
+    if kind == "layer":
+        x32 = x32 - x32.mean(-1, keepdims=True)
+    y = x32 * jax.lax.rsqrt((x32 * x32).mean(-1, keepdims=True) + 1e-6)
+    return (y * w).astype(x.dtype)
+
+
+def _rope(x, positions):
+    half = x.shape[-1] // 2
+    freqs = 500000.0 ** (-jnp.arange(half, dtype=jnp.float32) / half)  # Llama 3 theta
+    ang = positions[:, None].astype(jnp.float32) * freqs[None, :]
+    sin, cos = jnp.sin(ang)[None, :, None, :], jnp.cos(ang)[None, :, None, :]
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
+
+
+def _attention(x, p, cfg: DecoderConfig):
+    b, s, _ = x.shape
+    h, kv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    cd = x.dtype
+    q = (x @ p["wq"].astype(cd)).reshape(b, s, kv, h // kv, hd)
+    k = (x @ p["wk"].astype(cd)).reshape(b, s, kv, hd)
+    v = (x @ p["wv"].astype(cd)).reshape(b, s, kv, hd)
+    if cfg.pos == "rope":
+        pos = jnp.arange(s)
+        q = _rope(q.reshape(b, s, h, hd), pos).reshape(b, s, kv, h // kv, hd)
+        k = _rope(k, pos)
+    scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k, preferred_element_type=jnp.float32)
+    scores = scores / jnp.sqrt(jnp.float32(hd))
+    causal = jnp.tril(jnp.ones((s, s), dtype=bool))
+    scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(cd)
+    out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v).reshape(b, s, h * hd)
+    return out @ p["wo"].astype(cd)
+
+
+def _mlp(x, p, cfg: DecoderConfig):
+    cd = x.dtype
+    up = x @ p["w_up"].astype(cd)
+    if cfg.mlp == "swiglu":
+        up = jax.nn.silu(x @ p["w_gate"].astype(cd)) * up
+    else:
+        up = jax.nn.gelu(up)
+    return up @ p["w_down"].astype(cd)
+
+
+def forward(params, tokens, cfg: DecoderConfig, act_spec=None):
+    """Logits [batch, seq, vocab] in float32."""
+    cd = jnp.dtype(cfg.compute_dtype)
+
+    def constrain(x):
+        return x if act_spec is None else jax.lax.with_sharding_constraint(x, act_spec)
+
+    with jax.named_scope("embed"):
+        x = params["embed"][tokens].astype(cd)
+        if cfg.pos == "learned":
+            x = x + params["pos_embed"][: tokens.shape[1]].astype(cd)
+        x = constrain(x)
+
+    def layer(x, p):
+        with jax.named_scope("attention"):
+            x = x + _attention(_norm(x, p["attn_norm"], cfg.norm), p, cfg)
+        with jax.named_scope("mlp"):
+            x = x + _mlp(_norm(x, p["mlp_norm"], cfg.norm), p, cfg)
+        return constrain(x)
+
+    if cfg.remat == "full":
+        layer = jax.checkpoint(layer)
+    elif cfg.remat == "dots":
+        layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.checkpoint_dots)
+    if cfg.scan:
+        def body(x, p):
+            with jax.named_scope("layers"):
+                return layer(x, p), None
+        x, _ = jax.lax.scan(body, x, params["layers"])
+    else:
+        for i in range(cfg.n_layers):
+            with jax.named_scope(f"layer_{i}"):
+                x = layer(x, params["layers"][f"layer_{i}"])
+    with jax.named_scope("head"):
+        x = _norm(x, params["final_norm"], cfg.norm)
+        w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+        return jnp.einsum("bsd,dv->bsv", x, w.astype(cd), preferred_element_type=jnp.float32)

@@ -1,0 +1,141 @@
+"""A full training step for zoo models: forward, loss, backward, AdamW; and its shardings.
+
+Mesh axis names carry the parallelism: `data`/`dp` shard the batch, `fsdp` shards the batch
+and every parameter and optimizer state (ZeRO-3), `model`/`tensor`/`tp` is Megatron tensor
+parallelism; sequence parallelism shards activations' sequence dim over the TP axis.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from flint.errors import FlintError
+from flint.models import decoder, mlp
+
+DATA_AXES = ("data", "dp", "batch", "replica")
+FSDP_AXES = ("fsdp", "zero")
+TP_AXES = ("model", "tensor", "tp")
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    batch_axes: tuple[str, ...]
+    fsdp_axes: tuple[str, ...]
+    tp_axis: str | None
+    sequence_parallel: bool = False
+
+    @classmethod
+    def from_mesh(cls, mesh: tuple[tuple[str, int], ...], sequence_parallel: bool = False,
+                  fsdp_over_data: bool = False) -> "Parallelism":
+        names = [n for n, _ in mesh]
+        unknown = [n for n in names if n not in DATA_AXES + FSDP_AXES + TP_AXES]
+        if unknown:
+            raise FlintError(f"zoo models do not know mesh axis {unknown[0]!r}; use "
+                             f"{'/'.join(DATA_AXES + FSDP_AXES + TP_AXES)}")
+        tp = [n for n in names if n in TP_AXES]
+        if len(tp) > 1:
+            raise FlintError(f"more than one tensor-parallel axis in mesh: {tp}")
+        fsdp = tuple(n for n in names if n in FSDP_AXES or (fsdp_over_data and n in DATA_AXES))
+        batch = tuple(n for n in names if n in DATA_AXES + FSDP_AXES)
+        if sequence_parallel and not tp:
+            raise FlintError("sequence parallelism needs a tensor-parallel mesh axis")
+        return cls(batch, fsdp, tp[0] if tp else None, sequence_parallel)
+
+    def axis(self, names: tuple[str, ...]):
+        return None if not names else names[0] if len(names) == 1 else names
+
+
+@dataclass
+class ZooWorkload:
+    """A ready-to-extract step: function, abstract arguments and their partition specs."""
+
+    name: str
+    step: object
+    args: tuple
+    in_specs: tuple
+    out_specs: object = None
+    donate_argnums: tuple = (0, 1)
+    info: dict = field(default_factory=dict)
+
+
+def adamw_update(params, grads, state, lr=3e-4, b1=0.9, b2=0.95, eps=1e-8, wd=0.1):
+    """AdamW (Loshchilov & Hutter 2019) with bias correction, decoupled weight decay."""
+    count = state["count"] + 1
+    c1 = 1 - b1 ** count.astype(jnp.float32)
+    c2 = 1 - b2 ** count.astype(jnp.float32)
+    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state["mu"], grads)
+    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, state["nu"], grads)
+    new = jax.tree.map(lambda p, m, v: p - lr * ((m / c1) / (jnp.sqrt(v / c2) + eps) + wd * p),
+                       params, mu, nu)
+    return new, {"mu": mu, "nu": nu, "count": count}
+
+
+def cross_entropy(logits, targets):
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return jnp.mean(lse - picked)
+
+
+def spec_tree(tree, rules) -> object:
+    """Map each leaf's '/'-joined key path to the first matching (regex, spec) rule."""
+    compiled = [(re.compile(r), s) for r, s in rules]
+
+    def pick(path, _):
+        key = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+        for rx, spec in compiled:
+            if rx.search(key):
+                return spec
+        return P()
+
+    return jax.tree_util.tree_map_with_path(pick, tree)
+
+
+def build(model: str, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
+          seq_len: int | None = None, scan: bool | None = None, remat: str | None = None,
+          sequence_parallel: bool = False, layers: int | None = None) -> ZooWorkload:
+    """The zoo model's training step for a mesh (global batch = batch_per_replica x DP)."""
+    if model in mlp.ZOO:
+        return mlp.build(model, mesh, batch_per_replica, layers)
+    if model not in decoder.ZOO:
+        raise FlintError(f"unknown model {model!r}; zoo: "
+                         f"{', '.join(sorted(decoder.ZOO) + sorted(mlp.ZOO))}")
+    cfg = decoder.ZOO[model]
+    overrides = {k: v for k, v in dict(seq_len=seq_len, scan=scan, remat=remat,
+                                       n_layers=layers).items() if v is not None}
+    cfg = cfg.with_(**overrides)
+    par = Parallelism.from_mesh(mesh, sequence_parallel)
+    sizes = dict(mesh)
+    dp = 1
+    for a in par.batch_axes:
+        dp *= sizes[a]
+    batch = batch_per_replica * dp
+    params = decoder.param_shapes(cfg)
+    opt = {"mu": params, "nu": params, "count": jax.ShapeDtypeStruct((), jnp.int32)}
+    tokens = jax.ShapeDtypeStruct((batch, cfg.seq_len), jnp.int32)
+    data = {"tokens": tokens, "targets": tokens}
+    batch_axis = par.axis(par.batch_axes)
+    fsdp = par.axis(par.fsdp_axes)
+    pspec = spec_tree(params, decoder.sharding_rules(cfg, fsdp, par.tp_axis))
+    ospec = {"mu": pspec, "nu": pspec, "count": P()}
+    dspec = {"tokens": P(batch_axis, None), "targets": P(batch_axis, None)}
+    act = P(batch_axis, par.tp_axis if sequence_parallel else None, None)
+
+    def train_step(params, opt_state, batch):
+        def loss_fn(p):
+            logits = decoder.forward(p, batch["tokens"], cfg, act)
+            return cross_entropy(logits, batch["targets"])
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        with jax.named_scope("optimizer"):
+            params, opt_state = adamw_update(params, grads, opt_state)
+        return params, opt_state, loss
+
+    info = {"params": decoder.param_count(cfg), "tokens": batch * cfg.seq_len,
+            "global_batch": batch, "seq_len": cfg.seq_len, "layers": cfg.n_layers,
+            "scan": cfg.scan, "remat": cfg.remat}
+    return ZooWorkload(cfg.name, train_step, (params, opt, data), (pspec, ospec, dspec),
+                       (pspec, ospec, P()), (0, 1), info)

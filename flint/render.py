@@ -1,0 +1,74 @@
+"""Rich tables for summaries; every number carries its unit."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def fmt_flops(x: float) -> str:
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.0f} FLOP"
+
+
+def fmt_bytes(x: float) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.0f} B"
+
+
+def fmt_seconds(x: float) -> str:
+    return f"{x * 1e3:.0f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def render_summary(s: dict, console: Console, timings: dict | None = None,
+                   top_layers: int = 12) -> None:
+    mesh = " x ".join(f"{k}={v}" for k, v in s["mesh"].items())
+    over = Table(title=f"Workload graph: {s['module']} on {s['devices']} x {s['hardware']} "
+                       f"({mesh})", show_header=False)
+    over.add_column("what")
+    over.add_column("value", justify="right")
+    over.add_row("nodes (per-device graph)", f"{s['nodes']} nodes")
+    for kind, n in s["nodes_by_kind"].items():
+        over.add_row(f"  {kind}", f"{n} nodes")
+    over.add_row("flops per device per step", fmt_flops(s["flops_per_device"]))
+    for phase, f in s["flops_by_phase"].items():
+        over.add_row(f"  {phase}", fmt_flops(f))
+    over.add_row("memory traffic per device", fmt_bytes(s["bytes_read_per_device"]
+                                                        + s["bytes_written_per_device"]))
+    over.add_row("communicators", f"{s['communicators']} communicators")
+    for lp in s["loops"]:
+        known = "" if lp["known"] else " (unknown trip count: counted once)"
+        over.add_row(f"loop {lp['name']}", f"{lp['trip_count']} iterations{known}")
+    unknown = sum(s["unknown_ops"].values())
+    over.add_row("unknown ops (conservative cost)", f"{unknown} ops")
+    for k, v in (timings or {}).items():
+        over.add_row(f"time: {k}", fmt_seconds(v))
+    console.print(over)
+
+    coll = Table(title="Collectives per device per step (nccl-tests size convention)")
+    for col in ("type / mesh axes", "count", "bytes"):
+        coll.add_column(col, justify="right" if col != "type / mesh axes" else "left")
+    for name, c in s["collectives_by_type"].items():
+        coll.add_row(name, f"{c['count']} ops", fmt_bytes(c["bytes"]))
+    for axes, c in s["collectives_by_mesh_axis"].items():
+        coll.add_row(f"axes: {axes}", f"{c['count']} ops", fmt_bytes(c["bytes"]))
+    console.print(coll)
+
+    classes = Table(title="By op class")
+    for col in ("class", "nodes", "flops", "memory traffic"):
+        classes.add_column(col, justify="left" if col == "class" else "right")
+    for name, c in s["op_classes"].items():
+        classes.add_row(name, f"{c['nodes']} nodes", fmt_flops(c["flops"]), fmt_bytes(c["bytes"]))
+    console.print(classes)
+
+    layers = sorted(s["layers"].items(), key=lambda kv: -kv[1]["flops"])[:top_layers]
+    lt = Table(title=f"Per-layer roll-up (top {len(layers)} by flops)")
+    for col in ("layer / scope", "nodes", "flops", "memory traffic", "collective bytes"):
+        lt.add_column(col, justify="left" if col.startswith("layer") else "right")
+    for name, c in layers:
+        lt.add_row(name, f"{c['nodes']} nodes", fmt_flops(c["flops"]), fmt_bytes(c["bytes"]),
+                   fmt_bytes(c["collective_bytes"]))
+    console.print(lt)

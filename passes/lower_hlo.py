@@ -1,0 +1,361 @@
+"""Lower optimized, SPMD-partitioned HLO into a WorkloadGraph.
+
+Every instruction that does work becomes a node; instructions that only name or regroup
+values (bitcast, tuple, get-tuple-element, parameter, ...) are looked through, so a node's
+inputs are the nodes that really produced its data. Called computations are inlined; a
+while body is inlined once with `repeat` multiplied by its trip count; a conditional keeps
+its most expensive branch. Async start/done pairs become one node that remembers the nodes
+scheduled between them (its overlap window).
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from flint.cluster import Cluster
+from flint.errors import FlintError
+from flint.graph import Collective, Communicator, Loop, Node, NodeKind, WorkloadGraph
+from flint.hlo.module import HloComputation, HloInstruction, HloModule
+from flint.hlo.replica_groups import (mesh_axes_spanned, parse_replica_groups,
+                                      parse_source_target_pairs)
+from flint.hlo.shapes import Shape
+from flint.passes.hlo_cost import ALIASES, COLLECTIVES, CostRules, is_known
+from flint.passes.op_metadata import parse_op_name
+
+_LOOK_THROUGH = frozenset({"bitcast", "add-dependency", "opt-barrier", "optimization-barrier",
+                           "bitcast-convert", "domain", "async-update", "set-dimension-size"})
+_NO_DATA = frozenset({"constant", "partition-id", "replica-id", "after-all",
+                      "get-dimension-size"})
+_P2P = {"send": NodeKind.SEND, "recv": NodeKind.RECV}
+
+
+@dataclass(frozen=True)
+class _Carried:
+    """A loop-state element as seen inside the body: the producers of its initial value."""
+
+    loop: int
+    index: int
+    init: tuple
+
+
+@dataclass(frozen=True)
+class LowerHlo:
+    """HloModule -> WorkloadGraph for the given cluster.
+
+    Contract: node ids follow the entry computation's schedule (loop bodies inlined at the
+    loop); flops follow HloCostAnalysis; replica groups become deduplicated communicators
+    whose mesh axes are read against `cluster.mesh`.
+    """
+
+    cluster: Cluster
+    name: str = "lower-hlo"
+
+    def run(self, module: HloModule) -> WorkloadGraph:
+        return lower_hlo(module, self.cluster)
+
+
+def lower_hlo(module: HloModule, cluster: Cluster) -> WorkloadGraph:
+    participants = module.num_partitions * module.replica_count
+    if participants not in (1, cluster.devices):
+        raise FlintError(f"HLO module {module.name!r} is partitioned for {participants} devices "
+                         f"but the cluster has {cluster.devices}")
+    return _Lowering(module, cluster).run()
+
+
+class _Lowering:
+    def __init__(self, module: HloModule, cluster: Cluster):
+        self.module = module
+        self.cluster = cluster
+        self.rules = CostRules(module)
+        self.nodes: list[Node] = []
+        self.comms: dict[tuple[str, str], Communicator] = {}
+        self.loops: list[Loop] = []
+        self.loop_stack: list[int] = []
+        self.consumers: dict[int, dict[int, set[int]]] = {}
+        self.unknown: Counter = Counter()
+
+    def run(self) -> WorkloadGraph:
+        entry = self.module.entry_computation
+        self.lower(entry, [() for _ in entry.parameters], 1)
+        meta = {"module": self.module.name, "source": "hlo",
+                "unknown_ops": dict(sorted(self.unknown.items()))}
+        comms = sorted(self.comms.values(), key=lambda c: c.id)
+        return WorkloadGraph(self.cluster, self.nodes, comms, self.loops, meta)
+
+    # --- computations -------------------------------------------------------------------
+    def lower(self, comp: HloComputation, args: list, repeat: int):
+        env: dict[str, object] = {}
+        starts: dict[str, int] = {}
+        for ins in comp.instructions:
+            op = ins.opcode
+            if op == "parameter":
+                idx = int(ins.operand_text)
+                v = args[idx] if idx < len(args) else ()
+            elif op == "get-tuple-element":
+                src = env.get(ins.operands[0], ())
+                idx = int(ins.attr("index") or 0)
+                v = src[idx] if isinstance(src, list) and idx < len(src) else src
+            elif op == "tuple":
+                v = [env.get(o, ()) for o in ins.operands]
+            elif op in _LOOK_THROUGH:
+                v = env.get(ins.operands[0], ()) if ins.operands else ()
+            elif op in _NO_DATA:
+                v = ()
+            elif op == "while":
+                v = self.lower_while(ins, env, repeat)
+            elif op == "call":
+                callee = self.module.computations[ins.called("to_apply")[0]]
+                v = self.lower(callee, [env.get(o, ()) for o in ins.operands], repeat)
+            elif op == "conditional":
+                v = self.lower_conditional(ins, env, repeat)
+            elif op.endswith("-done"):
+                if ins.operands[0] in starts:
+                    node = self.nodes[starts.pop(ins.operands[0])]
+                    self.close_async(node, ins)
+                    v = _leaves_of(node.id, ins.shape)
+                else:  # started in another computation: the value flows through
+                    v = env.get(ins.operands[0], ())
+            elif op.endswith("-start") and op != "copy-start" or op == "async-start":
+                node = self.start_async(ins, comp, env, repeat)
+                starts[ins.name] = node.id
+                v = (node.id,)
+            else:
+                node = self.make_node(ins, comp, ins, [env.get(o, ()) for o in ins.operands],
+                                      repeat)
+                if op == "copy-start":
+                    node.meta["async"] = True
+                    starts[ins.name] = node.id
+                v = _leaves_of(node.id, ins.shape)
+            env[ins.name] = v
+        return env.get(comp.root.name, ())
+
+    def lower_while(self, ins: HloInstruction, env: dict, repeat: int):
+        init = env.get(ins.operands[0], ())
+        n = ins.backend_config.get("known_trip_count", {}).get("n")
+        trip = int(n) if n is not None else 1
+        loop_id = len(self.loops)
+        body = self.module.computations[ins.called("body")[0]]
+        cond = self.module.computations[ins.called("condition")[0]]
+        state_shape = body.parameters[0].shape if 0 in body.parameters else ins.shape
+        init_leaves = _flatten(_structure(init, state_shape))
+        carried = _rebuild(_structure(init, state_shape),
+                           iter([(_Carried(loop_id, k, leaf),) for k, leaf in enumerate(init_leaves)]))
+        self.loops.append(Loop(loop_id, ins.name, trip,
+                               self.loop_stack[-1] if self.loop_stack else None,
+                               len(self.nodes), len(self.nodes) - 1, n is not None))
+        self.consumers[loop_id] = defaultdict(set)
+        self.loop_stack.append(loop_id)
+        self.lower(cond, [carried], repeat * trip)
+        root = self.lower(body, [carried], repeat * trip)
+        self.loop_stack.pop()
+        loop = self.loops[loop_id]
+        loop.last = len(self.nodes) - 1
+        for k, leaf in enumerate(_flatten(_structure(root, state_shape))):
+            producers = sorted(p for p in leaf if isinstance(p, int) and p >= loop.first)
+            consumers = sorted(self.consumers[loop_id].get(k, ()))
+            if producers and consumers:
+                loop.carried.append((producers, consumers))
+        del self.consumers[loop_id]
+        return _substitute(root, loop_id)
+
+    def lower_conditional(self, ins: HloInstruction, env: dict, repeat: int):
+        names = ins.called("branch_computations") or (
+            ins.called("true_computation") + ins.called("false_computation"))
+        costs = [self.rules.computation_flops(b)[0] for b in names]
+        pick = max(range(len(names)), key=lambda i: (costs[i], -i))
+        first = len(self.nodes)
+        args = [env.get(ins.operands[1 + pick], ())] if len(ins.operands) > 1 + pick else []
+        v = self.lower(self.module.computations[names[pick]], args, repeat)
+        for node in self.nodes[first:]:
+            node.meta["conditional"] = f"{ins.name}:branch{pick}/{len(names)}"
+        return v
+
+    # --- nodes --------------------------------------------------------------------------
+    def start_async(self, ins: HloInstruction, comp: HloComputation, env: dict, repeat: int):
+        operands = [env.get(o, ()) for o in ins.operands]
+        if ins.opcode == "async-start":
+            wrapped_comp = self.module.computations[ins.called("calls")[0]]
+            node = self.make_node(wrapped_comp.root, wrapped_comp, ins, operands, repeat)
+        else:
+            node = self.make_node(ins, comp, ins, operands, repeat,
+                                  opcode=ins.opcode[: -len("-start")])
+        node.meta["async"] = True
+        if node.collective:
+            node.collective.is_async = True
+        return node
+
+    def close_async(self, node: Node, done: HloInstruction) -> None:
+        out = done.shape
+        node.outputs = [str(s) for s in out.leaves()]
+        node.bytes_written = float(out.nbytes)
+        if node.collective:
+            node.collective.bytes_out = out.nbytes
+        if len(self.nodes) - 1 > node.id:
+            window = (node.id + 1, len(self.nodes) - 1)
+            if node.collective:
+                node.collective.window = window
+            else:
+                node.meta["window"] = list(window)
+
+    def make_node(self, ins: HloInstruction, comp: HloComputation, at: HloInstruction,
+                  operands: list, repeat: int, opcode: str | None = None) -> Node:
+        """Node for `ins` (evaluated in `comp`), placed where `at` is scheduled."""
+        node_id = len(self.nodes)
+        opcode = opcode or ins.opcode
+        flops, trans = self.rules.flops(ins, comp)
+        read, written = self.rules.bytes(ins, comp)
+        op_class = self.rules.op_class(ins)
+        meta = self.metadata(at if at.metadata else ins)
+        if not is_known(opcode):
+            self.unknown[opcode] += 1
+            meta["unknown"] = True
+        if opcode == "custom-call":
+            meta["target"] = (ins.attr("custom_call_target") or "").strip('"')
+            if op_class == "custom":
+                self.unknown[f"custom-call:{meta['target']}"] += 1
+                meta["unknown"] = True
+        if opcode == "fusion":
+            meta["fusion_kind"] = ins.attr("kind") or ""
+            kind_cfg = ins.backend_config.get("fusion_backend_config", {}).get("kind")
+            if kind_cfg:
+                meta["fusion_kind"] = kind_cfg
+        if self.loop_stack:
+            meta["loop"] = self.loop_stack[-1]
+        collective = None
+        kind = NodeKind.MEMORY if op_class == "data_movement" else NodeKind.COMPUTE
+        if opcode in COLLECTIVES or opcode in _P2P:
+            collective = self.collective(ins, comp, opcode)
+            kind = _P2P.get(opcode, NodeKind.COLLECTIVE)
+            op_class = "collective" if opcode in COLLECTIVES else "p2p"
+        node = Node(
+            id=node_id, name=at.name, kind=kind, op=opcode, op_class=op_class,
+            inputs=self.resolve(operands, node_id), flops=flops, transcendentals=trans,
+            bytes_read=read, bytes_written=written,
+            outputs=[str(s) for s in ins.shape.leaves()],
+            operands=[str(comp.by_name[o].shape) for o in ins.operands if o in comp.by_name],
+            repeat=repeat, collective=collective, meta=meta)
+        preds = at.attr("control-predecessors")
+        if preds:
+            node.control = sorted(set(self._control(preds)) - set(node.inputs))
+        self.nodes.append(node)
+        return node
+
+    def metadata(self, ins: HloInstruction) -> dict:
+        md = ins.metadata
+        out: dict = {}
+        op_name = md.get("op_name", "")
+        if op_name:
+            scope, layer, phase = parse_op_name(op_name)
+            out.update(op_name=op_name, scope=scope, layer=layer, phase=phase)
+        frame = md.get("stack_frame_id")
+        if frame is not None and int(frame) in self.module.stack_frames:
+            out["source"] = self.module.stack_frames[int(frame)]
+        elif md.get("source_file"):
+            out["source"] = f"{md['source_file']}:{md.get('source_line', '?')}"
+        return out
+
+    def collective(self, ins: HloInstruction, comp: HloComputation, opcode: str) -> Collective:
+        operand_shapes = [comp.by_name[o].shape for o in ins.operands if o in comp.by_name]
+        data = [s for s in operand_shapes if s.dtype not in ("token", "u32") or not s.dims]
+        if opcode == "collective-permute":
+            comm = self.communicator("pairs", ins.attr("source_target_pairs") or "{}")
+        elif opcode in _P2P:
+            pairs = ins.attr("frontend_attributes") or ""
+            spec = pairs.split("_xla_send_recv_source_target_pairs=", 1)[-1] if pairs else "{}"
+            comm = self.communicator("pairs", spec.strip('{}"').join("{}") if spec else "{}")
+            data = operand_shapes[:1] if opcode == "send" else []
+        else:
+            comm = self.communicator("groups", ins.replica_groups() or "{}")
+        reducer = ins.called("to_apply")
+        reduction = self.module.computations[reducer[0]].root.opcode if reducer else None
+        leaves = [leaf for s in data for leaf in s.leaves()]
+        out = ins.shape if opcode != "recv" else (ins.shape.elements[0] if ins.shape.is_tuple else ins.shape)
+        dtype = (leaves or out.leaves() or [Shape("f32")])[0].dtype
+        return Collective(type=opcode, communicator=comm.id, bytes_in=sum(s.nbytes for s in data),
+                          bytes_out=out.nbytes, dtype=dtype, reduction=reduction)
+
+    def communicator(self, kind: str, spec: str) -> Communicator:
+        key = (kind, spec)
+        comm = self.comms.get(key)
+        if comm is not None:
+            return comm
+        n = self.cluster.devices
+        groups = (parse_source_target_pairs(spec) if kind == "pairs"
+                  else parse_replica_groups(spec, n))
+        if groups.size and int(groups.max()) >= n:
+            raise FlintError(f"a collective names device {int(groups.max())} but the cluster "
+                             f"has {n} devices")
+        size = 2 if kind == "pairs" else int(groups.shape[1])
+        comm = Communicator(len(self.comms), kind, spec, n, size, int(groups.shape[0]),
+                            mesh_axes_spanned(groups, list(self.cluster.mesh)))
+        self.comms[key] = comm
+        return comm
+
+    # --- value plumbing -----------------------------------------------------------------
+    def resolve(self, values: list, consumer: int) -> list[int]:
+        out: set[int] = set()
+        stack = list(values)
+        while stack:
+            v = stack.pop()
+            if isinstance(v, list):
+                stack.extend(v)
+                continue
+            for p in v:
+                if isinstance(p, int):
+                    out.add(p)
+                else:
+                    if p.loop in self.consumers:
+                        self.consumers[p.loop][p.index].add(consumer)
+                    stack.append(p.init)
+        return sorted(out)
+
+    def _control(self, preds: str) -> list[int]:
+        names = [p.strip().lstrip("%") for p in preds.strip("{}").split(",") if p.strip()]
+        return [n.id for n in self.nodes if n.name in names]
+
+
+def _leaves_of(node_id: int, shape: Shape):
+    if shape.is_tuple:
+        return [_leaves_of(node_id, e) for e in shape.elements]
+    return (node_id,)
+
+
+def _structure(value, shape: Shape):
+    """Coerce a value to the nesting of `shape` (a leaf feeding a tuple feeds every part)."""
+    if not shape.is_tuple:
+        return value if isinstance(value, tuple) else tuple(_flat_producers(value))
+    if isinstance(value, list) and len(value) == len(shape.elements):
+        return [_structure(v, s) for v, s in zip(value, shape.elements)]
+    leaf = value if isinstance(value, tuple) else tuple(_flat_producers(value))
+    return [_structure(leaf, s) for s in shape.elements]
+
+
+def _flat_producers(value) -> list:
+    if isinstance(value, tuple):
+        return list(value)
+    return [p for v in value for p in _flat_producers(v)]
+
+
+def _flatten(value) -> list[tuple]:
+    if isinstance(value, tuple):
+        return [value]
+    return [leaf for v in value for leaf in _flatten(v)]
+
+
+def _rebuild(value, leaves):
+    if isinstance(value, tuple):
+        return next(leaves)
+    return [_rebuild(v, leaves) for v in value]
+
+
+def _substitute(value, loop_id: int):
+    """Outside the loop, a pass-through state element is its initial value again."""
+    if isinstance(value, list):
+        return [_substitute(v, loop_id) for v in value]
+    out: list = []
+    for p in value:
+        if isinstance(p, _Carried) and p.loop == loop_id:
+            out.extend(p.init)
+        else:
+            out.append(p)
+    return tuple(out)

@@ -1,0 +1,30 @@
+"""Test session: JAX on 8 host CPU devices (set before any backend starts)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_TRACES = REPO.parent / "shared" / "traces"
+
+
+def run_flint(*args, cwd=None, timeout=600):
+    """Run the CLI in a fresh process (as a user would)."""
+    return subprocess.run([sys.executable, "-m", "flint.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def maxtext_archive():
+    path = SHARED_TRACES / "jaxtoolbox_maxtext_fsdp4_4xH100.data.zip"
+    if not path.exists():
+        pytest.skip("shared MaxText archive not present")
+    return path
