@@ -1,8 +1,8 @@
 """Turn a step's arguments into ShapeDtypeStructs sharded over the virtual mesh.
 
 A leaf's PartitionSpec comes from, in order: `in_specs` (a pytree prefix of the arguments),
-`rules` ((regex, PartitionSpec) pairs searched in the leaf's '/'-joined key path, first match
-wins), the leaf's own NamedSharding (its spec is rebound to the virtual mesh), replicated.
+`rules` ((regex, PartitionSpec) pairs searched in the leaf's path `argname/key/...`, e.g.
+`params/layers/wq`, first match wins), the leaf's own NamedSharding (its spec is rebound to the virtual mesh), replicated.
 """
 from __future__ import annotations
 
@@ -24,8 +24,24 @@ def _key(path) -> str:
                     for k in path)
 
 
-def abstract_args(args: tuple, mesh: Mesh, in_specs=None, rules=(), static_argnums=()) -> tuple:
+def argument_names(fn, count: int) -> list[str]:
+    """The step's parameter names (rules match `params/layers/wq`), else arg0, arg1, ..."""
+    import inspect
+
+    base = getattr(fn, "__wrapped__", fn)
+    try:
+        params = [p.name for p in inspect.signature(base).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    return [params[i] if i < len(params) else f"arg{i}" for i in range(count)]
+
+
+def abstract_args(args: tuple, mesh: Mesh, in_specs=None, rules=(), static_argnums=(),
+                  names: list[str] | None = None) -> tuple:
+    """ShapeDtypeStructs with NamedShardings; rule keys are `argname/key/path`."""
     rules_rx = [(re.compile(r), s) for r, s in (rules or ())]
+    names = names or [f"arg{i}" for i in range(len(args))]
     out = []
     for i, arg in enumerate(args):
         if i in static_argnums:
@@ -37,7 +53,7 @@ def abstract_args(args: tuple, mesh: Mesh, in_specs=None, rules=(), static_argnu
                 raise FlintError(f"in_specs must be a tuple with one entry per argument "
                                  f"({len(args)}), got {type(in_specs).__name__}")
             prefix = in_specs[i]
-        out.append(_one_arg(arg, f"arg{i}", prefix, rules_rx, mesh))
+        out.append(_one_arg(arg, names[i], prefix, rules_rx, mesh))
     return tuple(out)
 
 
@@ -55,9 +71,9 @@ def _one_arg(arg, name: str, prefix, rules_rx, mesh: Mesh):
     leaves, treedef = jax.tree_util.tree_flatten_with_path(arg)
     structs = []
     for j, (path, leaf) in enumerate(leaves):
-        key = _key(path)
+        key = "/".join(k for k in (name, _key(path)) if k)
         spec = specs[j] if specs is not None else _rule_spec(key, leaf, rules_rx)
-        structs.append(_struct(leaf, spec or P(), f"{name}/{key}" if key else name, mesh))
+        structs.append(_struct(leaf, spec or P(), key, mesh))
     return jax.tree_util.tree_unflatten(treedef, structs)
 
 

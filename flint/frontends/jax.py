@@ -28,7 +28,7 @@ with quiet_native_stderr():  # the CUDA plugin probes for drivers while JAX impo
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
-from flint.frontends.arg_specs import abstract_args  # noqa: E402
+from flint.frontends.arg_specs import abstract_args, argument_names  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ class Captured:
         mesh, cluster = build_mesh(self.cfg)
         t_dev = time.perf_counter()
         specs = abstract_args(args, mesh, self.cfg.in_specs, self.cfg.rules,
-                              self.cfg.static_argnums)
+                              self.cfg.static_argnums, argument_names(self.fn, len(args)))
         jitted = self._jitted(mesh)
         try:
             with jax.set_mesh(mesh):

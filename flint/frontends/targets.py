@@ -138,4 +138,5 @@ def _tpu_devices(hardware: str, count: int) -> list:
 def _cpu_devices(count: int) -> list:
     from flint.frontends.host_devices import host_devices
 
-    return host_devices(count)
+    with quiet_native_stderr():  # starting JAX's backends also probes for CUDA drivers
+        return host_devices(count)
