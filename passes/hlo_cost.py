@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from flint.hlo.module import HloComputation, HloInstruction, HloModule
 from flint.hlo.shapes import Shape
+from flint.passes.conv_flops import conv_flops_of
 
 TRANSCENDENTAL = frozenset({
     "exponential", "exponential-minus-one", "log", "log-plus-one", "logistic", "power",
@@ -94,7 +95,7 @@ class CostRules:
             return 2.0 * out.num_elements * k, 0.0
         if op == "convolution":
             return self._conv_flops(ins, comp), 0.0
-        if op in ("reduce", "all-reduce", "reduce-scatter", "scatter", "map", "reduce-window",
+        if op in ("reduce", "all-reduce", "scatter", "map", "reduce-window",
                   "select-and-scatter"):
             return self._apply_flops(ins, comp, op)
         if op == "fusion":
@@ -104,7 +105,9 @@ class CostRules:
             return self._custom_call_flops(ins, comp), 0.0
         if op == "sort":
             n = _first_leaf(_shape_of(comp, ins.operands[0])).num_elements
-            return float(n * max(1.0, math.log2(max(n, 1)))), 0.0
+            return float(n * math.ceil(math.log2(max(n, 1)))), 0.0
+        if op in ("rng", "rng-bit-generator"):
+            return 0.0, float(sum(s.num_elements for s in ins.shape.leaves()))
         if not is_known(op):
             return float(out.num_elements), 0.0
         return 0.0, 0.0
@@ -123,21 +126,13 @@ class CostRules:
             count = _first_leaf(_shape_of(comp, ins.operands[-1])).num_elements
         elif op == "select-and-scatter":
             count = _first_leaf(_shape_of(comp, ins.operands[0])).num_elements
-        else:  # all-reduce, reduce-scatter, map: one application per element
+        else:  # all-reduce and map: one application per output element
             count = sum(s.num_elements for s in ins.shape.leaves())
         return float(count * per), float(count * trans)
 
     def _conv_flops(self, ins, comp) -> float:
-        out = _first_leaf(ins.shape)
-        kernel = _shape_of(comp, ins.operands[1])
-        labels = ins.attr("dim_labels") or ""
-        kernel_labels = labels.split("_")[1].split("->")[0] if "_" in labels else ""
-        if len(kernel_labels) == len(kernel.dims):
-            spatial = math.prod(d for d, c in zip(kernel.dims, kernel_labels) if c not in "io")
-            k_in = kernel.dims[kernel_labels.index("i")]
-        else:
-            spatial, k_in = math.prod(kernel.dims[:-2]) if len(kernel.dims) > 2 else 1, 1
-        return 2.0 * out.num_elements * spatial * k_in
+        lhs = _first_leaf(_shape_of(comp, ins.operands[0]))
+        return conv_flops_of(ins, lhs, _first_leaf(ins.shape))
 
     def _custom_call_flops(self, ins, comp) -> float:
         target = (ins.attr("custom_call_target") or "").strip('"')
