@@ -41,13 +41,16 @@ def extract(
                                                        "over the TP axis"),
     devices_per_host: Optional[int] = typer.Option(None, help="devices per host (GPU: 8)"),
     args_fn: str = typer.Option("example_args", help="script: function giving example args"),
+    passes: str = typer.Option("", help="graph passes to run, e.g. 'expand-loops'"),
+    dump_dir: Optional[str] = typer.Option(None, help="dump the graph as text after "
+                                                      "lowering and after each pass"),
     out: Optional[str] = typer.Option(None, help="write the graph as JSON to this file"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ):
     """Compile a training step for N compile-only devices and build its workload graph."""
     _run(lambda: _extract(target, devices, mesh, hardware, model, scan, layers, seq_len,
                           batch_per_replica, remat, sequence_parallel, devices_per_host,
-                          args_fn, out, as_json))
+                          args_fn, out, as_json, passes, dump_dir))
 
 
 @app.command()
@@ -62,13 +65,15 @@ def hardware():
 
 def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
              batch_per_replica, remat, sequence_parallel, devices_per_host, args_fn, out,
-             as_json):
+             as_json, passes="", dump_dir=None):
     from flint.frontends.targets import prepare_environment, resolve_target
+    from flint.passes import parse_pipeline, run_pipeline
 
     prepare_environment()
-    resolve_target(hardware_name)  # fail fast on an unknown target, before JAX starts
-    if out:
-        _check_output_dir(out)
+    resolve_target(hardware_name)  # fail fast on bad flags, before JAX starts
+    pipeline = parse_pipeline(passes)
+    for path in filter(None, (out, dump_dir and os.path.join(dump_dir, "x"))):
+        _check_output_dir(path)
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     t_start = time.perf_counter()
@@ -91,6 +96,9 @@ def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
         stage("lowering optimized HLO into the workload graph")
         graph = compiled.workload()
         graph.meta["model"] = label
+        dump = _dumper(dump_dir)
+        dump(None, graph)
+        graph = run_pipeline(graph, pipeline, callback=dump)
         if out:
             stage(f"writing {out}")
             graph.save(out)
@@ -104,6 +112,21 @@ def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
         render_summary(summary, Console(), timings)
         if out:
             err.print(f"wrote {out} ({os.path.getsize(out) / 2**20:.2f} MiB)")
+
+
+def _dumper(dump_dir):
+    """Callback writing `00-lower-hlo.txt`, `01-<pass>.txt`, ... into dump_dir."""
+    from flint.io import write_atomic
+
+    count = [0]
+
+    def dump(p, graph):
+        if dump_dir:
+            name = p.name if p is not None else "lower-hlo"
+            write_atomic(os.path.join(dump_dir, f"{count[0]:02d}-{name}.txt"), graph.as_text())
+        count[0] += 1
+
+    return dump
 
 
 def _check_output_dir(out: str) -> None:

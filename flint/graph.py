@@ -135,19 +135,20 @@ class Loop:
     first: int                # first and last node id of the body (inclusive)
     last: int
     trip_count_known: bool = True
-    # Loop-carried dependencies: for each state element, the body nodes that produce it at
-    # the end of an iteration and the body nodes that consume it at the start of the next.
-    carried: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    # Loop-carried dependencies, one per state element: the nodes that produced its initial
+    # value (outside the body), the body nodes that produce it at the end of an iteration,
+    # and the body nodes that consume it at the start of the next iteration.
+    carried: list[tuple[list[int], list[int], list[int]]] = field(default_factory=list)
 
     def to_json(self) -> dict:
         d = asdict(self)
-        d["carried"] = [[list(p), list(c)] for p, c in self.carried]
+        d["carried"] = [[list(i), list(p), list(c)] for i, p, c in self.carried]
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> "Loop":
         d = dict(d)
-        d["carried"] = [(list(p), list(c)) for p, c in d.get("carried", [])]
+        d["carried"] = [(list(i), list(p), list(c)) for i, p, c in d.get("carried", [])]
         return cls(**d)
 
 

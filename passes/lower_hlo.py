@@ -154,7 +154,8 @@ class _Lowering:
             producers = sorted(p for p in leaf if isinstance(p, int) and p >= loop.first)
             consumers = sorted(self.consumers[loop_id].get(k, ()))
             if producers and consumers:
-                loop.carried.append((producers, consumers))
+                init = sorted(_ints(init_leaves[k]) if k < len(init_leaves) else ())
+                loop.carried.append((init, producers, consumers))
         del self.consumers[loop_id]
         return _substitute(root, loop_id)
 
@@ -312,6 +313,19 @@ class _Lowering:
     def _control(self, preds: str) -> list[int]:
         names = [p.strip().lstrip("%") for p in preds.strip("{}").split(",") if p.strip()]
         return [n.id for n in self.nodes if n.name in names]
+
+
+def _ints(leaf: tuple) -> set[int]:
+    """Node ids a leaf stands for, seeing through outer loops' carried values."""
+    out: set[int] = set()
+    stack = [leaf]
+    while stack:
+        for p in stack.pop():
+            if isinstance(p, int):
+                out.add(p)
+            else:
+                stack.append(p.init)
+    return out
 
 
 def _leaves_of(node_id: int, shape: Shape):
