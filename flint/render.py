@@ -72,3 +72,5 @@ def render_summary(s: dict, console: Console, timings: dict | None = None,
         lt.add_row(name, f"{c['nodes']} nodes", fmt_flops(c["flops"]), fmt_bytes(c["bytes"]),
                    fmt_bytes(c["collective_bytes"]))
     console.print(lt)
+    for note in s.get("compiler_notes", []):
+        console.print(f"[yellow]compiler note:[/] {note}", highlight=False)

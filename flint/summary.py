@@ -73,6 +73,7 @@ def summarize(graph: WorkloadGraph) -> dict:
         "loops": [{"name": lp.name, "trip_count": lp.trip_count, "known": lp.trip_count_known}
                   for lp in graph.loops],
         "unknown_ops": graph.meta.get("unknown_ops", {}),
+        "compiler_notes": graph.meta.get("compiler_notes", []),
     }
 
 

@@ -71,6 +71,7 @@ class FlintCompiled:
     cluster: Cluster
     name: str
     timings: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)   # XLA's warnings, e.g. memory it could not save
 
     def as_text(self) -> str:
         """The optimized, SPMD-partitioned per-device HLO."""
@@ -92,7 +93,8 @@ class FlintCompiled:
 
         t0 = time.perf_counter()
         graph = lower_hlo(self.hlo_module(), self.cluster)
-        graph.meta.update(source="jax", function=self.name, jax_version=jax.__version__)
+        graph.meta.update(source="jax", function=self.name, jax_version=jax.__version__,
+                          compiler_notes=list(self.notes))
         self.timings["graph_s"] = time.perf_counter() - t0
         return graph
 
@@ -111,13 +113,15 @@ class FlintLowered:
 
     def compile(self) -> FlintCompiled:
         t0 = time.perf_counter()
+        notes: list[str] = []
         try:
-            compiled = self.lowered.compile(self.compiler_options or None)
+            with quiet_native_stderr(notes):
+                compiled = self.lowered.compile(self.compiler_options or None)
         except Exception as e:
             raise FlintError(f"XLA could not compile {self.name} for {self.cluster.devices} "
                              f"{self.cluster.hardware} devices: {_first_line(e)}") from None
         timings = dict(self.timings, compile_s=time.perf_counter() - t0)
-        return FlintCompiled(compiled, self.cluster, self.name, timings)
+        return FlintCompiled(compiled, self.cluster, self.name, timings, notes)
 
 
 class Captured:

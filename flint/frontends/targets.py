@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
@@ -55,8 +56,12 @@ def prepare_environment() -> None:
 
 
 @contextlib.contextmanager
-def quiet_native_stderr():
-    """Silence C++ start-up chatter (CUDA stub probes) on fd 2; replay it if we fail."""
+def quiet_native_stderr(notes: list | None = None):
+    """Capture C++ output on fd 2 (CUDA stub probes, XLA warnings); replay it if we fail.
+
+    XLA warnings (lines like `W1122 03:19:09.8 123 file.cc:42] text`) are appended to
+    `notes` as `file.cc: text`, without the time stamp, so they can be reported.
+    """
     try:
         saved = os.dup(2)
     except OSError:
@@ -74,6 +79,16 @@ def quiet_native_stderr():
         finally:
             os.dup2(saved, 2)
             os.close(saved)
+            if notes is not None:
+                sink.seek(0)
+                notes.extend(_xla_warnings(sink.read().decode(errors="replace")))
+
+
+_LOG_LINE = re.compile(r"^[WE]\d{4} [\d:.]+\s+\d+ ([\w.]+):\d+\] (.*)$")
+
+
+def _xla_warnings(text: str) -> list[str]:
+    return [f"{m.group(1)}: {m.group(2)}" for m in map(_LOG_LINE.match, text.splitlines()) if m]
 
 
 def devices_for(target: Target, count: int, devices_per_host: int) -> list:
