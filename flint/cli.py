@@ -54,6 +54,49 @@ def extract(
 
 
 @app.command()
+def estimate(
+    graph_file: str = typer.Argument(..., help="a workload graph JSON (flint extract --out)"),
+    hardware_name: Optional[str] = typer.Option(None, "--hardware", help="spec name or a "
+                                                "spec YAML path (default: the graph's)"),
+    set_: list[str] = typer.Option([], "--set", help="what-if, e.g. hbm_bandwidth=4.8TB/s"),
+    algorithm: str = typer.Option("auto", help="collective algorithm: auto|ring|tree|"
+                                               "hierarchical|direct"),
+    trace: Optional[str] = typer.Option(None, help="write the predicted timeline "
+                                                   "(Chrome/Perfetto trace JSON)"),
+    as_json: bool = typer.Option(False, "--json", help="print the estimate as JSON"),
+):
+    """Predict the step time of a workload graph with the built-in cost model."""
+    def go():
+        from flint.graph import WorkloadGraph
+
+        if trace:
+            _check_output_dir(trace)
+        _estimate(WorkloadGraph.load(graph_file), hardware_name, set_, algorithm, trace,
+                  as_json)
+
+    _run(go)
+
+
+def _estimate(graph, hardware_name, overrides, algorithm, trace, as_json):
+    from flint.hardware_models.estimate import estimate as run_estimate
+    from flint.hardware_models.network import ALGORITHMS
+
+    if algorithm not in ALGORITHMS:
+        raise FlintError(f"unknown collective algorithm {algorithm!r}; use {'|'.join(ALGORITHMS)}")
+    result = run_estimate(graph, hardware_name, overrides, algorithm=algorithm)
+    if trace:
+        from flint.exporters.perfetto import write_timeline
+
+        write_timeline(result.timeline, trace)
+    if as_json:
+        print(json.dumps(result.to_json(), sort_keys=True, indent=1))
+    else:
+        from flint.render import render_estimate
+
+        render_estimate(result.to_json(), Console())
+
+
+@app.command()
 def hardware():
     """List the compile targets Flint knows."""
     from flint.frontends.targets import ALIASES, known_hardware

@@ -20,7 +20,9 @@ def fmt_bytes(x: float) -> str:
 
 
 def fmt_seconds(x: float) -> str:
-    return f"{x * 1e3:.0f} ms" if x < 1 else f"{x:.2f} s"
+    if x < 1e-3:
+        return f"{x * 1e6:.1f} us"
+    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s"
 
 
 def render_summary(s: dict, console: Console, timings: dict | None = None,
@@ -74,3 +76,31 @@ def render_summary(s: dict, console: Console, timings: dict | None = None,
     console.print(lt)
     for note in s.get("compiler_notes", []):
         console.print(f"[yellow]compiler note:[/] {note}", highlight=False)
+
+
+def render_estimate(e: dict, console: Console) -> None:
+    t = Table(title=f"Predicted step on {e['devices']} x {e['hardware']}", show_header=False)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    step = e["step_time_s"]
+    t.add_row("step time", fmt_seconds(step))
+    for key, label in (("compute_busy_s", "compute stream busy"),
+                       ("communication_busy_s", "communication streams busy"),
+                       ("exposed_communication_s", "exposed communication"),
+                       ("idle_s", "compute idle")):
+        share = f" ({100 * e[key] / step:.0f}% of step)" if step else ""
+        t.add_row(label, fmt_seconds(e[key]) + share)
+    t.add_row("flops per device", fmt_flops(e["flops_per_device"]))
+    t.add_row("HFU (hardware flops / peak)", f"{100 * e['hfu']:.1f} %")
+    if e.get("mfu") is not None:
+        t.add_row("MFU (model flops / peak)", f"{100 * e['mfu']:.1f} %")
+    t.add_row("peak used for utilization", fmt_flops(e["peak_flops"]) + "/s")
+    console.print(t)
+    c = Table(title="Time by op class and collective (summed over the step)")
+    c.add_column("class")
+    c.add_column("time", justify="right")
+    for k, v in sorted(e["by_class_s"].items(), key=lambda kv: -kv[1]):
+        c.add_row(k, fmt_seconds(v))
+    for k, v in e["collectives_s"].items():
+        c.add_row(f"  {k}", fmt_seconds(v))
+    console.print(c)

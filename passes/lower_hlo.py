@@ -181,6 +181,9 @@ class _Lowering:
             node = self.make_node(ins, comp, ins, operands, repeat,
                                   opcode=ins.opcode[: -len("-start")])
         node.meta["async"] = True
+        wrapped = self.module.wrapped_names.get(ins.name)
+        if wrapped:
+            node.meta["wrapped_name"] = wrapped
         if node.collective:
             node.collective.is_async = True
         return node

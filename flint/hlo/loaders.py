@@ -37,10 +37,29 @@ def hlo_text_from_proto(data: bytes, where: str = "proto") -> str:
         candidates.insert(0, inner)
     for blob in candidates:
         try:
-            return _hlo.HloModule.from_serialized_hlo_module_proto(blob).to_string()
+            module = _hlo.HloModule.from_serialized_hlo_module_proto(blob)
         except Exception:  # noqa: BLE001 - the private loader raises bare runtime errors
             continue
+        return module.to_string() + _wrapped_names_comment(module)
     raise FlintError(f"{where} is neither HLO text nor a valid HloModuleProto/HloProto")
+
+
+WRAPPED_NAMES_MARK = "// flint-async-wrapped:"
+
+
+def _wrapped_names_comment(module) -> str:
+    """Async starts print under their own name, but profilers name the op they wrap
+    (`reduce-scatter.61` for `reduce-scatter-start.3`); keep that name as a trailer."""
+    pairs = []
+    for comp in module.computations():
+        for ins in comp.instructions():
+            try:
+                root = ins.async_wrapped_root()
+            except Exception:  # noqa: BLE001 - only async instructions have one
+                continue
+            if root is not None and root.name != ins.name:
+                pairs.append(f"{ins.name}={root.name}")
+    return f"\n{WRAPPED_NAMES_MARK} {' '.join(sorted(pairs))}\n" if pairs else ""
 
 
 def _hlo_proto_module_field(data: bytes) -> bytes | None:

@@ -170,6 +170,7 @@ class HloModule:
     entry: str
     header: dict[str, str] = field(default_factory=dict)
     stack_frames: dict[int, str] = field(default_factory=dict)
+    wrapped_names: dict[str, str] = field(default_factory=dict)  # async start -> wrapped op
 
     @property
     def entry_computation(self) -> HloComputation:
@@ -263,6 +264,7 @@ def parse_module(text: str) -> HloModule:
     tables: dict[str, list[str]] = {}
     current: HloComputation | None = None
     table: list[str] | None = None
+    wrapped: dict[str, str] = {}
     for lineno, line in enumerate(lines[1:], start=2):
         if current is not None:
             if line.startswith("}"):
@@ -276,6 +278,9 @@ def parse_module(text: str) -> HloModule:
             continue
         if not line.strip():
             table = None
+            continue
+        if line.startswith("// flint-async-wrapped:"):
+            wrapped.update(p.split("=", 1) for p in line.split(":", 1)[1].split() if "=" in p)
             continue
         m = _COMPUTATION.match(line)
         if m:
@@ -293,4 +298,5 @@ def parse_module(text: str) -> HloModule:
         raise FlintError(f"malformed HLO: computation {current.name!r} is not closed")
     if entry is None:
         raise FlintError("malformed HLO: no ENTRY computation")
-    return HloModule(name.strip(), computations, entry, header, _parse_stack_frames(tables))
+    return HloModule(name.strip(), computations, entry, header, _parse_stack_frames(tables),
+                     wrapped)

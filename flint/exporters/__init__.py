@@ -1,0 +1,1 @@
+"""Writers of workload graphs and predictions to other tools' formats."""

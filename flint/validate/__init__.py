@@ -1,0 +1,1 @@
+"""Readers of real profiler traces, joined to workload graphs for validation."""

@@ -1,0 +1,81 @@
+"""Predict one training step: time, breakdown, utilization, from a WorkloadGraph."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from flint.graph import WorkloadGraph
+from flint.hardware_models.cost_model import CostModel, default_cost_model
+from flint.hardware_models.schedule import Timeline, simulate
+from flint.passes.expand_loops import ExpandLoops
+
+
+@dataclass
+class Estimate:
+    hardware: str
+    devices: int
+    step_time_s: float
+    compute_busy_s: float            # compute stream busy
+    communication_busy_s: float      # communication streams busy
+    exposed_communication_s: float   # communication on the critical path
+    idle_s: float                    # compute stream idle (waiting on data or collectives)
+    flops_per_device: float
+    hfu: float                       # hardware flops / (step time x peak)
+    mfu: float | None                # model flops (no recompute) / (step time x peak)
+    peak_flops: float
+    by_class_s: dict = field(default_factory=dict)
+    by_layer_s: dict = field(default_factory=dict)
+    collectives_s: dict = field(default_factory=dict)
+    timeline: Timeline | None = None
+
+    def to_json(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k != "timeline"}
+        d["critical_path_nodes"] = len(self.timeline.critical_path) if self.timeline else 0
+        return d
+
+
+def _exposed_communication(graph: WorkloadGraph, tl: Timeline, durations: list[float]) -> float:
+    """Time the compute stream spends in synchronous collectives or waiting for async ones
+    (the compute stream only ever waits on other streams' results)."""
+    exposed, last = 0.0, 0.0
+    for node, start, stream, d in zip(graph.nodes, tl.start, tl.stream, durations):
+        if stream != "compute":
+            continue
+        exposed += max(start - last, 0.0)
+        if node.collective is not None:
+            exposed += d
+        last = start + d
+    exposed += max(tl.step_time - last, 0.0)  # collectives still running at the end
+    return exposed
+
+
+def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
+             cost_model: CostModel | None = None, algorithm: str = "auto") -> Estimate:
+    model = cost_model or default_cost_model(graph, hardware, overrides, algorithm)
+    flat = ExpandLoops().run(graph)
+    durations = [model.node_time(n, flat) for n in flat.nodes]
+    tl = simulate(flat, durations)
+    step = tl.step_time
+    busy: dict[str, float] = defaultdict(float)
+    by_class: dict[str, float] = defaultdict(float)
+    by_layer: dict[str, float] = defaultdict(float)
+    colls: dict[str, float] = defaultdict(float)
+    for node, d, s in zip(flat.nodes, durations, tl.stream):
+        busy[s] += d
+        by_class[node.op_class] += d
+        by_layer[node.meta.get("layer") or "(none)"] += d
+        if node.collective is not None:
+            colls[node.collective.type] += d
+    exposed = _exposed_communication(flat, tl, durations)
+    peak = model.spec.peak("bf16")
+    flops = graph.total_flops()
+    model_flops = graph.meta.get("model_flops_per_device")
+    comm = sum(v for k, v in busy.items() if k != "compute")
+    return Estimate(
+        hardware=model.spec.name, devices=graph.cluster.devices, step_time_s=step,
+        compute_busy_s=busy["compute"], communication_busy_s=comm,
+        exposed_communication_s=exposed, idle_s=max(step - busy["compute"], 0.0),
+        flops_per_device=flops, hfu=flops / (step * peak) if step else 0.0,
+        mfu=model_flops / (step * peak) if (model_flops and step) else None, peak_flops=peak,
+        by_class_s=dict(sorted(by_class.items())), by_layer_s=dict(sorted(by_layer.items())),
+        collectives_s=dict(sorted(colls.items())), timeline=tl)

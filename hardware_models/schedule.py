@@ -1,0 +1,78 @@
+"""Event-driven schedule of one device's step: a compute stream plus communication streams.
+
+Nodes issue in the compiler's schedule order. Compute nodes and synchronous collectives
+run on the compute stream; an async collective is issued when the compute stream reaches
+its start and runs on its own stream, overlapping the work the compiler placed in its
+window; whoever consumes its result waits for it. Loops are expanded first so that every
+instance is placed.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from flint.graph import NodeKind, WorkloadGraph
+
+
+@dataclass
+class Timeline:
+    graph: WorkloadGraph                  # the (loop-expanded) graph that was scheduled
+    start: list[float]
+    finish: list[float]
+    stream: list[str]
+    critical_path: list[int] = field(default_factory=list)
+
+    @property
+    def step_time(self) -> float:
+        return max(self.finish, default=0.0)
+
+
+def stream_of(node) -> str:
+    c = node.collective
+    if c is not None and c.is_async:
+        return "p2p" if node.kind in (NodeKind.SEND, NodeKind.RECV) else "collectives"
+    if node.meta.get("async") and node.kind == NodeKind.MEMORY:
+        return "copies"
+    return "compute"
+
+
+def simulate(graph: WorkloadGraph, durations: list[float]) -> Timeline:
+    """Place every node of a loop-free graph; `durations[i]` is node i's time in seconds."""
+    if graph.loops:
+        raise ValueError("simulate() needs a loop-free graph: run ExpandLoops first")
+    n = len(graph.nodes)
+    start, finish = [0.0] * n, [0.0] * n
+    streams = [stream_of(node) for node in graph.nodes]
+    free: dict[str, float] = defaultdict(float)
+    last_on: dict[str, int] = {}
+    why = [-1] * n                       # the node whose finish set this node's start
+    last_compute = -1
+    for node in graph.nodes:
+        i = node.id
+        ready, because = 0.0, -1
+        for d in node.inputs + node.control:
+            if finish[d] > ready:
+                ready, because = finish[d], d
+        s = streams[i]
+        issue = free["compute"]
+        start_at = max(ready, issue, free[s])
+        if start_at == free[s] and s in last_on and free[s] > ready:
+            because = last_on[s]
+        elif start_at == issue and issue > ready and last_compute >= 0:
+            because = last_compute
+        start[i] = start_at
+        finish[i] = start_at + durations[i]
+        free[s] = finish[i]
+        last_on[s] = i
+        if s == "compute":
+            last_compute = i
+        why[i] = because
+    timeline = Timeline(graph, start, finish, streams)
+    if n:
+        cur = max(range(n), key=lambda j: finish[j])
+        path = []
+        while cur >= 0:
+            path.append(cur)
+            cur = why[cur]
+        timeline.critical_path = path[::-1]
+    return timeline

@@ -1,0 +1,165 @@
+"""Hardware specs: one YAML per device in specs/, every figure with its public source.
+
+`load_spec("h100-sxm", ["hbm_bandwidth=4.8TB/s", "nic_bandwidth=800Gb/s"])` reads the
+figures into SI units (FLOP/s, B/s, B, s) and applies what-if overrides, checking units.
+A path to a YAML file (e.g. a calibrated model) works in place of a name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from flint.errors import FlintError
+from flint.hardware_models.units import parse_quantity
+
+SPECS_DIR = Path(__file__).parent / "specs"
+DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4")
+# Flat names for the figures that what-if overrides (and calibration) may set.
+FIELDS = {
+    "hbm_capacity": ("bytes", ("memory", "hbm_capacity")),
+    "hbm_bandwidth": ("bandwidth", ("memory", "hbm_bandwidth")),
+    "l2_cache": ("bytes", ("memory", "l2_cache")),
+    "clock": ("frequency", ("compute", "clock")),
+    "scale_up_bandwidth": ("bandwidth", ("interconnect", "scale_up", "bandwidth_per_direction")),
+    "scale_up_latency": ("time", ("interconnect", "scale_up", "latency")),
+    "nic_bandwidth": ("bandwidth", ("interconnect", "scale_out", "bandwidth_per_direction")),
+    "nic_latency": ("time", ("interconnect", "scale_out", "latency")),
+    "devices_per_node": ("count", ("system", "devices_per_node")),
+    "scale_up_domain": ("count", ("system", "scale_up_domain")),
+    "oversubscription": ("ratio", ("system", "oversubscription")),
+}
+# Latencies used when no public figure exists (documented modelling assumptions, replaced
+# by calibration): NCCL's base latency per step is a few microseconds on NVLink and
+# InfiniBand alike.
+DEFAULT_LATENCY_S = {"scale_up_latency": 3e-6, "nic_latency": 8e-6}
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    name: str
+    kind: str                        # gpu | tpu | cpu
+    model: str
+    peak_flops: dict                 # dtype -> FLOP/s (dense)
+    hbm_capacity: float              # bytes
+    hbm_bandwidth: float             # bytes/s
+    l2_cache: float = 0.0
+    clock: float = 0.0
+    scale_up_bandwidth: float = 0.0  # bytes/s per device, one direction
+    scale_up_latency: float = DEFAULT_LATENCY_S["scale_up_latency"]
+    nic_bandwidth: float = 0.0       # bytes/s per device, one direction
+    nic_latency: float = DEFAULT_LATENCY_S["nic_latency"]
+    devices_per_node: int = 8
+    scale_up_domain: int = 8
+    oversubscription: float = 1.0
+    fabric: str = "fat-tree"
+    torus: str = ""
+    sources: dict = field(default_factory=dict)
+    efficiency: dict = field(default_factory=dict)   # calibrated parameters, if any
+
+    def peak(self, dtype: str) -> float:
+        """Peak FLOP/s for an HLO dtype (bf16 GEMMs use bf16 tensor peak; f32 GEMMs TF32)."""
+        key = {"bf16": "bf16", "f16": "fp16", "f32": "fp32", "f64": "fp64", "s8": "int8",
+               "u8": "int8", "tf32": "tf32"}.get(dtype, "fp8" if dtype.startswith("f8") else dtype)
+        for k in (key, "bf16", "fp16", "fp32"):
+            if k in self.peak_flops:
+                return self.peak_flops[k]
+        raise FlintError(f"hardware {self.name} has no peak FLOP/s for dtype {dtype!r}")
+
+
+def spec_names() -> list[str]:
+    return sorted(p.stem for p in SPECS_DIR.glob("*.yaml"))
+
+
+def load_spec(name_or_path: str, overrides=()) -> HardwareSpec:
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+        path = SPECS_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise FlintError(f"unknown hardware {name_or_path!r}; known: {', '.join(spec_names())}"
+                         f" (or a path to a .yaml spec)")
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise FlintError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(doc, dict):
+        raise FlintError(f"{path}: a hardware spec must be a YAML mapping")
+    return apply_overrides(spec_from_doc(doc, str(path)), overrides)
+
+
+def spec_from_doc(doc: dict, where: str) -> HardwareSpec:
+    sources: dict = {}
+
+    def figure(path: tuple, kind: str, name: str, required: bool):
+        node = doc
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is None:
+            if required:
+                raise FlintError(f"{where}: missing {'.'.join(path)}")
+            return None
+        if isinstance(node, dict):
+            if "source" not in node or not str(node.get("source", "")).strip():
+                raise FlintError(f"{where}: {'.'.join(path)} has no source")
+            sources[name] = node["source"]
+            node = node.get("value")
+        return parse_quantity(node, kind, f"{where}: {name}")
+
+    peaks = {}
+    for dtype, _ in (doc.get("compute", {}).get("peak_flops") or {}).items():
+        if dtype not in DTYPES:
+            raise FlintError(f"{where}: unknown dtype {dtype!r} in peak_flops "
+                             f"(known: {', '.join(DTYPES)})")
+        peaks[dtype] = figure(("compute", "peak_flops", dtype), "flops", f"peak_{dtype}", True)
+    if not peaks:
+        raise FlintError(f"{where}: compute.peak_flops lists no dtype")
+    values = {}
+    for name, (kind, path) in FIELDS.items():
+        required = name in ("hbm_capacity", "hbm_bandwidth")
+        v = figure(path, kind, name, required)
+        if v is not None:
+            values[name] = int(v) if kind == "count" else v
+    system = doc.get("system") or {}
+    spec = HardwareSpec(name=str(doc.get("name", Path(where).stem)), kind=str(doc.get("kind", "gpu")),
+                        model=str(doc.get("model", "")), peak_flops=peaks,
+                        fabric=str(system.get("fabric", "fat-tree")),
+                        torus=str((system.get("torus") or {}).get("value", "")
+                                  if isinstance(system.get("torus"), dict) else
+                                  system.get("torus", "")),
+                        sources=sources, efficiency=dict(doc.get("efficiency") or {}), **values)
+    if spec.devices_per_node < 1 or spec.scale_up_domain < 1:
+        raise FlintError(f"{where}: devices_per_node and scale_up_domain must be >= 1")
+    return spec
+
+
+def apply_overrides(spec: HardwareSpec, overrides) -> HardwareSpec:
+    """`["hbm_bandwidth=4.8TB/s", "peak_bf16=2PFLOP/s", "devices_per_node=72"]`."""
+    changes: dict = {}
+    peaks = dict(spec.peak_flops)
+    for item in overrides or ():
+        key, eq, value = str(item).partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq or not value:
+            raise FlintError(f"--set {item!r}: expected NAME=VALUE with a unit")
+        if key.startswith("peak_"):
+            dtype = key[5:]
+            if dtype not in DTYPES:
+                raise FlintError(f"--set {key}: unknown dtype {dtype!r} "
+                                 f"(known: {', '.join(DTYPES)})")
+            peaks[dtype] = parse_quantity(value, "flops", key)
+        elif key in FIELDS:
+            kind = FIELDS[key][0]
+            v = parse_quantity(value, kind, key)
+            changes[key] = int(v) if kind == "count" else v
+        elif key == "fabric":
+            changes[key] = value
+        else:
+            known = sorted(FIELDS) + [f"peak_{d}" for d in DTYPES] + ["fabric"]
+            raise FlintError(f"--set {key}: unknown hardware figure (known: {', '.join(known)})")
+    if not changes and peaks == spec.peak_flops:
+        return spec
+    sources = dict(spec.sources)
+    for key in list(changes) + [f"peak_{d}" for d in peaks if peaks[d] != spec.peak_flops.get(d)]:
+        sources[key] = "what-if override"
+    return replace(spec, peak_flops=peaks, sources=sources, **changes)

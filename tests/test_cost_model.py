@@ -1,0 +1,163 @@
+"""Cost model pieces: units, specs and what-ifs, network formulas, schedule, estimate CLI."""
+import dataclasses
+import json
+
+import pytest
+
+from conftest import run_flint
+from flint.cluster import Cluster
+from flint.errors import FlintError
+from flint.graph import Collective, Communicator, Node, NodeKind, WorkloadGraph
+from flint.hardware_models.cost_model import DefaultCostModel, default_cost_model
+from flint.hardware_models.estimate import estimate
+from flint.hardware_models.network import NetworkModel
+from flint.hardware_models.spec import apply_overrides, load_spec
+from flint.hardware_models.units import parse_quantity
+
+SPEC = """
+name: test-gpu
+kind: gpu
+model: test
+compute:
+  peak_flops:
+    fp32: {value: "50 TFLOP/s", source: "test sheet"}
+    bf16: {value: "1000 TFLOP/s", source: "test sheet"}
+memory:
+  hbm_capacity: {value: "80 GB", source: "test sheet"}
+  hbm_bandwidth: {value: "4 TB/s", source: "test sheet"}
+interconnect:
+  scale_up: {name: link, bandwidth_per_direction: {value: "400 GB/s", source: "t"},
+             latency: {value: "2 us", source: "t"}}
+  scale_out: {name: nic, bandwidth_per_direction: {value: "400 Gb/s", source: "t"},
+              latency: {value: "5 us", source: "t"}}
+system:
+  devices_per_node: {value: "8 devices", source: "t"}
+  scale_up_domain: {value: "8 devices", source: "t"}
+"""
+
+
+@pytest.fixture()
+def spec_path(tmp_path):
+    p = tmp_path / "test-gpu.yaml"
+    p.write_text(SPEC)
+    return p
+
+
+def test_units():
+    assert parse_quantity("3.35 TB/s", "bandwidth") == 3.35e12
+    assert parse_quantity("400 Gb/s", "bandwidth") == 50e9
+    assert parse_quantity("80 GiB", "bytes") == 80 * 2**30
+    assert parse_quantity("2 us", "time") == 2e-6
+    assert parse_quantity("989.4 TFLOP/s", "flops") == pytest.approx(989.4e12)
+    for text, kind, msg in [("4.8", "bandwidth", "has no unit"), (4.8, "bandwidth", "no unit"),
+                            ("-1 TB/s", "bandwidth", "negative"), ("80 GB", "bandwidth",
+                                                                   "not a bandwidth unit"),
+                            ("fast", "time", "not a number")]:
+        with pytest.raises(FlintError, match=msg):
+            parse_quantity(text, kind, "hbm_bandwidth")
+
+
+def test_spec_and_what_if_overrides(spec_path):
+    s = load_spec(str(spec_path))
+    assert s.hbm_bandwidth == 4e12 and s.nic_bandwidth == 50e9 and s.peak("bf16") == 1e15
+    assert s.peak("f32") == 50e12 and s.sources["hbm_bandwidth"] == "test sheet"
+    w = apply_overrides(s, ["hbm_bandwidth=4.8TB/s", "nic_bandwidth=800Gb/s", "peak_bf16=2PFLOP/s"])
+    assert (w.hbm_bandwidth, w.nic_bandwidth, w.peak("bf16")) == (4.8e12, 100e9, 2e15)
+    assert w.sources["nic_bandwidth"] == "what-if override"
+    for bad, msg in [("hbm_bandwidth=4.8", "no unit"), ("hbm_bandwidth=-1TB/s", "negative"),
+                     ("peak_fp7=1PFLOP/s", "unknown dtype"), ("warp_speed=9", "unknown hardware"),
+                     ("hbm_bandwidth", "expected NAME=VALUE")]:
+        with pytest.raises(FlintError, match=msg):
+            apply_overrides(s, [bad])
+
+
+@pytest.mark.parametrize("edit,msg", [
+    (("4 TB/s", "4"), "has no unit"),
+    (("4 TB/s", "-4 TB/s"), "negative"),
+    (('source: "test sheet"}\n    bf16', 'source: "test sheet"}\n    bf17'), "unknown dtype"),
+    (('{value: "80 GB", source: "test sheet"}', '{value: "80 GB"}'), "has no source"),
+])
+def test_bad_specs(tmp_path, edit, msg):
+    p = tmp_path / "bad.yaml"
+    p.write_text(SPEC.replace(*edit, 1))
+    with pytest.raises(FlintError, match=msg):
+        load_spec(str(p))
+
+
+def _comm(spec_text, n):
+    from flint.hlo.replica_groups import mesh_axes_spanned, parse_replica_groups
+
+    g = parse_replica_groups(spec_text, n)
+    return Communicator(0, "groups", spec_text, n, g.shape[1], g.shape[0],
+                        mesh_axes_spanned(g, [("data", n // 8), ("model", 8)]))
+
+
+def test_network_levels_and_algorithms(spec_path):
+    spec = load_spec(str(spec_path))
+    net = NetworkModel(spec, Cluster(64, (("data", 8), ("model", 8))))
+    s = 1 << 30
+    node = Node(0, "ar", NodeKind.COLLECTIVE, "all-reduce", "collective",
+                collective=Collective("all-reduce", 0, s, s, "bf16"))
+    inside = _comm("[8,8]<=[64]", 64)          # model axis: one NVLink domain
+    across = _comm("[8,8]<=[8,8]T(1,0)", 64)   # data axis: one rank per node
+    ring_inside = 2 * 7 / 8 * s / 400e9 + 2 * 7 * 2e-6
+    assert net.time(node, inside) == pytest.approx(ring_inside)
+    assert net.placement(across).domains == 8
+    assert net.time(node, across) > 5 * net.time(node, inside)  # NIC is 8x slower
+    everyone = _comm("[1,64]<=[64]", 64)
+    forced = dataclasses.replace(net, algorithm="ring").time(node, everyone)
+    assert net.time(node, everyone) < forced  # auto picks hierarchical over a flat ring
+
+
+def _toy_graph(async_comm: bool) -> WorkloadGraph:
+    comm = _comm("[1,8]<=[8]", 8)
+    mm = dict(kind=NodeKind.COMPUTE, op="dot", op_class="gemm", flops=2e12,
+              operands=["bf16[8192,8192]"])
+    nodes = [Node(0, "g0", **mm),
+             Node(1, "ar", NodeKind.COLLECTIVE, "all-reduce", "collective", inputs=[0],
+                  collective=Collective("all-reduce", 0, 1 << 30, 1 << 30, "bf16",
+                                        is_async=async_comm, window=(2, 2))),
+             Node(2, "g1", inputs=[0], **mm),
+             Node(3, "use", NodeKind.COMPUTE, "add", "elementwise", inputs=[1, 2], flops=1)]
+    return WorkloadGraph(Cluster(8, (("data", 8),)), nodes, [comm])
+
+
+def test_schedule_overlaps_async_collectives(spec_path):
+    sync = estimate(_toy_graph(False), str(spec_path))
+    overlapped = estimate(_toy_graph(True), str(spec_path))
+    assert overlapped.step_time_s < sync.step_time_s
+    assert sync.exposed_communication_s > overlapped.exposed_communication_s
+    tl = overlapped.timeline
+    assert tl.stream[1] == "collectives" and tl.start[1] < tl.finish[2]  # overlap
+    assert tl.critical_path[-1] == 3
+
+
+def test_replacing_the_compute_model(spec_path):
+    """The documented seam: swap the compute half, keep the network."""
+    graph = _toy_graph(True)
+
+    class FixedCompute:
+        def time(self, node):
+            return 1e-3
+
+    model = default_cost_model(graph, str(spec_path))
+    custom = dataclasses.replace(model, compute=FixedCompute())
+    assert isinstance(custom, DefaultCostModel)
+    e = estimate(graph, cost_model=custom)
+    assert e.by_class_s["gemm"] == pytest.approx(2e-3)
+
+
+def test_cli_estimate(spec_path, tmp_path):
+    g = tmp_path / "g.json"
+    _toy_graph(True).save(g)
+    trace = tmp_path / "t.json"
+    r = run_flint("estimate", str(g), "--hardware", str(spec_path), "--set",
+                  "nic_bandwidth=800Gb/s", "--json", "--trace", str(trace))
+    assert r.returncode == 0, r.stderr
+    e = json.loads(r.stdout)
+    assert e["step_time_s"] > 0 and e["hardware"] == "test-gpu"
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {ev["name"] for ev in events if ev["ph"] == "X"} == {"g0", "ar", "g1", "use"}
+    r = run_flint("estimate", str(g), "--hardware", str(spec_path), "--set",
+                  "hbm_bandwidth=-3TB/s")
+    assert r.returncode == 2 and "negative" in r.stderr and "Traceback" not in r.stderr
