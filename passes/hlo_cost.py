@@ -51,6 +51,8 @@ OTHER_KNOWN = frozenset({
 })
 GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__onednn$matmul", "__cublas$lt$matmul$f8")
 ATTENTION_TARGETS = ("__cudnn$fmha", "__cudnn$fhma")
+# Custom-calls that only reserve or annotate memory (TPU's compiler): no work, no traffic.
+NO_WORK_TARGETS = ("AllocateBuffer", "AssumeGatherIndicesInBound")
 CONV_TARGETS = ("__cudnn$conv",)
 
 
@@ -181,7 +183,8 @@ class CostRules:
             return float(operands[1].nbytes), float(operands[1].nbytes)
         if op == "fusion":
             fused = self.module.computations[ins.called("calls")[0]]
-            read = sum(_param_read_bytes(fused, i, s) for i, s in enumerate(operands))
+            comps = self.module.computations
+            read = sum(_param_read_bytes(fused, i, s, comps) for i, s in enumerate(operands))
             return float(read), float(_fusion_written_bytes(fused, written))
         return float(sum(s.nbytes for s in operands)), float(written)
 
@@ -259,9 +262,10 @@ _SLICING = frozenset({"slice", "dynamic-slice", "gather"})
 _TRANSPARENT = frozenset({"bitcast", "reshape"})
 
 
-def _param_read_bytes(fused: HloComputation, index: int, shape: Shape) -> int:
+def _param_read_bytes(fused: HloComputation, index: int, shape: Shape, comps: dict) -> int:
     """Bytes a fused kernel reads from operand `index`: the slices taken when the parameter
-    is only sliced, nothing when it is only the in-place target of dynamic-update-slice."""
+    is only sliced, nothing when it is only the in-place target of dynamic-update-slice;
+    a nested fusion (TPU puts the per-layer slice in an inner kLoop fusion) is followed."""
     param = fused.parameters.get(index)
     if param is None:
         return shape.nbytes
@@ -276,6 +280,9 @@ def _param_read_bytes(fused: HloComputation, index: int, shape: Shape) -> int:
             seen_bytes += u.shape.nbytes
         elif u.opcode == "dynamic-update-slice" and operand_pos == 0:
             continue
+        elif u.opcode == "fusion" and u.called("calls")[0] in comps:
+            seen_bytes += _param_read_bytes(comps[u.called("calls")[0]], operand_pos, shape,
+                                            comps)
         else:
             return shape.nbytes
     return min(seen_bytes, shape.nbytes)

@@ -19,8 +19,9 @@ from flint.hlo.module import HloComputation, HloInstruction, HloModule
 from flint.hlo.replica_groups import (mesh_axes_spanned, parse_replica_groups,
                                       parse_source_target_pairs)
 from flint.hlo.shapes import Shape
-from flint.passes.hlo_cost import ALIASES, COLLECTIVES, CostRules, is_known
+from flint.passes.hlo_cost import COLLECTIVES, NO_WORK_TARGETS, CostRules, is_known
 from flint.passes.op_metadata import parse_op_name
+from flint.passes.trip_count import infer_trip_count
 
 _LOOK_THROUGH = frozenset({"bitcast", "add-dependency", "opt-barrier", "optimization-barrier",
                            "bitcast-convert", "domain", "async-update", "set-dimension-size"})
@@ -99,10 +100,10 @@ class _Lowering:
                 v = [env.get(o, ()) for o in ins.operands]
             elif op in _LOOK_THROUGH:
                 v = env.get(ins.operands[0], ()) if ins.operands else ()
-            elif op in _NO_DATA:
+            elif op in _NO_DATA or (op == "custom-call" and _no_work_call(ins)):
                 v = ()
             elif op == "while":
-                v = self.lower_while(ins, env, repeat)
+                v = self.lower_while(ins, comp, env, repeat)
             elif op == "call":
                 callee = self.module.computations[ins.called("to_apply")[0]]
                 v = self.lower(callee, [env.get(o, ()) for o in ins.operands], repeat)
@@ -129,9 +130,11 @@ class _Lowering:
             env[ins.name] = v
         return env.get(comp.root.name, ())
 
-    def lower_while(self, ins: HloInstruction, env: dict, repeat: int):
+    def lower_while(self, ins: HloInstruction, comp: HloComputation, env: dict, repeat: int):
         init = env.get(ins.operands[0], ())
         n = ins.backend_config.get("known_trip_count", {}).get("n")
+        if n is None:  # TPU (and some loops elsewhere) carry no annotation: infer it
+            n = infer_trip_count(self.module, ins, comp)
         trip = int(n) if n is not None else 1
         loop_id = len(self.loops)
         body = self.module.computations[ins.called("body")[0]]
@@ -316,6 +319,10 @@ class _Lowering:
     def _control(self, preds: str) -> list[int]:
         names = [p.strip().lstrip("%") for p in preds.strip("{}").split(",") if p.strip()]
         return [n.id for n in self.nodes if n.name in names]
+
+
+def _no_work_call(ins: HloInstruction) -> bool:
+    return (ins.attr("custom_call_target") or "").strip('"') in NO_WORK_TARGETS
 
 
 def _ints(leaf: tuple) -> set[int]:

@@ -161,3 +161,17 @@ def test_cli_estimate(spec_path, tmp_path):
     r = run_flint("estimate", str(g), "--hardware", str(spec_path), "--set",
                   "hbm_bandwidth=-3TB/s")
     assert r.returncode == 2 and "negative" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_every_shipped_spec_loads_with_sources():
+    from flint.hardware_models.spec import FIELDS, spec_names
+
+    names = spec_names()
+    assert {"h100-sxm", "h200", "a100-40gb-sxm", "a100-80gb-sxm", "b200", "mi300x", "tpu-v4",
+            "tpu-v5e", "tpu-v5p", "cpu"} <= set(names)
+    for name in names:
+        s = load_spec(name)
+        assert s.peak("bf16") > 0 and s.hbm_bandwidth > 0 and s.hbm_capacity > 0
+        for dtype in s.peak_flops:
+            assert s.sources[f"peak_{dtype}"].strip()
+        assert all(s.sources[k].strip() for k in FIELDS if k in s.sources)

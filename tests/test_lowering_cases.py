@@ -114,3 +114,23 @@ def test_module_partition_count_must_match_cluster():
 
     with pytest.raises(FlintError, match="partitioned for 2 devices"):
         lower_hlo(parse_module(UNKNOWN), Cluster(8, (("data", 8),), "h100-sxm"))
+
+
+def test_unannotated_loops_get_inferred_trip_counts():
+    """TPU's compiler writes no known_trip_count: the count is read from the loop itself."""
+    import re
+
+    from flint.models.train import build
+
+    w = build("tiny", (("data", 8),), scan=True, layers=3)
+    compiled = capture(w.step, devices=8, mesh="data=8", hardware="cpu", in_specs=w.in_specs,
+                       out_specs=w.out_specs).lower(*w.args).compile()
+    text = compiled.as_text()
+    stripped = re.sub(r', backend_config=\{[^\n]*?"known_trip_count":\{"n":"\d+"\}\}', "", text)
+    assert "known_trip_count" in text and "known_trip_count" not in stripped
+    cluster = Cluster(8, (("data", 8),), "cpu", "cpu")
+    annotated = lower_hlo(parse_module(text), cluster)
+    inferred = lower_hlo(parse_module(stripped), cluster)
+    assert [lp.trip_count for lp in inferred.loops] == [lp.trip_count for lp in annotated.loops]
+    assert all(lp.trip_count == 3 for lp in inferred.loops)
+    assert inferred.total_flops() == pytest.approx(annotated.total_flops())

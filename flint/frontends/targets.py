@@ -18,7 +18,11 @@ from pathlib import Path
 from flint.errors import FlintError
 
 GPU_TARGETS_DIR = Path(__file__).parent / "gpu_targets"
-TPU_TARGETS = {"tpu-v4": ("v4", 3), "tpu-v5e": ("v5e", 2), "tpu-v5p": ("v5p", 3)}
+# generation, torus dims, devices per chip in libtpu's compile-only topology (v4 exposes both
+# TensorCores; it has no megacore option), most chips in one slice (larger v5e aborts in compile)
+TPU_TARGETS = {"tpu-v4": ("v4", 3, 2, 4096), "tpu-v5e": ("v5e", 2, 1, 256),
+               "tpu-v5p": ("v5p", 3, 1, 8960)}
+TPU_CHIPS_PER_HOST = 4    # libtpu's default chips_per_host_bounds is 2x2x1
 ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "a100": "a100-80gb-sxm",
            "a100-40gb": "a100-40gb-sxm", "a100-80gb": "a100-80gb-sxm", "host": "cpu"}
 
@@ -134,20 +138,42 @@ def torus_shape(count: int, dims: int) -> tuple[int, ...]:
     return tuple(sorted(shape))
 
 
-def _tpu_devices(hardware: str, count: int) -> list:
-    generation, dims = TPU_TARGETS[hardware]
-    try:
-        import libtpu  # noqa: F401
-    except ImportError:
-        raise FlintError(f"hardware {hardware} needs libtpu: pip install 'flint[tpu]'") from None
-    from jax.experimental import topologies
+def tpu_devices_per_host(hardware: str) -> int:
+    return TPU_CHIPS_PER_HOST * TPU_TARGETS[hardware][2]
 
-    name = f"{generation}:" + "x".join(str(d) for d in torus_shape(count, dims))
-    try:
-        topo = topologies.get_topology_desc(name, "tpu")
-    except Exception as e:
-        raise FlintError(f"cannot create TPU topology {name}: {str(e).splitlines()[0]}") from None
-    return list(topo.devices)[:count]
+
+def _tpu_devices(hardware: str, count: int) -> list:
+    generation, dims, per_chip, max_chips = TPU_TARGETS[hardware]
+    if count % per_chip:
+        raise FlintError(f"{hardware} has {per_chip} TensorCores (devices) per chip; "
+                         f"{count} devices is not a whole number of chips")
+    chips = count // per_chip
+    if chips > max_chips:
+        raise FlintError(f"{hardware} slices have at most {max_chips} chips, got {chips}")
+    shape = torus_shape(chips, dims)
+    bounds = None
+    if chips < TPU_CHIPS_PER_HOST:  # one host smaller than 2x2: libtpu needs its bounds
+        bounds = shape + (1,) * (3 - dims)
+    elif shape[0] == 1:             # 1x2x2 does not tile 2x2x1 hosts; 2x2x1 does
+        shape = tuple(sorted(shape, reverse=True))
+    return list(_tpu_topology(f"{generation}:" + "x".join(map(str, shape)), bounds).devices)
+
+
+@lru_cache(maxsize=16)
+def _tpu_topology(name: str, chips_per_host_bounds: tuple | None):
+    kw = {"chips_per_host_bounds": list(chips_per_host_bounds)} if chips_per_host_bounds else {}
+    with quiet_native_stderr():  # libtpu probes for a TPU VM and logs the failure on fd 2
+        try:
+            import libtpu  # noqa: F401
+        except ImportError:
+            raise FlintError("TPU targets need libtpu: pip install 'flint[tpu]'") from None
+        from jax.experimental import topologies
+
+        try:
+            return topologies.get_topology_desc(name, "tpu", **kw)
+        except Exception as e:
+            raise FlintError(f"cannot create TPU topology {name}: "
+                             f"{str(e).splitlines()[0]}") from None
 
 
 def _cpu_devices(count: int) -> list:
