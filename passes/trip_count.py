@@ -79,6 +79,17 @@ def _state_index(comp: HloComputation, name: str) -> int | None:
     return None
 
 
+def _facts(outer: HloComputation, comp: HloComputation, args, name: str):
+    """(loop-state index, constant value) an operand stands for; inside a fusion (`args` are
+    the fusion's operands in `outer`) a parameter stands for the matching operand."""
+    src = _source(comp, name)
+    if args is not None:
+        if src.opcode != "parameter":
+            return None, _constant(comp, name)
+        name, comp = args[int(src.operand_text)], outer
+    return _state_index(comp, name), _constant(comp, name)
+
+
 def _bound(module: HloModule, cond: HloComputation):
     """(state index, direction, limit, var_on_left) of the condition's compare."""
     root = _source(cond, cond.root.name)
@@ -90,16 +101,7 @@ def _bound(module: HloModule, cond: HloComputation):
     if cmp.opcode != "compare":
         return None
     direction = (cmp.attr("direction") or "").strip()
-    sides = []
-    for name in cmp.operands[:2]:
-        ins = _source(comp, name)
-        if ins.opcode == "parameter" and args is not None:
-            outer = args[int(ins.operand_text)]
-            sides.append((_state_index(cond, outer), _constant(cond, outer)))
-        else:
-            sides.append((_state_index(comp, name) if args is None else None,
-                          _constant(comp, name)))
-    (li, lc), (ri, rc) = sides
+    (li, lc), (ri, rc) = (_facts(cond, comp, args, name) for name in cmp.operands[:2])
     if li is not None and rc is not None:
         return li, direction, rc, True
     if ri is not None and lc is not None:
@@ -119,16 +121,7 @@ def _step(module: HloModule, body: HloComputation, index: int) -> int | None:
         ins = _source(comp, comp.root.name)
     if ins.opcode not in ("add", "subtract"):
         return None
-    terms = []
-    for name in ins.operands:
-        src = _source(comp, name)
-        if src.opcode == "parameter" and args is not None:
-            outer = args[int(src.operand_text)]
-            terms.append((_state_index(body, outer), _constant(body, outer)))
-        else:
-            terms.append((_state_index(comp, name) if args is None else None,
-                          _constant(comp, name)))
-    (vi, vc), (wi, wc) = terms
+    (vi, vc), (wi, wc) = (_facts(body, comp, args, name) for name in ins.operands[:2])
     if vi == index and wc is not None:
         return wc if ins.opcode == "add" else -wc
     if wi == index and vc is not None and ins.opcode == "add":
