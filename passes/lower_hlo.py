@@ -9,6 +9,7 @@ scheduled between them (its overlap window).
 """
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ _LOOK_THROUGH = frozenset({"bitcast", "add-dependency", "opt-barrier", "optimiza
 _NO_DATA = frozenset({"constant", "partition-id", "replica-id", "after-all",
                       "get-dimension-size"})
 _P2P = {"send": NodeKind.SEND, "recv": NodeKind.RECV}
+_SEND_RECV_PAIRS = re.compile(r'_xla_send_recv_source_target_pairs="?(\{[\d{},\s]*\})')
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class _Lowering:
         self.loop_stack: list[int] = []
         self.consumers: dict[int, dict[int, set[int]]] = {}
         self.unknown: Counter = Counter()
+        self.by_name: dict[str, int] = {}
 
     def run(self) -> WorkloadGraph:
         entry = self.module.entry_computation
@@ -245,6 +248,7 @@ class _Lowering:
         if preds:
             node.control = sorted(set(self._control(preds)) - set(node.inputs))
         self.nodes.append(node)
+        self.by_name[node.name] = node.id
         return node
 
     def metadata(self, ins: HloInstruction) -> dict:
@@ -267,9 +271,8 @@ class _Lowering:
         if opcode == "collective-permute":
             comm = self.communicator("pairs", ins.attr("source_target_pairs") or "{}")
         elif opcode in _P2P:
-            pairs = ins.attr("frontend_attributes") or ""
-            spec = pairs.split("_xla_send_recv_source_target_pairs=", 1)[-1] if pairs else "{}"
-            comm = self.communicator("pairs", spec.strip('{}"').join("{}") if spec else "{}")
+            m = _SEND_RECV_PAIRS.search(ins.attr("frontend_attributes") or "")
+            comm = self.communicator("pairs", m.group(1) if m else "{}")
             data = operand_shapes[:1] if opcode == "send" else []
         else:
             comm = self.communicator("groups", ins.replica_groups() or "{}")
@@ -317,8 +320,8 @@ class _Lowering:
         return sorted(out)
 
     def _control(self, preds: str) -> list[int]:
-        names = [p.strip().lstrip("%") for p in preds.strip("{}").split(",") if p.strip()]
-        return [n.id for n in self.nodes if n.name in names]
+        names = (p.strip().lstrip("%") for p in preds.strip("{}").split(","))
+        return [self.by_name[n] for n in names if n in self.by_name]
 
 
 def _no_work_call(ins: HloInstruction) -> bool:
