@@ -21,6 +21,10 @@ from flint.hardware_models.spec import HardwareSpec
 from flint.summary import collective_size_bytes
 
 ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "direct")
+# Bus bandwidth NCCL sustains as a share of the link rate, for large messages (modelling
+# defaults that calibration refits): nccl-tests on NVLink systems report roughly 80% of
+# the per-direction link bandwidth, InfiniBand NICs about 90% of line rate.
+DEFAULT_BUS_EFFICIENCY = {"scale_up": 0.80, "scale_out": 0.90}
 
 
 @dataclass(frozen=True)
@@ -42,16 +46,19 @@ class NetworkModel:
     cluster: Cluster
     algorithm: str = "auto"
 
+    def _efficiency(self, level: str) -> float:
+        return float(self.spec.efficiency.get(f"bus_{level}", DEFAULT_BUS_EFFICIENCY[level]))
+
     @property
     def up(self) -> Level:
         bw = self.spec.scale_up_bandwidth or self.spec.nic_bandwidth
-        return Level(bw, self.spec.scale_up_latency)
+        return Level(bw * self._efficiency("scale_up"), self.spec.scale_up_latency)
 
     @property
     def out(self) -> Level:
         bw = (self.spec.nic_bandwidth or self.spec.scale_up_bandwidth) / max(
             self.spec.oversubscription, 1.0)
-        return Level(bw, self.spec.nic_latency)
+        return Level(bw * self._efficiency("scale_out"), self.spec.nic_latency)
 
     def placement(self, comm: Communicator) -> Placement:
         return _placement(comm, self.spec.scale_up_domain)
