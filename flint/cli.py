@@ -41,6 +41,10 @@ def extract(
                                                        "over the TP axis"),
     devices_per_host: Optional[int] = typer.Option(None, help="devices per host (GPU: 8)"),
     args_fn: str = typer.Option("example_args", help="script: function giving example args"),
+    with_estimate: bool = typer.Option(False, "--estimate", help="also predict the step "
+                                       "time with the built-in cost model"),
+    set_: list[str] = typer.Option([], "--set", help="with --estimate: what-if, e.g. "
+                                                     "nic_bandwidth=800Gb/s"),
     passes: str = typer.Option("", help="graph passes to run, e.g. 'expand-loops'"),
     dump_dir: Optional[str] = typer.Option(None, help="dump the graph as text after "
                                                       "lowering and after each pass"),
@@ -50,7 +54,7 @@ def extract(
     """Compile a training step for N compile-only devices and build its workload graph."""
     _run(lambda: _extract(target, devices, mesh, hardware, model, scan, layers, seq_len,
                           batch_per_replica, remat, sequence_parallel, devices_per_host,
-                          args_fn, out, as_json, passes, dump_dir))
+                          args_fn, out, as_json, passes, dump_dir, with_estimate, set_))
 
 
 @app.command()
@@ -108,13 +112,17 @@ def hardware():
 
 def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
              batch_per_replica, remat, sequence_parallel, devices_per_host, args_fn, out,
-             as_json, passes="", dump_dir=None):
+             as_json, passes="", dump_dir=None, with_estimate=False, overrides=()):
     from flint.frontends.targets import prepare_environment, resolve_target
     from flint.passes import parse_pipeline, run_pipeline
 
     prepare_environment()
     resolve_target(hardware_name)  # fail fast on bad flags, before JAX starts
     pipeline = parse_pipeline(passes)
+    if with_estimate or overrides:
+        from flint.hardware_models.spec import load_spec
+
+        load_spec(hardware_name, overrides)  # bad --set values fail before compiling
     for path in filter(None, (out, dump_dir and os.path.join(dump_dir, "x"))):
         _check_output_dir(path)
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -129,9 +137,10 @@ def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
 
         from flint.cli_targets import captured_step
 
-        step, args, label = captured_step(target, devices, mesh, hardware_name, model, scan,
-                                          layers, seq_len, batch_per_replica, remat,
-                                          sequence_parallel, devices_per_host, args_fn)
+        step, args, label, info = captured_step(target, devices, mesh, hardware_name, model,
+                                                scan, layers, seq_len, batch_per_replica,
+                                                remat, sequence_parallel, devices_per_host,
+                                                args_fn)
         stage(f"tracing and lowering {label} for {devices} devices")
         lowered = step.lower(*args)
         stage(f"compiling with XLA for {devices} x {step.cfg.hardware} (no hardware runs)")
@@ -139,6 +148,8 @@ def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
         stage("lowering optimized HLO into the workload graph")
         graph = compiled.workload()
         graph.meta["model"] = label
+        if info.get("model_flops"):
+            graph.meta["model_flops_per_device"] = info["model_flops"] / devices
         dump = _dumper(dump_dir)
         dump(None, graph)
         graph = run_pipeline(graph, pipeline, callback=dump)
@@ -147,12 +158,22 @@ def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
             graph.save(out)
     timings = dict(compiled.timings, total_s=time.perf_counter() - t_start)
     summary = graph.summary()
+    predicted = None
+    if with_estimate:
+        from flint.hardware_models.estimate import estimate as run_estimate
+
+        predicted = run_estimate(graph, None, overrides).to_json()
     if as_json:
-        print(json.dumps({"summary": summary, "timings_s": timings}, sort_keys=True, indent=1))
+        report = {"summary": summary, "timings_s": timings}
+        if predicted is not None:
+            report["estimate"] = predicted
+        print(json.dumps(report, sort_keys=True, indent=1))
     else:
-        from flint.render import render_summary
+        from flint.render import render_estimate, render_summary
 
         render_summary(summary, Console(), timings)
+        if predicted is not None:
+            render_estimate(predicted, Console())
         if out:
             err.print(f"wrote {out} ({os.path.getsize(out) / 2**20:.2f} MiB)")
 

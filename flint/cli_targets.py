@@ -18,7 +18,7 @@ def default_zoo_mesh(devices: int) -> str:
 
 def captured_step(target, devices, mesh, hardware, model, scan, layers, seq_len,
                   batch_per_replica, remat, sequence_parallel, devices_per_host, args_fn):
-    """Return (Captured step, example args, label)."""
+    """Return (Captured step, example args, label, model info)."""
     from flint.cluster import parse_mesh
     from flint.frontends.jax import Captured, capture
 
@@ -31,7 +31,7 @@ def captured_step(target, devices, mesh, hardware, model, scan, layers, seq_len,
         step = capture(w.step, devices=devices, mesh=dict(mesh_t), hardware=hardware,
                        in_specs=w.in_specs, out_specs=w.out_specs,
                        donate_argnums=w.donate_argnums, devices_per_host=devices_per_host)
-        return step, w.args, w.name
+        return step, w.args, w.name, w.info
     module, fn_name = _load_script(target)
     fn = getattr(module, fn_name, None)
     if fn is None or not callable(fn):
@@ -48,7 +48,7 @@ def captured_step(target, devices, mesh, hardware, model, scan, layers, seq_len,
         step = capture(fn, devices=devices, mesh=mesh, hardware=hardware,
                        in_specs=getattr(module, "in_specs", None),
                        rules=getattr(module, "rules", None), devices_per_host=devices_per_host)
-    return step, args, fn_name
+    return step, args, fn_name, {}
 
 
 def _rescaled_mesh(mesh, devices: int) -> dict:

@@ -95,6 +95,11 @@ def render_estimate(e: dict, console: Console) -> None:
     if e.get("mfu") is not None:
         t.add_row("MFU (model flops / peak)", f"{100 * e['mfu']:.1f} %")
     t.add_row("peak used for utilization", fmt_flops(e["peak_flops"]) + "/s")
+    if e.get("memory_bytes") is not None:
+        verdict = "OUT OF MEMORY" if e["oom"] else "fits"
+        t.add_row("device memory (XLA buffers) / capacity",
+                  f"{fmt_bytes(e['memory_bytes'])} / {fmt_bytes(e['memory_capacity_bytes'])}: "
+                  f"{verdict}")
     console.print(t)
     c = Table(title="Time by op class and collective (summed over the step)")
     c.add_column("class")

@@ -18,7 +18,7 @@ def main() -> None:
     from flint.hardware_models.estimate import estimate
 
     t0 = time.perf_counter()
-    step, args, _ = captured_step(None, a.devices, None, a.hardware, a.model, True, None, None,
+    step, args, _, _ = captured_step(None, a.devices, None, a.hardware, a.model, True, None, None,
                                   1, None, False, None, "example_args")
     graph = step.lower(*args).compile().workload()
     extract_s = time.perf_counter() - t0

@@ -175,3 +175,18 @@ def test_every_shipped_spec_loads_with_sources():
         for dtype in s.peak_flops:
             assert s.sources[f"peak_{dtype}"].strip()
         assert all(s.sources[k].strip() for k in FIELDS if k in s.sources)
+
+
+def test_cli_extract_with_estimate_reports_mfu_and_memory():
+    r = run_flint("extract", "--model", "tiny", "--devices", "16", "--mesh", "fsdp=2,model=8",
+                  "--estimate", "--set", "hbm_capacity=1GB", "--json")
+    assert r.returncode == 0, r.stderr
+    e = json.loads(r.stdout)["estimate"]
+    assert e["step_time_s"] > 0 and 0 < e["mfu"] <= e["hfu"] * 1.05
+    assert e["memory_bytes"] > 0 and e["memory_capacity_bytes"] == 1e9 and e["oom"] is False
+    r = run_flint("extract", "--model", "tiny", "--devices", "16", "--estimate", "--set",
+                  "hbm_capacity=1KB", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["estimate"]["oom"] is True
+    r = run_flint("extract", "--model", "tiny", "--devices", "16", "--estimate", "--set",
+                  "hbm_capacity=lots")
+    assert r.returncode == 2 and "hbm_capacity" in r.stderr and "Traceback" not in r.stderr

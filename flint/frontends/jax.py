@@ -97,6 +97,9 @@ class FlintCompiled:
         graph = lower_hlo(self.hlo_module(), self.cluster)
         graph.meta.update(source="jax", function=self.name, jax_version=jax.__version__,
                           compiler_notes=list(self.notes))
+        memory = _memory_stats(self.compiled)
+        if memory:
+            graph.meta["xla_memory"] = memory
         self.timings["graph_s"] = time.perf_counter() - t0
         return graph
 
@@ -201,6 +204,19 @@ def capture(fn: Callable | None = None, *, devices: int, mesh=None, hardware: st
 def extract(fn: Callable, *args, devices: int, mesh=None, hardware: str = "h100-sxm", **kw):
     """One call: compile `fn(*args)` for the virtual cluster and return its WorkloadGraph."""
     return capture(fn, devices=devices, mesh=mesh, hardware=hardware, **kw).workload(*args)
+
+
+def _memory_stats(compiled) -> dict:
+    """XLA's own per-device buffer assignment (bytes), when the backend reports it."""
+    try:
+        m = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - some backends do not implement it
+        return {}
+    if m is None:
+        return {}
+    keys = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+            "temp_size_in_bytes", "generated_code_size_in_bytes")
+    return {k.replace("_size_in_bytes", "_bytes"): int(getattr(m, k, 0) or 0) for k in keys}
 
 
 def _first_line(e: BaseException) -> str:

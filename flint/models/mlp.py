@@ -49,6 +49,7 @@ def build(model: str, mesh, batch_per_replica: int = 8, layers: int | None = Non
             params = jax.tree.map(lambda w, g: w - 1e-3 * g, params, grads)
         return params, loss
 
-    info = {"params": n * 2 * d * f, "global_batch": batch, "layers": n, "d": d, "f": f}
+    info = {"params": n * 2 * d * f, "global_batch": batch, "layers": n, "d": d, "f": f,
+            "model_flops": 6 * n * 2 * d * f * batch}
     return ZooWorkload(model, train_step, (params, x, x), (pspec, bspec, bspec),
                        (pspec, P()), (0,), info)
