@@ -67,21 +67,22 @@ def estimate(
                                                "hierarchical|direct"),
     trace: Optional[str] = typer.Option(None, help="write the predicted timeline "
                                                    "(Chrome/Perfetto trace JSON)"),
+    plot: Optional[str] = typer.Option(None, help="write a PNG breakdown of the step"),
     as_json: bool = typer.Option(False, "--json", help="print the estimate as JSON"),
 ):
     """Predict the step time of a workload graph with the built-in cost model."""
     def go():
         from flint.graph import WorkloadGraph
 
-        if trace:
-            _check_output_dir(trace)
+        for path in filter(None, (trace, plot)):
+            _check_output_dir(path)
         _estimate(WorkloadGraph.load(graph_file), hardware_name, set_, algorithm, trace,
-                  as_json)
+                  as_json, plot)
 
     _run(go)
 
 
-def _estimate(graph, hardware_name, overrides, algorithm, trace, as_json):
+def _estimate(graph, hardware_name, overrides, algorithm, trace, as_json, plot=None):
     from flint.hardware_models.estimate import estimate as run_estimate
     from flint.hardware_models.network import ALGORITHMS
 
@@ -92,6 +93,10 @@ def _estimate(graph, hardware_name, overrides, algorithm, trace, as_json):
         from flint.exporters.perfetto import write_timeline
 
         write_timeline(result.timeline, trace)
+    if plot:
+        from flint.exporters.plot import write_breakdown
+
+        write_breakdown(result.to_json(), plot)
     if as_json:
         print(json.dumps(result.to_json(), sort_keys=True, indent=1))
     else:

@@ -150,14 +150,22 @@ def test_replacing_the_compute_model(spec_path):
 def test_cli_estimate(spec_path, tmp_path):
     g = tmp_path / "g.json"
     _toy_graph(True).save(g)
-    trace = tmp_path / "t.json"
+    trace, png = tmp_path / "t.json", tmp_path / "b.png"
     r = run_flint("estimate", str(g), "--hardware", str(spec_path), "--set",
-                  "nic_bandwidth=800Gb/s", "--json", "--trace", str(trace))
+                  "nic_bandwidth=800Gb/s", "--json", "--trace", str(trace), "--plot", str(png))
     assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    first = png.read_bytes()
+    run_flint("estimate", str(g), "--hardware", str(spec_path), "--set",
+              "nic_bandwidth=800Gb/s", "--plot", str(png))
+    assert png.read_bytes() == first  # same input, same bytes
     e = json.loads(r.stdout)
     assert e["step_time_s"] > 0 and e["hardware"] == "test-gpu"
     events = json.loads(trace.read_text())["traceEvents"]
     assert {ev["name"] for ev in events if ev["ph"] == "X"} == {"g0", "ar", "g1", "use"}
+    # Chrome trace-event format: complete events carry pid/tid/ts/dur in microseconds
+    assert all({"pid", "tid", "ts", "dur"} <= set(ev) and ev["dur"] >= 0
+               for ev in events if ev["ph"] == "X")
     r = run_flint("estimate", str(g), "--hardware", str(spec_path), "--set",
                   "hbm_bandwidth=-3TB/s")
     assert r.returncode == 2 and "negative" in r.stderr and "Traceback" not in r.stderr
