@@ -112,14 +112,11 @@ class NetworkModel:
         return s / level.bandwidth + level.latency
 
 
-def _placement(comm: Communicator, domain: int) -> Placement:
-    return _placement_cached(comm.kind, comm.spec, comm.num_devices, domain, comm)
-
-
 @lru_cache(maxsize=4096)
-def _placement_cached(kind: str, spec: str, n: int, domain: int, comm: Communicator) -> Placement:
+def _placement(comm: Communicator, domain: int) -> Placement:
+    """Expanding groups is O(devices): do it once per communicator (communicators are frozen)."""
     groups = comm.groups()
-    if kind == "pairs" or groups.size == 0:
+    if comm.kind == "pairs" or groups.size == 0:
         return Placement(2, 1, 2)
     first = groups[0]
     domains = len({int(r) // domain for r in first})

@@ -269,13 +269,13 @@ def _param_read_bytes(fused: HloComputation, index: int, shape: Shape, comps: di
     param = fused.parameters.get(index)
     if param is None:
         return shape.nbytes
-    users = _users(fused).get(param.name, [])
+    users = fused.users.get(param.name, [])
     frontier = list(users)
     seen_bytes = 0
     while frontier:
         u, operand_pos = frontier.pop()
         if u.opcode in _TRANSPARENT:
-            frontier.extend(_users(fused).get(u.name, []))
+            frontier.extend(fused.users.get(u.name, []))
         elif u.opcode in _SLICING and operand_pos == 0:
             seen_bytes += u.shape.nbytes
         elif u.opcode == "dynamic-update-slice" and operand_pos == 0:
@@ -300,17 +300,6 @@ def _fusion_written_bytes(fused: HloComputation, full: int) -> int:
         else:
             total += r.shape.nbytes
     return total
-
-
-def _users(comp: HloComputation) -> dict[str, list[tuple[HloInstruction, int]]]:
-    cached = comp.__dict__.get("_flint_users")
-    if cached is None:
-        cached = {}
-        for ins in comp.instructions:
-            for pos, o in enumerate(ins.operands):
-                cached.setdefault(o, []).append((ins, pos))
-        comp.__dict__["_flint_users"] = cached
-    return cached
 
 
 _PASS_THROUGH = frozenset({"convert", "bitcast", "reshape", "copy"})

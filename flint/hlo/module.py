@@ -159,6 +159,15 @@ class HloComputation:
         return self.instructions[-1]
 
     @cached_property
+    def users(self) -> dict[str, list[tuple[HloInstruction, int]]]:
+        """Instruction name -> (user, operand position) pairs."""
+        out: dict[str, list[tuple[HloInstruction, int]]] = {}
+        for ins in self.instructions:
+            for pos, o in enumerate(ins.operands):
+                out.setdefault(o, []).append((ins, pos))
+        return out
+
+    @cached_property
     def parameters(self) -> dict[int, HloInstruction]:
         return {int(i.operand_text): i for i in self.instructions if i.opcode == "parameter"}
 
