@@ -95,11 +95,20 @@ def render_estimate(e: dict, console: Console) -> None:
     if e.get("mfu") is not None:
         t.add_row("MFU (model flops / peak)", f"{100 * e['mfu']:.1f} %")
     t.add_row("peak used for utilization", fmt_flops(e["peak_flops"]) + "/s")
-    if e.get("memory_bytes") is not None:
-        verdict = "OUT OF MEMORY" if e["oom"] else "fits"
-        t.add_row("device memory (XLA buffers) / capacity",
-                  f"{fmt_bytes(e['memory_bytes'])} / {fmt_bytes(e['memory_capacity_bytes'])}: "
-                  f"{verdict}")
+    verdict = "OUT OF MEMORY" if e["oom"] else "fits"
+    t.add_row("device memory peak / capacity",
+              f"{fmt_bytes(e['memory_bytes'])} / {fmt_bytes(e['memory_capacity_bytes'])}: "
+              f"{verdict}")
+    mem = e.get("memory") or {}
+    for cat, nbytes in (mem.get("arguments_bytes") or {}).items():
+        t.add_row(f"  {cat.replace('_', ' ')}", fmt_bytes(nbytes))
+    if mem:
+        t.add_row("  temporaries at the peak", f"{fmt_bytes(mem['temporaries_peak_bytes'])} "
+                  f"(at {mem['peak_node']})")
+        if mem.get("xla_bytes") is not None:
+            t.add_row("  XLA buffer assignment (cross-check)", fmt_bytes(mem["xla_bytes"]))
+    if e.get("topology"):
+        t.add_row("topology", e["topology"])
     console.print(t)
     c = Table(title="Time by op class and collective (summed over the step)")
     c.add_column("class")

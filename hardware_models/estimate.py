@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from flint.graph import WorkloadGraph
 from flint.hardware_models.cost_model import CostModel, default_cost_model
+from flint.hardware_models.memory import estimate_memory
 from flint.hardware_models.schedule import Timeline, simulate
 from flint.passes.expand_loops import ExpandLoops
 
@@ -23,9 +24,11 @@ class Estimate:
     hfu: float                       # hardware flops / (step time x peak)
     mfu: float | None                # model flops (no recompute) / (step time x peak)
     peak_flops: float
-    memory_bytes: float | None = None    # per-device peak, from XLA's buffer assignment
+    memory_bytes: float = 0.0            # per-device peak from buffer liveness on the graph
     memory_capacity_bytes: float = 0.0
-    oom: bool | None = None              # None when the peak is unknown
+    oom: bool = False
+    memory: dict = field(default_factory=dict)   # breakdown, and XLA's figure if known
+    topology: str = ""
     by_class_s: dict = field(default_factory=dict)
     by_layer_s: dict = field(default_factory=dict)
     collectives_s: dict = field(default_factory=dict)
@@ -35,14 +38,6 @@ class Estimate:
         d = {k: v for k, v in self.__dict__.items() if k != "timeline"}
         d["critical_path_nodes"] = len(self.timeline.critical_path) if self.timeline else 0
         return d
-
-
-def peak_memory_bytes(graph: WorkloadGraph) -> float | None:
-    """Arguments + outputs (less what they alias) + temporaries, as XLA assigned buffers."""
-    m = graph.meta.get("xla_memory")
-    if not m:
-        return None
-    return float(m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"])
 
 
 def _exposed_communication(graph: WorkloadGraph, tl: Timeline, durations: list[float]) -> float:
@@ -82,14 +77,17 @@ def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
     flops = graph.total_flops()
     model_flops = graph.meta.get("model_flops_per_device")
     comm = sum(v for k, v in busy.items() if k != "compute")
-    memory = peak_memory_bytes(graph)
+    memory = estimate_memory(graph)
+    network = getattr(model, "network", None)
+    topology = getattr(network, "topology", None)
     return Estimate(
         hardware=model.spec.name, devices=graph.cluster.devices, step_time_s=step,
         compute_busy_s=busy["compute"], communication_busy_s=comm,
         exposed_communication_s=exposed, idle_s=max(step - busy["compute"], 0.0),
         flops_per_device=flops, hfu=flops / (step * peak) if step else 0.0,
         mfu=model_flops / (step * peak) if (model_flops and step) else None, peak_flops=peak,
-        memory_bytes=memory, memory_capacity_bytes=model.spec.hbm_capacity,
-        oom=None if memory is None else memory > model.spec.hbm_capacity,
+        memory_bytes=memory.peak_bytes, memory_capacity_bytes=model.spec.hbm_capacity,
+        oom=memory.peak_bytes > model.spec.hbm_capacity, memory=memory.to_json(),
+        topology=topology.describe() if topology is not None else "",
         by_class_s=dict(sorted(by_class.items())), by_layer_s=dict(sorted(by_layer.items())),
         collectives_s=dict(sorted(colls.items())), timeline=tl)

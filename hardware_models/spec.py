@@ -27,7 +27,11 @@ FIELDS = {
     "devices_per_node": ("count", ("system", "devices_per_node")),
     "scale_up_domain": ("count", ("system", "scale_up_domain")),
     "oversubscription": ("ratio", ("system", "oversubscription")),
+    "leaf_group": ("count", ("system", "leaf_group")),
 }
+# Figures that are words, not quantities: the fabric's name and a TPU slice shape
+# (`--set torus=4x4x8` picks the slice; the spec's `system.torus` is the largest one).
+TEXT_FIELDS = ("fabric", "torus")
 # Latencies used when no public figure exists (documented modelling assumptions, replaced
 # by calibration): NCCL's base latency per step is a few microseconds on NVLink and
 # InfiniBand alike.
@@ -51,8 +55,10 @@ class HardwareSpec:
     devices_per_node: int = 8
     scale_up_domain: int = 8
     oversubscription: float = 1.0
+    leaf_group: int = 0              # devices per non-blocking leaf group; 0 = whole fabric
     fabric: str = "fat-tree"
-    torus: str = ""
+    torus: str = ""                  # largest ICI slice, e.g. 16x16x24; "" if switched
+    torus_slice: str = ""            # the slice a job uses (what-if); "" = most cubic fit
     sources: dict = field(default_factory=dict)
     efficiency: dict = field(default_factory=dict)   # calibrated parameters, if any
 
@@ -154,8 +160,11 @@ def apply_overrides(spec: HardwareSpec, overrides) -> HardwareSpec:
             changes[key] = int(v) if kind == "count" else v
         elif key == "fabric":
             changes[key] = value
+        elif key == "torus":
+            from flint.hardware_models.topology import parse_torus_shape
+            changes["torus_slice"] = "x".join(map(str, parse_torus_shape(value)))
         else:
-            known = sorted(FIELDS) + [f"peak_{d}" for d in DTYPES] + ["fabric"]
+            known = sorted(FIELDS) + [f"peak_{d}" for d in DTYPES] + list(TEXT_FIELDS)
             raise FlintError(f"--set {key}: unknown hardware figure (known: {', '.join(known)})")
     if not changes and peaks == spec.peak_flops:
         return spec

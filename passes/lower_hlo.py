@@ -65,6 +65,23 @@ def lower_hlo(module: HloModule, cluster: Cluster) -> WorkloadGraph:
     return _Lowering(module, cluster).run()
 
 
+_ALIASED_PARAM = re.compile(r":\s*\(\s*(\d+)\s*,")
+
+
+def entry_buffers(module: HloModule) -> dict:
+    """What the step's arguments and results occupy on a device, for the memory estimate:
+    each entry parameter (name from its metadata, bytes), the result's bytes, and the
+    parameters XLA aliases to results (donated buffers updated in place)."""
+    entry = module.entry_computation
+    params = entry.parameters
+    arguments = [[params[i].metadata.get("op_name") or params[i].name,
+                  int(params[i].shape.nbytes)] for i in sorted(params)]
+    aliased = sorted({int(m) for m in _ALIASED_PARAM.findall(
+        module.header.get("input_output_alias", ""))} & set(params))
+    return {"arguments": arguments, "aliased_arguments": aliased,
+            "output_bytes": int(entry.root.shape.nbytes)}
+
+
 class _Lowering:
     def __init__(self, module: HloModule, cluster: Cluster):
         self.module = module
@@ -82,7 +99,8 @@ class _Lowering:
         entry = self.module.entry_computation
         self.lower(entry, [() for _ in entry.parameters], 1)
         meta = {"module": self.module.name, "source": "hlo",
-                "unknown_ops": dict(sorted(self.unknown.items()))}
+                "unknown_ops": dict(sorted(self.unknown.items())),
+                **entry_buffers(self.module)}
         comms = sorted(self.comms.values(), key=lambda c: c.id)
         return WorkloadGraph(self.cluster, self.nodes, comms, self.loops, meta)
 

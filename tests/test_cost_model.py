@@ -109,6 +109,49 @@ def test_network_levels_and_algorithms(spec_path):
     assert net.time(node, everyone) < forced  # auto picks hierarchical over a flat ring
 
 
+def test_oversubscription_applies_past_one_leaf_group(spec_path):
+    spec = load_spec(str(spec_path), ["leaf_group=32 devices", "oversubscription=2"])
+    net = NetworkModel(spec, Cluster(64, (("data", 8), ("model", 8))))
+    s = 1 << 30
+    node = Node(0, "ag", NodeKind.COLLECTIVE, "all-gather", "collective",
+                collective=Collective("all-gather", 0, s, s, "bf16"))
+    two_leaves = _comm("[8,8]<=[8,8]T(1,0)", 64)  # one rank per node, nodes 0-7
+    four_nodes = Communicator(1, "groups", "{{0,8,16,24},{32,40,48,56}}", 64, 4, 2, ("data",))
+    assert net.placement(two_leaves).leaves == 2 and net.placement(four_nodes).leaves == 1
+    flat = load_spec(str(spec_path), ["leaf_group=32 devices"])
+    base = NetworkModel(flat, Cluster(64, (("data", 8), ("model", 8))))
+    assert net.time(node, four_nodes) == pytest.approx(base.time(node, four_nodes))
+    ratio = net.time(node, two_leaves) / base.time(node, two_leaves)
+    assert 1.9 < ratio <= 2.0   # bandwidth term halves; latency term does not
+
+
+def test_tpu_torus_slices_and_dimension_wise_collectives():
+    from flint.hardware_models.topology import topology_for
+
+    v5p = load_spec("tpu-v5p")
+    topo = topology_for(v5p, 4096)
+    assert topo.torus == (16, 16, 16) and all(topo.wraps)
+    assert topology_for(v5p, 12288).scale_up_domain == 6144      # 2 slices over DCN
+    assert topology_for(load_spec("tpu-v5e"), 8).torus == (2, 4)
+    with pytest.raises(FlintError, match="does not fit"):
+        topology_for(load_spec("tpu-v5p", ["torus=4x4x8"]), 100)
+    with pytest.raises(FlintError, match="whole h100-sxm nodes"):
+        topology_for(load_spec("h100-sxm"), 12)
+    net = NetworkModel(v5p, Cluster(4096, (("data", 256), ("model", 16))))
+    s = 1 << 30
+    node = Node(0, "ar", NodeKind.COLLECTIVE, "all-reduce", "collective",
+                collective=Collective("all-reduce", 0, s, s, "bf16"))
+    x_ring = Communicator(0, "groups", "[256,16]<=[4096]", 4096, 16, 256, ("model",))
+    assert net.placement(x_ring).grid == ((16, True),)
+    link = 600e9 * 0.8 / 6                                 # one ICI link, one direction
+    expect = 2 * (15 / 16 * s / (2 * link) + 15 * v5p.scale_up_latency)
+    assert net.time(node, x_ring) == pytest.approx(expect)
+    everyone = Communicator(1, "groups", "[1,4096]<=[4096]", 4096, 4096, 1, ("data", "model"))
+    assert net.placement(everyone).grid == ((16, True),) * 3
+    # Three dimensions share the work: far faster than one dimension's ring of 4096.
+    assert net.time(node, everyone) < 1.2 * net.time(node, x_ring)
+
+
 def _toy_graph(async_comm: bool) -> WorkloadGraph:
     comm = _comm("[1,8]<=[8]", 8)
     mm = dict(kind=NodeKind.COMPUTE, op="dot", op_class="gemm", flops=2e12,
@@ -192,9 +235,30 @@ def test_cli_extract_with_estimate_reports_mfu_and_memory():
     e = json.loads(r.stdout)["estimate"]
     assert e["step_time_s"] > 0 and 0 < e["mfu"] <= e["hfu"] * 1.05
     assert e["memory_bytes"] > 0 and e["memory_capacity_bytes"] == 1e9 and e["oom"] is False
+    mem = e["memory"]   # liveness on the graph agrees with XLA's buffer assignment
+    assert mem["xla_bytes"] and abs(e["memory_bytes"] / mem["xla_bytes"] - 1) < 0.15
+    assert mem["arguments_bytes"]["optimizer_state"] > mem["arguments_bytes"]["parameters"] > 0
     r = run_flint("extract", "--model", "tiny", "--devices", "16", "--estimate", "--set",
                   "hbm_capacity=1KB", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["estimate"]["oom"] is True
     r = run_flint("extract", "--model", "tiny", "--devices", "16", "--estimate", "--set",
                   "hbm_capacity=lots")
     assert r.returncode == 2 and "hbm_capacity" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_memory_from_buffer_liveness():
+    from flint.hardware_models.memory import estimate_memory
+
+    def node(i, out, inputs=()):
+        return Node(i, f"n{i}", NodeKind.COMPUTE, "fusion", "elementwise", inputs=list(inputs),
+                    outputs=[out])
+    g = WorkloadGraph(Cluster(1, (("data", 1),)),
+                      [node(0, "f32[25]"), node(1, "f32[10]", [0]), node(2, "f32[5]", [1]),
+                       node(3, "f32[40]")])
+    g.meta.update(arguments=[["params['w']", 400], ["opt_state.mu['w']", 800],
+                             ["batch['x']", 8]], aliased_arguments=[0], output_bytes=420)
+    m = estimate_memory(g)
+    # n0 (100 B) + n1 (40 B) are alive together; n3 (160 B) runs alone after they are freed
+    assert m.temporaries_peak_bytes == 160 and m.peak_node == "n3"
+    assert m.arguments_bytes == {"inputs": 8, "optimizer_state": 800, "parameters": 400}
+    assert m.unaliased_outputs_bytes == 20 and m.peak_bytes == 1208 + 20 + 160

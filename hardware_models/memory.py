@@ -1,0 +1,99 @@
+"""Per-device memory of one step from buffer liveness on the WorkloadGraph.
+
+peak = arguments + results not aliased to an argument + the largest set of temporaries
+alive at once. Arguments (parameters, optimizer state, inputs) stay resident for the whole
+step; a node's output is allocated when the node runs and freed after its last consumer;
+loop bodies appear once, so a body's temporaries count once (iterations reuse them) while
+values carried across iterations live until the loop ends; an output nobody consumes is a
+step result, written in place when XLA aliases it to a donated argument.
+
+This is the same decomposition XLA's buffer assignment reports (`memory_analysis()`:
+argument + output - alias + temp), but computed from the graph alone, so it works on any
+graph (imported, rescaled, or compiled for a CPU) and explains what the bytes are. It
+ignores buffer sharing between fusions, so it reads a little high; the compiler's own
+figure, where the graph has it, is shown beside it as the cross-check.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from flint.graph import WorkloadGraph
+from flint.hlo.shapes import parse_shape
+
+# What an argument is, from the path JAX records as its name: `params['w']`,
+# `opt_state.mu['w']`, `batch['tokens']`. First match wins.
+_CATEGORIES = (("optimizer_state", re.compile(r"opt|adam|momentum|\bmu\b|\bnu\b", re.I)),
+               ("parameters", re.compile(r"param|weight|model", re.I)),
+               ("inputs", re.compile(r"batch|input|token|label|data", re.I)))
+
+
+@dataclass
+class MemoryEstimate:
+    peak_bytes: float
+    arguments_bytes: dict = field(default_factory=dict)   # category -> bytes
+    unaliased_outputs_bytes: float = 0.0
+    temporaries_peak_bytes: float = 0.0                   # live temporaries at the peak
+    peak_node: str = ""                                   # the node running at the peak
+    xla_bytes: float | None = None                        # compiler's figure, if known
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def argument_category(name: str) -> str:
+    for category, pattern in _CATEGORIES:
+        if pattern.search(name):
+            return category
+    return "other_arguments"
+
+
+def estimate_memory(graph: WorkloadGraph) -> MemoryEstimate:
+    args: dict[str, float] = {}
+    aliased = set(graph.meta.get("aliased_arguments", ()))
+    aliased_bytes = 0.0
+    for index, (name, nbytes) in enumerate(graph.meta.get("arguments", ())):
+        cat = argument_category(str(name))
+        args[cat] = args.get(cat, 0.0) + nbytes
+        aliased_bytes += nbytes if index in aliased else 0.0
+    outputs = max(float(graph.meta.get("output_bytes", 0)) - aliased_bytes, 0.0)
+    temps, at = _peak_live(graph)
+    resident = sum(args.values()) + outputs
+    return MemoryEstimate(resident + temps, dict(sorted(args.items())), outputs, temps,
+                          graph.nodes[at].name if at >= 0 else "", xla_memory_bytes(graph))
+
+
+def xla_memory_bytes(graph: WorkloadGraph) -> float | None:
+    m = graph.meta.get("xla_memory")
+    if not m:
+        return None
+    return float(m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"])
+
+
+def _output_bytes(outputs: list[str]) -> int:
+    return sum(parse_shape(s).nbytes for s in outputs)
+
+
+def _peak_live(graph: WorkloadGraph) -> tuple[float, int]:
+    """(largest sum of live node outputs, the node at which it occurs)."""
+    n = len(graph.nodes)
+    last = list(range(n))
+    for i, users in enumerate(graph.users):
+        if users:
+            last[i] = max(users)
+    for loop in graph.loops:   # carried values survive to the end of the body
+        for _, producers, _ in loop.carried:
+            for p in producers:
+                last[p] = max(last[p], loop.last)
+    frees: list[list[int]] = [[] for _ in range(n)]
+    for i in range(n):
+        frees[last[i]].append(i)
+    sizes = [_output_bytes(node.outputs) for node in graph.nodes]
+    live, peak, at = 0.0, 0.0, -1
+    for i in range(n):
+        live += sizes[i]
+        if live > peak:
+            peak, at = live, i
+        for j in frees[i]:
+            live -= sizes[j]
+    return peak, at
