@@ -9,8 +9,8 @@ step result, written in place when XLA aliases it to a donated argument.
 
 This is the same decomposition XLA's buffer assignment reports (`memory_analysis()`:
 argument + output - alias + temp), but computed from the graph alone, so it works on any
-graph (imported, rescaled, or compiled for a CPU) and explains what the bytes are. It
-ignores buffer sharing between fusions, so it reads a little high; the compiler's own
+graph (imported, rescaled, or compiled for a CPU) and explains what the bytes are. Beyond
+in-place updates it does not model XLA's buffer sharing, so it reads a little high; the compiler's own
 figure, where the graph has it, is shown beside it as the cross-check.
 """
 from __future__ import annotations
@@ -70,8 +70,8 @@ def xla_memory_bytes(graph: WorkloadGraph) -> float | None:
     return float(m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"])
 
 
-def _output_bytes(outputs: list[str]) -> int:
-    return sum(parse_shape(s).nbytes for s in outputs)
+def _leaf_bytes(outputs: list[str]) -> list[int]:
+    return [parse_shape(s).nbytes for s in outputs]
 
 
 def _peak_live(graph: WorkloadGraph) -> tuple[float, int]:
@@ -88,12 +88,32 @@ def _peak_live(graph: WorkloadGraph) -> tuple[float, int]:
     frees: list[list[int]] = [[] for _ in range(n)]
     for i in range(n):
         frees[last[i]].append(i)
-    sizes = [_output_bytes(node.outputs) for node in graph.nodes]
+    leaves = [_leaf_bytes(node.outputs) for node in graph.nodes]
+    held = [float(sum(x)) for x in leaves]          # bytes each node still owns
     live, peak, at = 0.0, 0.0, -1
-    for i in range(n):
-        live += sizes[i]
+    for i, node in enumerate(graph.nodes):
+        live += held[i] - _take_donated_buffer(i, node.inputs, leaves, held, last)
         if live > peak:
             peak, at = live, i
         for j in frees[i]:
-            live -= sizes[j]
+            live -= held[j]
+            held[j] = 0.0
     return peak, at
+
+
+def _take_donated_buffer(i: int, inputs: list[int], leaves, held, last) -> float:
+    """XLA writes an output into an operand's buffer of the same size when that operand
+    dies here (elementwise updates, dynamic-update-slice into a loop-carried stack); a
+    multi-output producer (the fused initialisation of several carried stacks) hands each
+    of its outputs to the node that updates it. The buffer changes hands instead of being
+    allocated twice; returns the bytes taken over."""
+    if len(leaves[i]) != 1 or not leaves[i][0]:
+        return 0.0
+    size = leaves[i][0]
+    for j in inputs:
+        if size in leaves[j] and held[j] >= size and (last[j] == i or len(leaves[j]) > 1):
+            leaves[j] = list(leaves[j])
+            leaves[j].remove(size)
+            held[j] -= size
+            return float(size)
+    return 0.0
