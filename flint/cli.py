@@ -126,8 +126,10 @@ def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
     pipeline = parse_pipeline(passes)
     if with_estimate or overrides:
         from flint.hardware_models.spec import load_spec
+        from flint.hardware_models.topology import topology_for
 
-        load_spec(hardware_name, overrides)  # bad --set values fail before compiling
+        # bad --set values, or a cluster the devices do not fit, fail before compiling
+        topology_for(load_spec(hardware_name, overrides), devices)
     for path in filter(None, (out, dump_dir and os.path.join(dump_dir, "x"))):
         _check_output_dir(path)
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn

@@ -4,7 +4,8 @@ RoCE NICs through a fat-tree whose spine may be oversubscribed, or TPU DCN betwe
 
 A communicator's groups are placed on the levels they span. Alpha-beta per level;
 algorithms: ring, double binary tree, hierarchical (reduce-scatter inside each domain, the
-inter-domain collective on 1/m of the data, all-gather inside) and direct all-to-all. On a
+inter-domain collective on 1/m of the data, all-gather inside), PAT for all-gather and
+reduce-scatter with one rank per node, and direct all-to-all. On a
 torus the in-slice part runs dimension by dimension, each over the links of that dimension
 (both directions when the dimension wraps). `auto` takes the fastest, as NCCL's tuner does.
 Sizes follow nccl-tests: S is the all-reduce buffer, the all-gather output, the
@@ -22,7 +23,7 @@ from flint.hardware_models.spec import HardwareSpec
 from flint.hardware_models.topology import Placement, Topology, place, topology_for
 from flint.summary import collective_size_bytes
 
-ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "direct")
+ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "pat", "direct")
 # Bus bandwidth NCCL sustains as a share of the link rate, for large messages (modelling
 # defaults that calibration refits): nccl-tests on NVLink systems report roughly 80% of
 # the per-direction link bandwidth, InfiniBand NICs about 90% of line rate.
@@ -100,6 +101,11 @@ class NetworkModel:
             return opts
         if kind in ("all-gather", "reduce-scatter"):
             opts = {"ring": (p - 1) / p * s / flat.bandwidth + (p - 1) * flat.latency}
+            if k > 1 and m == 1:
+                # PAT (Parallel Aggregated Trees; Jeaugey, arXiv:2506.20252, NCCL >= 2.23):
+                # one rank per node, the ring's bandwidth with a logarithmic number of steps.
+                opts["pat"] = ((p - 1) / p * s / flat.bandwidth
+                               + math.ceil(math.log2(p)) * flat.latency)
             if k > 1 and m > 1:
                 opts["hierarchical"] = (self._intra(kind, s, pl)
                                         + (k - 1) / k * (s / m) / out.bandwidth

@@ -65,6 +65,16 @@ def lower_hlo(module: HloModule, cluster: Cluster) -> WorkloadGraph:
     return _Lowering(module, cluster).run()
 
 
+def _fused_collective(module: HloModule, ins: HloInstruction):
+    """(fused computation, its collective) when a fusion wraps exactly one collective."""
+    called = ins.called("calls")
+    body = module.computations.get(called[0]) if called else None
+    if body is None:
+        return None
+    inner = [i for i in body.instructions if i.opcode in COLLECTIVES]
+    return (body, inner[0]) if len(inner) == 1 else None
+
+
 _ALIASED_PARAM = re.compile(r":\s*\(\s*(\d+)\s*,")
 
 
@@ -255,6 +265,10 @@ class _Lowering:
             collective = self.collective(ins, comp, opcode)
             kind = _P2P.get(opcode, NodeKind.COLLECTIVE)
             op_class = "collective" if opcode in COLLECTIVES else "p2p"
+        elif opcode == "fusion" and (inner := _fused_collective(self.module, ins)) is not None:
+            collective = self.fused_collective(ins, inner)
+            kind, op_class = NodeKind.COLLECTIVE, "collective"
+            meta["fused_collective"] = inner[1].name
         node = Node(
             id=node_id, name=at.name, kind=kind, op=opcode, op_class=op_class,
             inputs=self.resolve(operands, node_id), flops=flops, transcendentals=trans,
@@ -285,7 +299,9 @@ class _Lowering:
 
     def collective(self, ins: HloInstruction, comp: HloComputation, opcode: str) -> Collective:
         operand_shapes = [comp.by_name[o].shape for o in ins.operands if o in comp.by_name]
-        data = [s for s in operand_shapes if s.dtype not in ("token", "u32") or not s.dims]
+        # Tokens order side effects and u32[] scalars are async contexts: neither is data.
+        data = [s for s in operand_shapes
+                if s.dtype != "token" and not (s.dtype == "u32" and not s.dims)]
         if opcode == "collective-permute":
             comm = self.communicator("pairs", ins.attr("source_target_pairs") or "{}")
         elif opcode in _P2P:
@@ -301,6 +317,16 @@ class _Lowering:
         dtype = (leaves or out.leaves() or [Shape("f32")])[0].dtype
         return Collective(type=opcode, communicator=comm.id, bytes_in=sum(s.nbytes for s in data),
                           bytes_out=out.nbytes, dtype=dtype, reduction=reduction)
+
+    def fused_collective(self, ins: HloInstruction, inner) -> Collective:
+        """A TPU fusion wrapping a collective (`kind=kCustom, calls=%all-reduce-scatter.N`):
+        an all-reduce whose result each rank slices down to its shard is a reduce-scatter."""
+        body, coll = inner
+        c = self.collective(coll, body, coll.opcode)
+        if coll.opcode == "all-reduce" and ins.shape.nbytes * 2 <= coll.shape.nbytes:
+            c.type = "reduce-scatter"
+        c.bytes_out = ins.shape.nbytes
+        return c
 
     def communicator(self, kind: str, spec: str) -> Communicator:
         key = (kind, spec)

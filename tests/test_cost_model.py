@@ -212,6 +212,10 @@ def test_cli_estimate(spec_path, tmp_path):
     r = run_flint("estimate", str(g), "--hardware", str(spec_path), "--set",
                   "hbm_bandwidth=-3TB/s")
     assert r.returncode == 2 and "negative" in r.stderr and "Traceback" not in r.stderr
+    r = run_flint("estimate", str(g), "--hardware", str(spec_path), "--set",
+                  "devices_per_node=3 devices", "--trace", str(tmp_path / "no.json"))
+    assert r.returncode == 2 and "do not fill whole test-gpu nodes of 3" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "no.json").exists()
 
 
 def test_every_shipped_spec_loads_with_sources():
@@ -262,3 +266,31 @@ def test_memory_from_buffer_liveness():
     assert m.temporaries_peak_bytes == 160 and m.peak_node == "n3"
     assert m.arguments_bytes == {"inputs": 8, "optimizer_state": 800, "parameters": 400}
     assert m.unaliased_outputs_bytes == 20 and m.peak_bytes == 1208 + 20 + 160
+
+
+def _trace_processor_shell():
+    import os
+    import shutil
+
+    return os.environ.get("FLINT_TRACE_PROCESSOR_SHELL") or shutil.which("trace_processor_shell")
+
+
+@pytest.mark.skipif(not _trace_processor_shell(),
+                    reason="Perfetto's trace_processor_shell binary is not installed (the "
+                           "perfetto package downloads it from get.perfetto.dev, which this "
+                           "machine cannot reach); set FLINT_TRACE_PROCESSOR_SHELL to run")
+def test_predicted_timeline_loads_in_perfetto_trace_processor(spec_path, tmp_path):
+    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
+
+    from flint.exporters.perfetto import write_timeline
+
+    est = estimate(_toy_graph(True), str(spec_path))
+    path = tmp_path / "t.json"
+    write_timeline(est.timeline, path)
+    tp = TraceProcessor(trace=str(path),
+                        config=TraceProcessorConfig(bin_path=_trace_processor_shell()))
+    rows = list(tp.query("select name, dur from slice order by ts"))
+    tp.close()
+    assert sorted(r.name for r in rows) == sorted(n.name for n in est.timeline.graph.nodes)
+    assert sum(r.dur for r in rows) == pytest.approx(
+        sum(f - s for s, f in zip(est.timeline.start, est.timeline.finish)) * 1e9, rel=1e-3)

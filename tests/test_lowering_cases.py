@@ -134,3 +134,36 @@ def test_unannotated_loops_get_inferred_trip_counts():
     assert [lp.trip_count for lp in inferred.loops] == [lp.trip_count for lp in annotated.loops]
     assert all(lp.trip_count == 3 for lp in inferred.loops)
     assert inferred.total_flops() == pytest.approx(annotated.total_flops())
+
+
+TPU_FUSED_REDUCE_SCATTER = """HloModule fused_rs, num_partitions=4
+
+%add (a: bf16[], b: bf16[]) -> bf16[] {
+  %a = bf16[] parameter(0)
+  %b = bf16[] parameter(1)
+  ROOT %s = bf16[] add(%a, %b)
+}
+
+%all-reduce-scatter.1 (input_0: bf16[64,512]) -> bf16[16,512] {
+  %input_0 = bf16[64,512]{1,0} parameter(0)
+  %all-reduce.1 = bf16[64,512]{1,0} all-reduce(%input_0), channel_id=1, replica_groups={{0,1,2,3}}, use_global_device_ids=true, to_apply=%add
+  %pid = u32[] partition-id()
+  %c16 = u32[] constant(16)
+  %off = u32[] multiply(%pid, %c16)
+  %zero = u32[] constant(0)
+  ROOT %ds = bf16[16,512]{1,0} dynamic-slice(%all-reduce.1, %off, %zero), dynamic_slice_sizes={16,512}
+}
+
+ENTRY %main (p: bf16[64,512]) -> bf16[16,512] {
+  %p = bf16[64,512]{1,0} parameter(0)
+  ROOT %fusion.7 = bf16[16,512]{1,0} fusion(%p), kind=kCustom, calls=%all-reduce-scatter.1
+}
+"""
+
+
+def test_tpu_fusion_wrapping_an_all_reduce_is_a_reduce_scatter():
+    graph = lower_hlo(parse_module(TPU_FUSED_REDUCE_SCATTER), Cluster(4, (("fsdp", 4),), "tpu-v5p", "tpu"))
+    (node,) = graph.nodes
+    assert node.kind == NodeKind.COLLECTIVE and node.collective.type == "reduce-scatter"
+    assert (node.collective.bytes_in, node.collective.bytes_out) == (64 * 512 * 2, 16 * 512 * 2)
+    assert graph.communicator(node).size == 4
