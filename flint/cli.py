@@ -234,3 +234,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# Registers `flint validate` and `flint calibrate` on `app`.
+from flint import cli_validate  # noqa: E402,F401

@@ -53,3 +53,45 @@ def nccl_kernels(trace: dict) -> list[NcclKernel]:
                               int(args["Out msg nelems"]) * size, int(args.get("Group size", 1)),
                               float(e["dur"]) * 1e-6, algo))
     return out
+
+
+def kineto_steps(trace: dict, path: str = "") -> "MeasuredTrace":
+    """GPU kernels grouped by the `ProfilerStep#N` whose CPU span launched them (runtime
+    launch and kernel share a `correlation` id); a step's time is its kernels' GPU span."""
+    from flint.validate.measured import MeasuredStep, MeasuredTrace
+
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    marks = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"]) for e in events
+                   if str(e.get("name", "")).startswith("ProfilerStep#")
+                   and e.get("cat") != "gpu_user_annotation")   # the CPU-side step span
+    launch_ts = {e["args"]["correlation"]: float(e["ts"]) for e in events
+                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and
+                 "correlation" in (e.get("args") or {})}
+    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if not kernels:
+        raise FlintError(f"{path}: no GPU kernels in this Kineto trace")
+    whole = not marks
+    if whole:
+        marks = [(float("-inf"), float("inf"), "whole trace")]
+    per_step: dict[int, list[dict]] = {}
+    for k in kernels:   # a kernel launched outside every step (or before tracing) is no step's
+        t = launch_ts.get((k.get("args") or {}).get("correlation"))
+        if t is None:
+            if not whole:
+                continue
+            t = float(k["ts"])
+        for i, (lo, hi, _) in enumerate(marks):
+            if lo <= t <= hi:
+                per_step.setdefault(i, []).append(k)
+                break
+    steps = []
+    for i in sorted(per_step):
+        ks = per_step[i]
+        span = (max(float(k["ts"]) + float(k["dur"]) for k in ks) - min(float(k["ts"]) for k in ks))
+        ops: dict[str, dict[str, float]] = {}
+        for k in ks:
+            dev = str((k.get("args") or {}).get("device", k.get("pid")))
+            d = ops.setdefault(dev, {})
+            d[k["name"]] = d.get(k["name"], 0.0) + float(k["dur"]) * 1e-6
+        steps.append(MeasuredStep(len(steps) + 1, span * 1e-6, ops))
+    return MeasuredTrace(path, "kineto", "pytorch", steps)

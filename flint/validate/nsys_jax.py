@@ -88,3 +88,16 @@ def read_nsys_jax(path, module: str = "jit_train_step") -> NsysJaxTrace:
             ops = runs[run].ops_ns
             ops[m.group(1)] = ops.get(m.group(1), 0) + int(dur)
     return NsysJaxTrace(str(path), module, hlo, list(runs.values()))
+
+
+def measured_from_nsys(trace: NsysJaxTrace) -> "MeasuredTrace":
+    """The archive as steps x devices x ops (the k-th execution of every device is step k)."""
+    from flint.validate.measured import MeasuredStep, MeasuredTrace
+
+    steps = []
+    for k, runs in enumerate(trace.steps()):
+        steps.append(MeasuredStep(
+            k + 1, max(r.duration_ns for r in runs) * 1e-9,
+            {str(r.device): {op: ns * 1e-9 for op, ns in sorted(r.ops_ns.items())}
+             for r in runs}))
+    return MeasuredTrace(trace.path, "nsys-jax", trace.module, steps, trace.hlo)

@@ -1,0 +1,136 @@
+"""Predicted vs measured: join trace ops to graph nodes, and measure the error.
+
+XLA traces name each op by its HLO instruction, which is the node's name (or, for an async
+pair, the wrapped instruction's). An op's measured time is the median over the chosen steps
+and devices of its per-step time; its prediction is the node's time x executions per step.
+Ops named in `exclude` (known outliers, e.g. a data-dependent scatter) are taken out of
+both sides: the measured step loses the slowest device's time in them, since SPMD steps
+end when the slowest device does.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from flint.errors import FlintError
+from flint.graph import WorkloadGraph
+from flint.hardware_models.cost_model import CostModel
+from flint.hardware_models.estimate import estimate
+from flint.validate.measured import MeasuredTrace
+
+# Below this share of measured time joined, the trace is of another program.
+MIN_JOIN_SHARE = 0.5
+
+
+@dataclass
+class OpResult:
+    name: str
+    op_class: str
+    measured_s: float
+    predicted_s: float
+
+    @property
+    def error(self) -> float:
+        return (self.predicted_s - self.measured_s) / self.measured_s if self.measured_s else 0.0
+
+
+@dataclass
+class Validation:
+    trace: str
+    hardware: str
+    steps: list[int]
+    measured_step_s: float
+    predicted_step_s: float
+    join_share: float                   # of measured op time
+    joined_ops: int
+    measured_ops: int
+    ops: list[OpResult] = field(default_factory=list)
+    unmatched: dict = field(default_factory=dict)       # op -> measured s
+    excluded: dict = field(default_factory=dict)        # op -> (measured slowest, predicted)
+
+    @property
+    def step_error(self) -> float:
+        return self.predicted_step_s / self.measured_step_s - 1 if self.measured_step_s else 0.0
+
+    def op_errors(self) -> list[float]:
+        return [abs(o.error) for o in self.ops if o.measured_s > 0]
+
+    def by_class(self) -> dict[str, dict]:
+        groups: dict[str, list[OpResult]] = {}
+        for o in self.ops:
+            groups.setdefault(o.op_class, []).append(o)
+        out = {}
+        for cls, rows in sorted(groups.items(), key=lambda kv: -sum(o.measured_s for o in kv[1])):
+            m, p = sum(o.measured_s for o in rows), sum(o.predicted_s for o in rows)
+            out[cls] = {"ops": len(rows), "measured_s": m, "predicted_s": p,
+                        "ratio": p / m if m else 0.0,
+                        "median_abs_error": statistics.median(abs(o.error) for o in rows)}
+        return out
+
+    def biggest_misses(self, n: int = 10) -> list[OpResult]:
+        return sorted(self.ops, key=lambda o: -abs(o.predicted_s - o.measured_s))[:n]
+
+    def to_json(self) -> dict:
+        errs = self.op_errors()
+        return {"trace": self.trace, "hardware": self.hardware, "steps": self.steps,
+                "measured_step_s": self.measured_step_s,
+                "predicted_step_s": self.predicted_step_s, "step_error": self.step_error,
+                "join_share": self.join_share, "joined_ops": self.joined_ops,
+                "measured_ops": self.measured_ops,
+                "op_abs_error_median": statistics.median(errs) if errs else None,
+                "op_abs_error_p90": percentile(errs, 0.9) if errs else None,
+                "by_class": self.by_class(),
+                "biggest_misses": [o.__dict__ for o in self.biggest_misses()],
+                "unmatched": dict(sorted(self.unmatched.items(), key=lambda kv: -kv[1])[:20]),
+                "excluded": self.excluded}
+
+
+def percentile(values, q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+
+
+def class_of(node) -> str:
+    return f"collective:{node.collective.type}" if node.collective is not None else node.op_class
+
+
+def predicted_by_op(graph: WorkloadGraph, model: CostModel) -> tuple[dict, dict]:
+    """(op name -> predicted seconds per step, op name -> node) for every node and the
+    instruction an async pair wraps."""
+    predicted: dict[str, float] = {}
+    nodes: dict[str, object] = {}
+    for n in graph.nodes:
+        t = model.node_time(n, graph) * n.repeat
+        for key in {n.name, n.meta.get("wrapped_name", n.name)}:
+            predicted[key] = predicted.get(key, 0.0) + t
+            nodes[key] = n
+    return predicted, nodes
+
+
+def validate(graph: WorkloadGraph, trace: MeasuredTrace, model: CostModel,
+             exclude=()) -> Validation:
+    predicted, nodes = predicted_by_op(graph, model)
+    measured = trace.op_times()
+    total = sum(measured.values())
+    if not total:
+        raise FlintError(f"{trace.path}: the chosen steps hold no measured ops")
+    joined = {op: t for op, t in measured.items() if op in predicted}
+    share = sum(joined.values()) / total
+    if share < MIN_JOIN_SHARE:
+        raise FlintError(f"{trace.path} does not match this graph: only {100 * share:.0f}% "
+                         f"of its op time joins to graph nodes (is it a trace of another "
+                         f"model or module?)")
+    excluded_names = {op for op in joined for pat in exclude if pat and pat in op}
+    step_time = estimate(graph, cost_model=model).step_time_s
+    pred_excluded = sum(predicted[op] for op in excluded_names)
+    measured_steps = [s.duration_s - max((s.op_time(d, excluded_names) for d in s.ops),
+                                         default=0.0) for s in trace.steps]
+    ops = [OpResult(op, class_of(nodes[op]), t, predicted[op]) for op, t in joined.items()
+           if op not in excluded_names and t > 0]
+    excluded = {op: {"measured_slowest_s": max(s.op_time(d, [op]) for s in trace.steps
+                                               for d in s.ops),
+                     "predicted_s": predicted[op]} for op in sorted(excluded_names)}
+    return Validation(trace.path, model.spec.name, [s.number for s in trace.steps],
+                      statistics.median(measured_steps), step_time - pred_excluded, share,
+                      len(joined), len(measured), ops,
+                      {op: t for op, t in measured.items() if op not in predicted}, excluded)

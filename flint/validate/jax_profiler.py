@@ -1,0 +1,99 @@
+"""JAX / XLA profiler output (`jax.profiler.trace`): `*.trace.json.gz`, `perfetto_trace.json.gz`
+or `*.xplane.pb` (converted by xprof, an optional extra), or the log directory holding them.
+
+XLA tags every op event with `hlo_module`, `hlo_op` and the execution's `run_id`
+(`device_ordinal` on host devices; on GPUs and TPUs the device is the event's process).
+A step is one `run_id` of the module (or one `group_id` step marker when run ids are absent);
+its time is the slowest device's span from its first op to its last.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from flint.errors import FlintError
+from flint.validate.measured import MeasuredStep, MeasuredTrace
+
+
+def find_profile_file(path: Path) -> Path:
+    """A log directory -> its newest trace file (JSON preferred, else xplane.pb)."""
+    if path.is_file():
+        return path
+    found = sorted(path.rglob("*.trace.json.gz")) or sorted(path.rglob("perfetto_trace.json.gz")) \
+        or sorted(path.rglob("*.xplane.pb"))
+    if not found:
+        raise FlintError(f"{path} holds no JAX profiler output (*.trace.json.gz, *.xplane.pb)")
+    return found[-1]
+
+
+def load_trace_events(path: Path) -> list[dict]:
+    if path.name.endswith(".xplane.pb"):
+        return _xplane_events(path)
+    try:
+        raw = path.read_bytes()
+        data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    except (OSError, EOFError, ValueError) as e:
+        raise FlintError(f"{path} is not a readable trace: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else 'truncated'}") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise FlintError(f"{path} has no trace events")
+    return events
+
+
+def _xplane_events(path: Path) -> list[dict]:
+    try:
+        from xprof.convert import raw_to_tool_data
+    except ImportError:
+        raise FlintError(f"{path}: reading xplane.pb needs the xprof extra "
+                         f"(pip install 'flint[xprof]'), or pass the *.trace.json.gz that "
+                         f"jax.profiler wrote beside it") from None
+    try:
+        data, _ = raw_to_tool_data.xspace_to_tool_data([str(path)], "trace_viewer", {})
+        return json.loads(data)["traceEvents"]
+    except Exception as e:  # noqa: BLE001 - xprof raises many types for a bad proto
+        raise FlintError(f"{path} is not a readable xplane.pb: {type(e).__name__}") from None
+
+
+def is_jax_profile(events: list[dict]) -> bool:
+    return any(isinstance(e.get("args"), dict) and "hlo_op" in e["args"] for e in events[:200000])
+
+
+def read_jax_profile(path, module: str | None = None) -> MeasuredTrace:
+    path = find_profile_file(Path(path))
+    events = load_trace_events(path)
+    ops = [e for e in events if e.get("ph") == "X" and isinstance(e.get("args"), dict)
+           and "hlo_op" in e["args"] and "dur" in e]
+    if not ops:
+        raise FlintError(f"{path} has no XLA op events (no `hlo_op`): not a JAX profile of "
+                         f"a compiled step")
+    time_by_module = Counter()
+    for e in ops:
+        time_by_module[e["args"].get("hlo_module", "")] += float(e["dur"])
+    if module is None:
+        module = time_by_module.most_common(1)[0][0]
+    elif module not in time_by_module:
+        raise FlintError(f"{path} has no executions of module {module!r} "
+                         f"(it has: {', '.join(sorted(time_by_module))})")
+    process = {e.get("pid"): e.get("args", {}).get("name", "") for e in events
+               if e.get("ph") == "M" and e.get("name") == "process_name"}
+    spans: dict[str, dict[str, list[float]]] = defaultdict(dict)
+    per_op: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+    for e in ops:
+        a = e["args"]
+        if a.get("hlo_module", "") != module:
+            continue
+        step = str(a.get("run_id", a.get("group_id", "0")))
+        device = str(a.get("device_ordinal", process.get(e.get("pid"), e.get("pid"))))
+        start, dur = float(e["ts"]) * 1e-6, float(e["dur"]) * 1e-6
+        lo_hi = spans[step].setdefault(device, [start, start + dur])
+        lo_hi[0], lo_hi[1] = min(lo_hi[0], start), max(lo_hi[1], start + dur)
+        d = per_op[step][device]
+        d[a["hlo_op"]] = d.get(a["hlo_op"], 0.0) + dur
+    order = sorted(spans, key=lambda s: min(v[0] for v in spans[s].values()))
+    steps = [MeasuredStep(k + 1, max(hi - lo for lo, hi in spans[s].values()),
+                          {dev: dict(ops_) for dev, ops_ in sorted(per_op[s].items())})
+             for k, s in enumerate(order)]
+    return MeasuredTrace(str(path), "jax-profiler", module, steps)

@@ -1,0 +1,133 @@
+"""The validate and calibrate workflows behind `flint validate` / `flint calibrate`."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flint.errors import FlintError
+from flint.hardware_models.spec import HardwareSpec, load_spec
+from flint.validate.calibrate import Calibration, fit_collectives, fit_compute, model_for
+from flint.validate.compare import Validation, validate
+from flint.validate.load import graph_from_trace, read_trace
+from flint.validate.measured import MeasuredTrace, parse_steps
+from flint.validate.samples import collective_error, samples_from_graph, samples_from_nccl
+
+
+@dataclass
+class TraceInput:
+    trace: MeasuredTrace            # all steps
+    graph: object = None            # WorkloadGraph, or None for NCCL-only Kineto traces
+    nccl: list = field(default_factory=list)
+
+
+def open_input(path: str, graph=None, hardware: str = "unknown", module=None) -> TraceInput:
+    trace = read_trace(path, module)
+    if trace.kind == "kineto":
+        spec = load_spec(hardware if hardware != "unknown" else "a100-40gb-sxm")
+        nccl = samples_from_nccl(path, spec)
+        if graph is None and not nccl:
+            raise FlintError(f"{path}: a PyTorch trace joins to a graph from the torch front "
+                             f"end; this one has no NCCL kernels with sizes to calibrate on")
+        return TraceInput(trace, graph, nccl)
+    if graph is None:
+        graph = graph_from_trace(trace, hardware)
+    return TraceInput(trace, graph)
+
+
+def split_steps(trace: MeasuredTrace, fit: str | None, check: str | None):
+    """(fit steps, check steps): as given, or the kept steps' first half / second half."""
+    if fit or check:
+        f = trace.select(parse_steps(fit)) if fit else None
+        c = trace.select(parse_steps(check)) if check else None
+        return f or c, c
+    kept = trace.select()
+    if len(kept.steps) < 2:
+        return kept, None
+    half = len(kept.steps) // 2
+    return (trace.select([s.number for s in kept.steps[:half]]),
+            trace.select([s.number for s in kept.steps[half:]]))
+
+
+def run_validate(inp: TraceInput, spec: HardwareSpec, steps: str | None = None,
+                 exclude=()) -> Validation:
+    if inp.graph is None:
+        raise FlintError(f"{inp.trace.path}: no graph to validate against (pass GRAPH)")
+    return validate(inp.graph, inp.trace.select(parse_steps(steps)), model_for(spec, inp.graph),
+                    exclude)
+
+
+@dataclass
+class CalibrationReport:
+    calibration: Calibration
+    rows: list = field(default_factory=list)   # dicts: trace, set, steps, before, after
+
+
+def run_calibrate(inputs: list[TraceInput], spec: HardwareSpec, fit: str | None = None,
+                  check: str | None = None, exclude=()) -> CalibrationReport:
+    cal = Calibration()
+    compute, colls, splits = [], [], []
+    for inp in inputs:
+        if inp.graph is not None:
+            fit_t, check_t = split_steps(inp.trace, fit, check)
+            splits.append((inp, fit_t, check_t))
+            c, k = samples_from_graph(inp.graph, fit_t, spec, exclude)
+            compute += c
+            colls += k
+        colls += inp.nccl
+    if not compute and not colls:
+        raise FlintError("nothing to calibrate on: no trace op joined to a graph")
+    fit_compute(compute, spec, cal)
+    fit_collectives(colls, spec, cal, ", ".join(Path(i.trace.path).name for i in inputs))
+    after = cal.apply(spec)
+    report = CalibrationReport(cal)
+    for inp, fit_t, check_t in splits:
+        for label, t in (("fit", fit_t), ("check", check_t)):
+            if t is None:
+                continue
+            b = validate(inp.graph, t, model_for(spec, inp.graph), exclude)
+            a = validate(inp.graph, t, model_for(after, inp.graph), exclude)
+            report.rows.append(_row(inp.trace.path, label, t, b, a))
+    for inp in inputs:
+        if inp.nccl:
+            report.rows.append({"trace": inp.trace.path, "set": "fit (collectives)",
+                                "steps": "fastest per size",
+                                "before": {"collective_median_abs_error":
+                                           collective_error(inp.nccl, spec)},
+                                "after": {"collective_median_abs_error":
+                                          collective_error(inp.nccl, after)}})
+    return report
+
+
+def _row(path, label, trace, before: Validation, after: Validation) -> dict:
+    def summary(v: Validation) -> dict:
+        errs = v.op_errors()
+        return {"step_error": v.step_error,
+                "op_median_abs_error": statistics.median(errs) if errs else None}
+    return {"trace": path, "set": label, "steps": [s.number for s in trace.steps],
+            "before": summary(before), "after": summary(after)}
+
+
+def write_calibrated_spec(base: str, cal: Calibration, out: str, traces: list[str]) -> None:
+    """The base spec's YAML with calibrated efficiencies (and effective link figures)."""
+    import yaml
+
+    from flint.hardware_models.spec import SPECS_DIR
+    from flint.io import write_atomic
+
+    path = Path(base) if Path(base).suffix in (".yaml", ".yml") else SPECS_DIR / f"{base}.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["name"] = Path(out).stem
+    doc["efficiency"] = {**(doc.get("efficiency") or {}), **cal.efficiency}
+    where = {"scale_up_bandwidth": ("interconnect", "scale_up", "bandwidth_per_direction"),
+             "nic_bandwidth": ("interconnect", "scale_out", "bandwidth_per_direction")}
+    for name, value in sorted(cal.hardware.items()):
+        node = doc
+        *parents, leaf = where[name]
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = {"value": value, "source": "flint calibrate: effective bandwidth measured "
+                      f"in {', '.join(sorted(Path(t).name for t in traces))}"}
+    doc["calibration"] = {"base": path.stem, "traces": sorted(Path(t).name for t in traces),
+                          "notes": list(cal.notes), "points": dict(sorted(cal.points.items()))}
+    write_atomic(out, yaml.safe_dump(doc, sort_keys=True, width=100))
