@@ -233,7 +233,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # `python -m flint.cli`: run the app of the importable module, on which the commands
+    # of the other CLI modules (flint.cli_validate) registered themselves.
+    from flint.cli import main as _main
+
+    _main()
 
 
 # Registers `flint validate` and `flint calibrate` on `app`.

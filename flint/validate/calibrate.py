@@ -24,7 +24,8 @@ from flint.hardware_models.spec import HardwareSpec, apply_overrides
 MIN_POINTS = 3
 GROSS_OUTLIER = 20.0          # measured/predicted beyond this (either way) is not fitted
 IMPLAUSIBLE_BUS = 0.25        # below this share of the link rate: a different machine
-IMPLAUSIBLE_COMPUTE = 0.05    # likewise for a compute class's share of peak FLOP/s or HBM
+IMPLAUSIBLE_COMPUTE = 0.05    # lowest efficiency fitted; a machine slower than that overall
+                              # gets effective peak figures instead (see fit_compute)
 
 
 @dataclass
@@ -47,19 +48,14 @@ class Calibration:
     hardware: dict = field(default_factory=dict)     # NAME -> "value unit" figures
     notes: list = field(default_factory=list)
     points: dict = field(default_factory=dict)       # class -> samples used
-    machine_specific: list = field(default_factory=list)   # efficiencies that do not transfer
 
     def apply(self, spec: HardwareSpec, with_hardware: bool = True) -> HardwareSpec:
-        """The calibrated spec. `with_hardware=False` is for other hardware: only the
-        efficiencies that describe software on hardware carry over, not figures of the
-        traced machine (effective links, efficiencies far below its spec's peak)."""
-        if with_hardware:
-            base = apply_overrides(spec, [f"{k}={v}" for k, v in self.hardware.items()])
-            eff = self.efficiency
-        else:
-            base = spec
-            eff = {k: v for k, v in self.efficiency.items() if k not in self.machine_specific}
-        return replace(base, efficiency={**spec.efficiency, **eff})
+        """The calibrated spec. `with_hardware=False` is for other hardware: efficiencies
+        (how well software uses a machine) carry over; figures of the traced machine
+        (effective links and peaks) do not."""
+        base = apply_overrides(spec, [f"{k}={v}" for k, v in self.hardware.items()]) \
+            if with_hardware else spec
+        return replace(base, efficiency={**spec.efficiency, **self.efficiency})
 
 
 def _fit_curve(xs: list[float], ts: list[float], launch: float) -> tuple[float, float]:
@@ -71,7 +67,7 @@ def _fit_curve(xs: list[float], ts: list[float], launch: float) -> tuple[float, 
 
     x, t = np.asarray(xs), np.asarray(ts)
     w = np.full(len(t), 1.0 / len(t))
-    maxes = np.geomspace(1e-4, 1.0, 90)[:, None, None]
+    maxes = np.geomspace(IMPLAUSIBLE_COMPUTE, 1.0, 60)[:, None, None]
     halves = np.concatenate([[0.0], np.geomspace(1e-8, 1e-2, 60)])[None, :, None]
     pred = (x[None, None, :] + halves) / maxes + launch
     loss = (w * np.abs(np.log(pred / t))).sum(axis=2)
@@ -82,6 +78,9 @@ def _fit_curve(xs: list[float], ts: list[float], launch: float) -> tuple[float, 
 def fit_compute(samples: list[ComputeSample], spec: HardwareSpec, cal: Calibration) -> None:
     roof = RooflineCompute(spec)
     default_launch = roof.launch_overhead()
+    if len(samples) >= MIN_POINTS:
+        spec = _effective_machine(samples, spec, roof, cal)
+        roof = RooflineCompute(spec)
     kept = []
     for s in samples:
         pred = roof.time(s.node)
@@ -119,11 +118,49 @@ def fit_compute(samples: list[ComputeSample], spec: HardwareSpec, cal: Calibrati
         ref = spec.hbm_bandwidth if key == "memory" else (
             spec.peak("f32") if key == "vector" else spec.peak("bf16"))
         cal.efficiency[key] = {"max": float(f"{max_eff:.4g}"), "half": float(f"{half_s * ref:.4g}")}
-        if max_eff < IMPLAUSIBLE_COMPUTE:
-            cal.machine_specific.append(key)
-            cal.notes.append(f"{key} ops ran at {100 * max_eff:.2g}% of the spec's peak: the "
-                             f"traced machine is slower than the spec describes (shared or "
-                             f"fewer cores?); kept for this machine, not transferred")
+
+
+def _weighted_median_ratio(pairs) -> float:
+    """Time-weighted median of measured / predicted: the ops that make up the step
+    decide, not the many tiny ones."""
+    pairs = sorted(pairs)
+    half, acc = sum(t for _, t in pairs) / 2, 0.0
+    for ratio, t in pairs:
+        acc += t
+        if acc >= half:
+            return ratio
+    return 1.0
+
+
+def _effective_machine(samples, spec: HardwareSpec, roof, cal: Calibration) -> HardwareSpec:
+    """When ops run far slower than any efficiency explains (8 virtual devices sharing two
+    host cores under a dual-socket spec), the machine is not the spec: its peak FLOP/s
+    (from tensor ops) and memory bandwidth (from memory-bound ops) are scaled to what was
+    measured, as hardware figures of this machine."""
+    tensor, memory = [], []
+    for s in samples:
+        t_flops, t_bytes = roof.bound(s.node)
+        if s.node.op_class in TENSOR_CLASSES and t_flops > 0:
+            tensor.append((s.seconds / (t_flops + roof.launch_overhead()), s.seconds))
+        elif t_bytes >= t_flops and t_bytes > 0:
+            memory.append((s.seconds / (t_bytes + roof.launch_overhead()), s.seconds))
+    figures = {}
+    compute_factor = _weighted_median_ratio(tensor) if len(tensor) >= MIN_POINTS else 1.0
+    memory_factor = _weighted_median_ratio(memory) if len(memory) >= MIN_POINTS else 1.0
+    if compute_factor * IMPLAUSIBLE_COMPUTE > 1.0:
+        figures.update({f"peak_{d}": f"{v / compute_factor / 1e9:.4g} GFLOP/s"
+                        for d, v in spec.peak_flops.items()})
+    if memory_factor * IMPLAUSIBLE_COMPUTE > 1.0:
+        figures["hbm_bandwidth"] = f"{spec.hbm_bandwidth / memory_factor / 1e9:.4g} GB/s"
+    if not figures:
+        return spec
+    cal.hardware.update(figures)
+    cal.notes.append(f"tensor ops ran {compute_factor:.3g}x and memory-bound ops "
+                     f"{memory_factor:.3g}x slower than the spec predicts: the traced machine "
+                     f"is not the spec (shared or fewer cores?); effective "
+                     f"{', '.join(sorted(figures))} recorded as figures of this machine, "
+                     f"which do not transfer")
+    return apply_overrides(spec, [f"{k}={v}" for k, v in figures.items()])
 
 
 def _dtype(node, spec: HardwareSpec) -> str:

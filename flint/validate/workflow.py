@@ -120,13 +120,16 @@ def write_calibrated_spec(base: str, cal: Calibration, out: str, traces: list[st
     doc["name"] = Path(out).stem
     doc["efficiency"] = {**(doc.get("efficiency") or {}), **cal.efficiency}
     where = {"scale_up_bandwidth": ("interconnect", "scale_up", "bandwidth_per_direction"),
-             "nic_bandwidth": ("interconnect", "scale_out", "bandwidth_per_direction")}
+             "nic_bandwidth": ("interconnect", "scale_out", "bandwidth_per_direction"),
+             "hbm_bandwidth": ("memory", "hbm_bandwidth")}
+    where.update({f"peak_{d}": ("compute", "peak_flops", d)
+                  for d in (doc.get("compute", {}).get("peak_flops") or {})})
     for name, value in sorted(cal.hardware.items()):
         node = doc
         *parents, leaf = where[name]
         for key in parents:
             node = node.setdefault(key, {})
-        node[leaf] = {"value": value, "source": "flint calibrate: effective bandwidth measured "
+        node[leaf] = {"value": value, "source": "flint calibrate: effective figure measured "
                       f"in {', '.join(sorted(Path(t).name for t in traces))}"}
     doc["calibration"] = {"base": path.stem, "traces": sorted(Path(t).name for t in traces),
                           "notes": list(cal.notes), "points": dict(sorted(cal.points.items()))}
