@@ -11,7 +11,6 @@ direction (PCI-SIG, PCI Express Base Specification 4.0).
 from __future__ import annotations
 
 import argparse
-from collections import defaultdict
 from pathlib import Path
 
 TRACE = Path(__file__).resolve().parents[2] / "shared/traces/hta_resnet50_ddp_2xA100_nccl_data.json.gz"
@@ -26,38 +25,28 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from flint.cluster import Cluster
-    from flint.graph import Collective, Communicator, Node, NodeKind
     from flint.hardware_models.network import NetworkModel
     from flint.hardware_models.spec import load_spec
     from flint.validate.kineto import nccl_kernels, read_kineto
+    from flint.validate.samples import samples_from_nccl
 
-    kernels = [k for k in nccl_kernels(read_kineto(a.trace)) if k.collective == "allreduce"]
-    fastest: dict[int, list] = defaultdict(list)
-    for k in kernels:
-        fastest[k.in_bytes].append(k)
     spec = load_spec(a.hardware, a.overrides)
-    group = kernels[0].group_size
-    net = NetworkModel(spec, Cluster(group, (("data", group),), spec.name))
-    pcie = NetworkModel(load_spec(a.hardware, [*a.overrides, "scale_up_bandwidth=31.5GB/s"]),
-                        net.cluster)
-    comm = Communicator(0, "groups", "{}", group, group, 1, ("data",))
-    t = Table(title=f"NCCL all-reduce, {group} ranks: measured (fastest per size) vs predicted on "
-                    f"{spec.name}")
-    for col in ("size", "runs", "measured", "bus BW measured", "predicted", "ratio",
+    pcie_spec = load_spec(a.hardware, [*a.overrides, "scale_up_bandwidth=31.5GB/s"])
+    algorithms = {k.in_bytes: k.algorithm for k in nccl_kernels(read_kineto(a.trace))}
+    samples = [s for s in samples_from_nccl(a.trace, spec) if s.node.op == "all-reduce"]
+    t = Table(title=f"NCCL all-reduce: measured (fastest per size) vs predicted on {spec.name}")
+    for col in ("size", "ranks", "measured", "bus BW measured", "predicted", "ratio",
                 "predicted PCIe 4.0", "ratio PCIe", "kernel"):
         t.add_column(col, justify="right")
-    for size in sorted(fastest):
-        best = min(fastest[size], key=lambda k: k.duration_s)
-        node = Node(0, "ar", NodeKind.COLLECTIVE, "all-reduce", "collective",
-                    collective=Collective("all-reduce", 0, size, size, "f32"))
-        pred, pred_pcie = net.time(node, comm), pcie.time(node, comm)
-        bus = 2 * (group - 1) / group * size / best.duration_s
-        t.add_row(f"{size / 2**20:.1f} MiB", str(len(fastest[size])),
-                  f"{best.duration_s * 1e3:.3f} ms", f"{bus / 1e9:.1f} GB/s",
-                  f"{pred * 1e3:.3f} ms", f"{pred / best.duration_s:.3f}x",
-                  f"{pred_pcie * 1e3:.3f} ms", f"{pred_pcie / best.duration_s:.2f}x",
-                  best.algorithm)
+    for s in samples:
+        size, group = s.node.collective.bytes_in, s.comm.size
+        pred = s.network.time(s.node, s.comm)
+        pred_pcie = NetworkModel(pcie_spec, s.network.cluster).time(s.node, s.comm)
+        bus = 2 * (group - 1) / group * size / s.seconds
+        t.add_row(f"{size / 2**20:.1f} MiB", str(group), f"{s.seconds * 1e3:.3f} ms",
+                  f"{bus / 1e9:.1f} GB/s", f"{pred * 1e3:.3f} ms", f"{pred / s.seconds:.3f}x",
+                  f"{pred_pcie * 1e3:.3f} ms", f"{pred_pcie / s.seconds:.2f}x",
+                  algorithms.get(size, ""))
     Console().print(t)
 
 

@@ -16,6 +16,10 @@ def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:+.1f} %"
 
 
+def _abs_pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f} %"
+
+
 def render_validation(v: Validation, console: Console) -> None:
     t = Table(title=f"Predicted ({v.hardware}) vs measured: {v.trace}", show_header=False)
     t.add_column("what")
@@ -83,11 +87,12 @@ def render_calibration(report, console: Console) -> None:
         if "step_error" in b:
             t.add_row(r["trace"].rsplit("/", 1)[-1], r["set"], steps,
                       f"{_pct(b['step_error'])} -> {_pct(a['step_error'])}",
-                      f"{_pct(b['op_median_abs_error'])} -> {_pct(a['op_median_abs_error'])}")
+                      f"{_abs_pct(b['op_median_abs_error'])} -> "
+                      f"{_abs_pct(a['op_median_abs_error'])}")
         else:
             t.add_row(r["trace"].rsplit("/", 1)[-1], r["set"], steps, "-",
-                      f"collectives {_pct(b['collective_median_abs_error'])} -> "
-                      f"{_pct(a['collective_median_abs_error'])}")
+                      f"collectives {_abs_pct(b['collective_median_abs_error'])} -> "
+                      f"{_abs_pct(a['collective_median_abs_error'])}")
     console.print(t)
 
 
