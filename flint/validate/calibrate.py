@@ -112,7 +112,7 @@ def fit_compute(samples: list[ComputeSample], spec: HardwareSpec, cal: Calibrati
             groups.setdefault(key, []).append((x, s.seconds))
     for key, pts in sorted(groups.items()):
         cal.points[key] = len(pts)
-        if len(pts) < MIN_POINTS:
+        if len(pts) < MIN_POINTS or key in cal.efficiency:   # set with the machine figures
             continue
         max_eff, half_s = _fit_curve([p[0] for p in pts], [p[1] for p in pts], launch)
         ref = spec.hbm_bandwidth if key == "memory" else (
@@ -120,46 +120,43 @@ def fit_compute(samples: list[ComputeSample], spec: HardwareSpec, cal: Calibrati
         cal.efficiency[key] = {"max": float(f"{max_eff:.4g}"), "half": float(f"{half_s * ref:.4g}")}
 
 
-def _weighted_median_ratio(pairs) -> float:
-    """Time-weighted median of measured / predicted: the ops that make up the step
-    decide, not the many tiny ones."""
-    pairs = sorted(pairs)
-    half, acc = sum(t for _, t in pairs) / 2, 0.0
-    for ratio, t in pairs:
-        acc += t
-        if acc >= half:
-            return ratio
-    return 1.0
-
-
 def _effective_machine(samples, spec: HardwareSpec, roof, cal: Calibration) -> HardwareSpec:
     """When ops run far slower than any efficiency explains (8 virtual devices sharing two
-    host cores under a dual-socket spec), the machine is not the spec: its peak FLOP/s
-    (from tensor ops) and memory bandwidth (from memory-bound ops) are scaled to what was
-    measured, as hardware figures of this machine."""
-    tensor, memory = [], []
+    host cores under a dual-socket spec), the machine is not the spec. Its peak FLOP/s
+    (from tensor ops) and memory bandwidth (from memory-bound ops) become the rates those
+    ops achieved in total (so their summed time, hence the step, is matched), recorded as
+    hardware figures of this machine with efficiency 1 against them."""
+    launch = roof.launch_overhead()
+    tensor_work, tensor_t, bytes_moved, memory_t = 0.0, 0.0, 0.0, 0.0
+    tensor_pred, memory_pred = 0.0, 0.0
     for s in samples:
         t_flops, t_bytes = roof.bound(s.node)
+        busy = max(s.seconds - launch, 0.0)
         if s.node.op_class in TENSOR_CLASSES and t_flops > 0:
-            tensor.append((s.seconds / (t_flops + roof.launch_overhead()), s.seconds))
+            tensor_work += s.node.flops / spec.peak(_dtype(s.node, spec))   # s at peak
+            tensor_t, tensor_pred = tensor_t + busy, tensor_pred + t_flops
         elif t_bytes >= t_flops and t_bytes > 0:
-            memory.append((s.seconds / (t_bytes + roof.launch_overhead()), s.seconds))
+            bytes_moved += s.node.bytes_read + s.node.bytes_written
+            memory_t, memory_pred = memory_t + busy, memory_pred + t_bytes
     figures = {}
-    compute_factor = _weighted_median_ratio(tensor) if len(tensor) >= MIN_POINTS else 1.0
-    memory_factor = _weighted_median_ratio(memory) if len(memory) >= MIN_POINTS else 1.0
-    if compute_factor * IMPLAUSIBLE_COMPUTE > 1.0:
-        figures.update({f"peak_{d}": f"{v / compute_factor / 1e9:.4g} GFLOP/s"
+    slow_tensor = tensor_pred > 0 and tensor_t * IMPLAUSIBLE_COMPUTE > tensor_pred
+    slow_memory = memory_pred > 0 and memory_t * IMPLAUSIBLE_COMPUTE > memory_pred
+    if slow_tensor:
+        factor = tensor_t / tensor_work          # achieved = peak / factor
+        figures.update({f"peak_{d}": f"{v / factor / 1e9:.4g} GFLOP/s"
                         for d, v in spec.peak_flops.items()})
-    if memory_factor * IMPLAUSIBLE_COMPUTE > 1.0:
-        figures["hbm_bandwidth"] = f"{spec.hbm_bandwidth / memory_factor / 1e9:.4g} GB/s"
+        for key in TENSOR_CLASSES:
+            cal.efficiency[key] = {"max": 1.0, "half": 0.0}
+    if slow_memory:
+        figures["hbm_bandwidth"] = f"{bytes_moved / memory_t / 1e9:.4g} GB/s"
+        cal.efficiency["memory"] = {"max": 1.0, "half": 0.0}
     if not figures:
         return spec
     cal.hardware.update(figures)
-    cal.notes.append(f"tensor ops ran {compute_factor:.3g}x and memory-bound ops "
-                     f"{memory_factor:.3g}x slower than the spec predicts: the traced machine "
-                     f"is not the spec (shared or fewer cores?); effective "
-                     f"{', '.join(sorted(figures))} recorded as figures of this machine, "
-                     f"which do not transfer")
+    cal.notes.append(f"ops ran over {1 / IMPLAUSIBLE_COMPUTE:g}x slower than the spec predicts: "
+                     f"the traced machine is not the spec (shared or fewer cores?); the rates "
+                     f"achieved ({', '.join(sorted(figures))}) are recorded as figures of this "
+                     f"machine, which do not transfer")
     return apply_overrides(spec, [f"{k}={v}" for k, v in figures.items()])
 
 
