@@ -6,11 +6,26 @@ import io
 from flint.io import write_atomic
 
 
-def breakdown_png(estimate: dict) -> bytes:
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def png_bytes(fig) -> bytes:
+    """The figure as PNG, byte-identical for identical input (no timestamp/version tag)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
+    pyplot().close(fig)
+    return buf.getvalue()
+
+
+def breakdown_png(estimate: dict) -> bytes:
+    plt = pyplot()
 
     step_ms = estimate["step_time_s"] * 1e3
     exposed = estimate["exposed_communication_s"] * 1e3
@@ -32,10 +47,7 @@ def breakdown_png(estimate: dict) -> bytes:
     ax2.set_xlabel("time summed over the step (ms)")
     ax2.set_title("By op class")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
-    plt.close(fig)
-    return buf.getvalue()
+    return png_bytes(fig)
 
 
 def write_breakdown(estimate: dict, path) -> None:

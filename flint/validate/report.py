@@ -1,7 +1,6 @@
 """Tables and the predicted-vs-measured plot for `flint validate` / `flint calibrate`."""
 from __future__ import annotations
 
-import io
 import statistics
 
 from rich.console import Console
@@ -97,11 +96,9 @@ def render_calibration(report, console: Console) -> None:
 
 
 def scatter_png(v: Validation) -> bytes:
-    import matplotlib
+    from flint.exporters.plot import png_bytes, pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 5.6))
     classes = sorted({o.op_class for o in v.ops})
     for i, cls in enumerate(classes):
@@ -120,10 +117,7 @@ def scatter_png(v: Validation) -> bytes:
     ax.set_title(f"{v.hardware}: step error {100 * v.step_error:+.1f} %, "
                  f"{len(v.ops)} ops joined")
     ax.legend(fontsize=7)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
-    plt.close(fig)
-    return buf.getvalue()
+    return png_bytes(fig)
 
 
 def scatter_plot(v: Validation, path) -> None:
