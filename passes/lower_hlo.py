@@ -15,12 +15,11 @@ from dataclasses import dataclass
 
 from flint.cluster import Cluster
 from flint.errors import FlintError
-from flint.graph import Collective, Communicator, Loop, Node, NodeKind, WorkloadGraph
+from flint.graph import Loop, Node, NodeKind, WorkloadGraph
 from flint.hlo.module import HloComputation, HloInstruction, HloModule
-from flint.hlo.replica_groups import (mesh_axes_spanned, parse_replica_groups,
-                                      parse_source_target_pairs)
 from flint.hlo.shapes import Shape
 from flint.passes.hlo_cost import COLLECTIVES, NO_WORK_TARGETS, CostRules, is_known
+from flint.passes.lower_collectives import P2P, CollectiveBuilder, fused_collective
 from flint.passes.op_metadata import parse_op_name
 from flint.passes.trip_count import infer_trip_count
 
@@ -28,8 +27,6 @@ _LOOK_THROUGH = frozenset({"bitcast", "add-dependency", "opt-barrier", "optimiza
                            "bitcast-convert", "domain", "async-update", "set-dimension-size"})
 _NO_DATA = frozenset({"constant", "partition-id", "replica-id", "after-all",
                       "get-dimension-size"})
-_P2P = {"send": NodeKind.SEND, "recv": NodeKind.RECV}
-_SEND_RECV_PAIRS = re.compile(r'_xla_send_recv_source_target_pairs="?(\{[\d{},\s]*\})')
 
 
 @dataclass(frozen=True)
@@ -65,16 +62,6 @@ def lower_hlo(module: HloModule, cluster: Cluster) -> WorkloadGraph:
     return _Lowering(module, cluster).run()
 
 
-def _fused_collective(module: HloModule, ins: HloInstruction):
-    """(fused computation, its collective) when a fusion wraps exactly one collective."""
-    called = ins.called("calls")
-    body = module.computations.get(called[0]) if called else None
-    if body is None:
-        return None
-    inner = [i for i in body.instructions if i.opcode in COLLECTIVES]
-    return (body, inner[0]) if len(inner) == 1 else None
-
-
 _ALIASED_PARAM = re.compile(r":\s*\(\s*(\d+)\s*,")
 
 
@@ -98,7 +85,7 @@ class _Lowering:
         self.cluster = cluster
         self.rules = CostRules(module)
         self.nodes: list[Node] = []
-        self.comms: dict[tuple[str, str], Communicator] = {}
+        self.collectives = CollectiveBuilder(module, cluster)
         self.loops: list[Loop] = []
         self.loop_stack: list[int] = []
         self.consumers: dict[int, dict[int, set[int]]] = {}
@@ -111,8 +98,8 @@ class _Lowering:
         meta = {"module": self.module.name, "source": "hlo",
                 "unknown_ops": dict(sorted(self.unknown.items())),
                 **entry_buffers(self.module)}
-        comms = sorted(self.comms.values(), key=lambda c: c.id)
-        return WorkloadGraph(self.cluster, self.nodes, comms, self.loops, meta)
+        return WorkloadGraph(self.cluster, self.nodes, self.collectives.communicators(),
+                             self.loops, meta)
 
     # --- computations -------------------------------------------------------------------
     def lower(self, comp: HloComputation, args: list, repeat: int):
@@ -261,12 +248,12 @@ class _Lowering:
             meta["loop"] = self.loop_stack[-1]
         collective = None
         kind = NodeKind.MEMORY if op_class == "data_movement" else NodeKind.COMPUTE
-        if opcode in COLLECTIVES or opcode in _P2P:
-            collective = self.collective(ins, comp, opcode)
-            kind = _P2P.get(opcode, NodeKind.COLLECTIVE)
+        if opcode in COLLECTIVES or opcode in P2P:
+            collective = self.collectives.of(ins, comp, opcode)
+            kind = P2P.get(opcode, NodeKind.COLLECTIVE)
             op_class = "collective" if opcode in COLLECTIVES else "p2p"
-        elif opcode == "fusion" and (inner := _fused_collective(self.module, ins)) is not None:
-            collective = self.fused_collective(ins, inner)
+        elif opcode == "fusion" and (inner := fused_collective(self.module, ins)) is not None:
+            collective = self.collectives.fused(ins, inner)
             kind, op_class = NodeKind.COLLECTIVE, "collective"
             meta["fused_collective"] = inner[1].name
         node = Node(
@@ -296,54 +283,6 @@ class _Lowering:
         elif md.get("source_file"):
             out["source"] = f"{md['source_file']}:{md.get('source_line', '?')}"
         return out
-
-    def collective(self, ins: HloInstruction, comp: HloComputation, opcode: str) -> Collective:
-        operand_shapes = [comp.by_name[o].shape for o in ins.operands if o in comp.by_name]
-        # Tokens order side effects and u32[] scalars are async contexts: neither is data.
-        data = [s for s in operand_shapes
-                if s.dtype != "token" and not (s.dtype == "u32" and not s.dims)]
-        if opcode == "collective-permute":
-            comm = self.communicator("pairs", ins.attr("source_target_pairs") or "{}")
-        elif opcode in _P2P:
-            m = _SEND_RECV_PAIRS.search(ins.attr("frontend_attributes") or "")
-            comm = self.communicator("pairs", m.group(1) if m else "{}")
-            data = operand_shapes[:1] if opcode == "send" else []
-        else:
-            comm = self.communicator("groups", ins.replica_groups() or "{}")
-        reducer = ins.called("to_apply")
-        reduction = self.module.computations[reducer[0]].root.opcode if reducer else None
-        leaves = [leaf for s in data for leaf in s.leaves()]
-        out = ins.shape if opcode != "recv" else (ins.shape.elements[0] if ins.shape.is_tuple else ins.shape)
-        dtype = (leaves or out.leaves() or [Shape("f32")])[0].dtype
-        return Collective(type=opcode, communicator=comm.id, bytes_in=sum(s.nbytes for s in data),
-                          bytes_out=out.nbytes, dtype=dtype, reduction=reduction)
-
-    def fused_collective(self, ins: HloInstruction, inner) -> Collective:
-        """A TPU fusion wrapping a collective (`kind=kCustom, calls=%all-reduce-scatter.N`):
-        an all-reduce whose result each rank slices down to its shard is a reduce-scatter."""
-        body, coll = inner
-        c = self.collective(coll, body, coll.opcode)
-        if coll.opcode == "all-reduce" and ins.shape.nbytes * 2 <= coll.shape.nbytes:
-            c.type = "reduce-scatter"
-        c.bytes_out = ins.shape.nbytes
-        return c
-
-    def communicator(self, kind: str, spec: str) -> Communicator:
-        key = (kind, spec)
-        comm = self.comms.get(key)
-        if comm is not None:
-            return comm
-        n = self.cluster.devices
-        groups = (parse_source_target_pairs(spec) if kind == "pairs"
-                  else parse_replica_groups(spec, n))
-        if groups.size and int(groups.max()) >= n:
-            raise FlintError(f"a collective names device {int(groups.max())} but the cluster "
-                             f"has {n} devices")
-        size = 2 if kind == "pairs" else int(groups.shape[1])
-        comm = Communicator(len(self.comms), kind, spec, n, size, int(groups.shape[0]),
-                            mesh_axes_spanned(groups, list(self.cluster.mesh)))
-        self.comms[key] = comm
-        return comm
 
     # --- value plumbing -----------------------------------------------------------------
     def resolve(self, values: list, consumer: int) -> list[int]:
