@@ -8,13 +8,13 @@ its time is the slowest device's span from its first op to its last.
 """
 from __future__ import annotations
 
-import gzip
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
 from flint.errors import FlintError
 from flint.validate.measured import MeasuredStep, MeasuredTrace
+from flint.validate.trace_events import read_trace_events
 
 
 def find_profile_file(path: Path) -> Path:
@@ -31,16 +31,7 @@ def find_profile_file(path: Path) -> Path:
 def load_trace_events(path: Path) -> list[dict]:
     if path.name.endswith(".xplane.pb"):
         return _xplane_events(path)
-    try:
-        raw = path.read_bytes()
-        data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-    except (OSError, EOFError, ValueError) as e:
-        raise FlintError(f"{path} is not a readable trace: {type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else 'truncated'}") from None
-    events = data.get("traceEvents") if isinstance(data, dict) else data
-    if not isinstance(events, list):
-        raise FlintError(f"{path} has no trace events")
-    return events
+    return read_trace_events(path)
 
 
 def _xplane_events(path: Path) -> list[dict]:
@@ -61,9 +52,11 @@ def is_jax_profile(events: list[dict]) -> bool:
     return any(isinstance(e.get("args"), dict) and "hlo_op" in e["args"] for e in events[:200000])
 
 
-def read_jax_profile(path, module: str | None = None) -> MeasuredTrace:
+def read_jax_profile(path, module: str | None = None, events=None) -> MeasuredTrace:
+    """`events`: the file's trace events when the caller has already read them."""
     path = find_profile_file(Path(path))
-    events = load_trace_events(path)
+    if events is None:
+        events = load_trace_events(path)
     ops = [e for e in events if e.get("ph") == "X" and isinstance(e.get("args"), dict)
            and "hlo_op" in e["args"] and "dur" in e]
     if not ops:

@@ -5,12 +5,11 @@ NCCL kernels carry `Collective name`, `In msg nelems`, `Out msg nelems`, `dtype`
 """
 from __future__ import annotations
 
-import gzip
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from flint.errors import FlintError
+from flint.validate.measured import MeasuredStep, MeasuredTrace
+from flint.validate.trace_events import read_trace_events
 
 DTYPE_BYTES = {"Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Int": 4, "Long": 8,
                "Byte": 1, "Char": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1}
@@ -27,17 +26,7 @@ class NcclKernel:
 
 
 def read_kineto(path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise FlintError(f"file not found: {path}")
-    try:
-        raw = path.read_bytes()
-        data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-    except (OSError, EOFError, ValueError) as e:
-        raise FlintError(f"{path} is not a readable Kineto trace: {e}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise FlintError(f"{path} has no traceEvents: not a Kineto trace")
-    return data
+    return {"traceEvents": read_trace_events(path, "Kineto trace")}
 
 
 def nccl_kernels(trace: dict) -> list[NcclKernel]:
@@ -55,11 +44,9 @@ def nccl_kernels(trace: dict) -> list[NcclKernel]:
     return out
 
 
-def kineto_steps(trace: dict, path: str = "") -> "MeasuredTrace":
+def kineto_steps(trace: dict, path: str = "") -> MeasuredTrace:
     """GPU kernels grouped by the `ProfilerStep#N` whose CPU span launched them (runtime
     launch and kernel share a `correlation` id); a step's time is its kernels' GPU span."""
-    from flint.validate.measured import MeasuredStep, MeasuredTrace
-
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     marks = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"]) for e in events
                    if str(e.get("name", "")).startswith("ProfilerStep#")

@@ -31,7 +31,7 @@ def read_trace(path, module: str | None = None) -> MeasuredTrace:
     if not events:
         raise FlintError(f"{p} is an empty trace")
     if is_jax_profile(events):
-        return read_jax_profile(p, module)
+        return read_jax_profile(p, module, events)
     from flint.validate.kineto import kineto_steps
 
     if any(e.get("cat") == "kernel" for e in events):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flint.errors import FlintError
+from flint.validate.measured import MeasuredStep, MeasuredTrace
 
 _HLO_OP = re.compile(r"hlo_op=([^#,]+)")
 
@@ -90,10 +91,8 @@ def read_nsys_jax(path, module: str = "jit_train_step") -> NsysJaxTrace:
     return NsysJaxTrace(str(path), module, hlo, list(runs.values()))
 
 
-def measured_from_nsys(trace: NsysJaxTrace) -> "MeasuredTrace":
+def measured_from_nsys(trace: NsysJaxTrace) -> MeasuredTrace:
     """The archive as steps x devices x ops (the k-th execution of every device is step k)."""
-    from flint.validate.measured import MeasuredStep, MeasuredTrace
-
     steps = []
     for k, runs in enumerate(trace.steps()):
         steps.append(MeasuredStep(
