@@ -33,15 +33,15 @@ def main() -> None:
     spec = load_spec(a.hardware, a.overrides)
     pcie_spec = load_spec(a.hardware, [*a.overrides, "scale_up_bandwidth=31.5GB/s"])
     algorithms = {k.in_bytes: k.algorithm for k in nccl_kernels(read_kineto(a.trace))}
-    samples = [s for s in samples_from_nccl(a.trace, spec) if s.node.op == "all-reduce"]
+    samples = [s for s in samples_from_nccl(a.trace) if s.node.op == "all-reduce"]
     t = Table(title=f"NCCL all-reduce: measured (fastest per size) vs predicted on {spec.name}")
     for col in ("size", "ranks", "measured", "bus BW measured", "predicted", "ratio",
                 "predicted PCIe 4.0", "ratio PCIe", "kernel"):
         t.add_column(col, justify="right")
     for s in samples:
         size, group = s.node.collective.bytes_in, s.comm.size
-        pred = s.network.time(s.node, s.comm)
-        pred_pcie = NetworkModel(pcie_spec, s.network.cluster).time(s.node, s.comm)
+        pred = NetworkModel(spec, s.cluster).time(s.node, s.comm)
+        pred_pcie = NetworkModel(pcie_spec, s.cluster).time(s.node, s.comm)
         bus = 2 * (group - 1) / group * size / s.seconds
         t.add_row(f"{size / 2**20:.1f} MiB", str(group), f"{s.seconds * 1e3:.3f} ms",
                   f"{bus / 1e9:.1f} GB/s", f"{pred * 1e3:.3f} ms", f"{pred / s.seconds:.3f}x",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from flint.hardware_models.compute import DEFAULT_EFFICIENCY, TENSOR_CLASSES, RooflineCompute
 from flint.hardware_models.cost_model import DefaultCostModel
 from flint.hardware_models.network import DEFAULT_BUS_EFFICIENCY, NetworkModel
-from flint.hardware_models.spec import HardwareSpec, apply_overrides
+from flint.hardware_models.spec import HardwareSpec
 
 MIN_POINTS = 3
 GROSS_OUTLIER = 20.0          # measured/predicted beyond this (either way) is not fitted
@@ -38,23 +38,27 @@ class ComputeSample:
 class CollectiveSample:
     node: object
     comm: object
-    network: NetworkModel
+    cluster: object           # the Cluster the communicator's ranks live in
     seconds: float            # one execution, fastest measured
 
 
 @dataclass
 class Calibration:
     efficiency: dict = field(default_factory=dict)   # goes under `efficiency:` in the spec
-    hardware: dict = field(default_factory=dict)     # NAME -> "value unit" figures
+    hardware: dict = field(default_factory=dict)     # NAME -> SI value (B/s, FLOP/s)
     notes: list = field(default_factory=list)
     points: dict = field(default_factory=dict)       # class -> samples used
+
+    def hardware_text(self, name: str) -> str:
+        """A hardware figure with its unit, as a spec YAML or `--set` writes it."""
+        v = self.hardware[name]
+        return f"{v / 1e9:.6g} GFLOP/s" if name.startswith("peak_") else f"{v / 1e9:.6g} GB/s"
 
     def apply(self, spec: HardwareSpec, with_hardware: bool = True) -> HardwareSpec:
         """The calibrated spec. `with_hardware=False` is for other hardware: efficiencies
         (how well software uses a machine) carry over; figures of the traced machine
         (effective links and peaks) do not."""
-        base = apply_overrides(spec, [f"{k}={v}" for k, v in self.hardware.items()]) \
-            if with_hardware else spec
+        base = _with_figures(spec, self.hardware) if with_hardware else spec
         return replace(base, efficiency={**spec.efficiency, **self.efficiency})
 
 
@@ -143,12 +147,11 @@ def _effective_machine(samples, spec: HardwareSpec, roof, cal: Calibration) -> H
     slow_memory = memory_pred > 0 and memory_t * IMPLAUSIBLE_COMPUTE > memory_pred
     if slow_tensor:
         factor = tensor_t / tensor_work          # achieved = peak / factor
-        figures.update({f"peak_{d}": f"{v / factor / 1e9:.4g} GFLOP/s"
-                        for d, v in spec.peak_flops.items()})
+        figures.update({f"peak_{d}": v / factor for d, v in spec.peak_flops.items()})
         for key in TENSOR_CLASSES:
             cal.efficiency[key] = {"max": 1.0, "half": 0.0}
     if slow_memory:
-        figures["hbm_bandwidth"] = f"{bytes_moved / memory_t / 1e9:.4g} GB/s"
+        figures["hbm_bandwidth"] = bytes_moved / memory_t
         cal.efficiency["memory"] = {"max": 1.0, "half": 0.0}
     if not figures:
         return spec
@@ -157,7 +160,19 @@ def _effective_machine(samples, spec: HardwareSpec, roof, cal: Calibration) -> H
                      f"the traced machine is not the spec (shared or fewer cores?); the rates "
                      f"achieved ({', '.join(sorted(figures))}) are recorded as figures of this "
                      f"machine, which do not transfer")
-    return apply_overrides(spec, [f"{k}={v}" for k, v in figures.items()])
+    return _with_figures(spec, figures)
+
+
+def _with_figures(spec: HardwareSpec, figures: dict) -> HardwareSpec:
+    """`spec` with SI-valued figures (`peak_<dtype>` or a field name) replaced."""
+    peaks = dict(spec.peak_flops)
+    fields = {}
+    for name, value in figures.items():
+        if name.startswith("peak_"):
+            peaks[name[5:]] = value
+        else:
+            fields[name] = value
+    return replace(spec, peak_flops=peaks, **fields)
 
 
 def _dtype(node, spec: HardwareSpec) -> str:
@@ -170,10 +185,10 @@ def fit_collectives(samples: list[CollectiveSample], spec: HardwareSpec,
                     cal: Calibration, source: str = "") -> None:
     by_level: dict[str, list[float]] = {}
     for s in samples:
-        net = s.network
+        net = NetworkModel(spec, s.cluster)
         pred = net.time(s.node, s.comm)
-        no_latency = NetworkModel(replace(net.spec, scale_up_latency=0.0, nic_latency=0.0),
-                                  net.cluster, net.algorithm).time(s.node, s.comm)
+        no_latency = NetworkModel(replace(spec, scale_up_latency=0.0, nic_latency=0.0),
+                                  s.cluster).time(s.node, s.comm)
         latency = pred - no_latency
         level = "scale_up" if net.placement(s.comm).domains == 1 else "scale_out"
         eff_now = net._efficiency(level)
@@ -190,7 +205,7 @@ def fit_collectives(samples: list[CollectiveSample], spec: HardwareSpec,
         field_name = "scale_up_bandwidth" if level == "scale_up" else "nic_bandwidth"
         link = getattr(spec, field_name)
         effective = link * eff / DEFAULT_BUS_EFFICIENCY[level]
-        cal.hardware[field_name] = f"{effective / 1e9:.4g} GB/s"
+        cal.hardware[field_name] = effective
         cal.notes.append(
             f"{level} collectives ran at {100 * eff:.1f}% of the spec's {link / 1e9:g} GB/s "
             f"link{' in ' + source if source else ''}: the traced machine's link differs from "

@@ -72,8 +72,8 @@ def render_calibration(report, console: Console) -> None:
             e.add_row("kernel floor", fmt_seconds(v))
         else:
             e.add_row(k, f"{v:.4g}")
-    for k, v in sorted(cal.hardware.items()):
-        e.add_row(k, f"{v} (effective, this machine)")
+    for k in sorted(cal.hardware):
+        e.add_row(k, f"{cal.hardware_text(k)} (effective, this machine)")
     console.print(e)
     for note in cal.notes:
         console.print(f"note: {note}", highlight=False)

@@ -13,7 +13,7 @@ from flint.validate.calibrate import CollectiveSample, ComputeSample
 from flint.validate.measured import MeasuredTrace
 
 
-def samples_from_graph(graph: WorkloadGraph, trace: MeasuredTrace, spec: HardwareSpec,
+def samples_from_graph(graph: WorkloadGraph, trace: MeasuredTrace,
                        exclude=()) -> tuple[list[ComputeSample], list[CollectiveSample]]:
     median = trace.op_times()
     # A collective's kernel time includes waiting for peers: on accelerators that is skew,
@@ -21,7 +21,6 @@ def samples_from_graph(graph: WorkloadGraph, trace: MeasuredTrace, spec: Hardwar
     # cores: there the wait is the cost of sharing and part of every step, so the typical
     # (median) instance is what the step pays.
     fastest = median if graph.cluster.platform == "cpu" else trace.op_times(min)
-    network = NetworkModel(spec, graph.cluster)
     compute, colls, seen = [], [], set()
     for n in graph.nodes:
         key = n.meta.get("wrapped_name", n.name)
@@ -31,7 +30,7 @@ def samples_from_graph(graph: WorkloadGraph, trace: MeasuredTrace, spec: Hardwar
         seen.add(n.id)
         if n.collective is not None:
             if n.kind == NodeKind.COLLECTIVE:
-                colls.append(CollectiveSample(n, graph.communicator(n), network,
+                colls.append(CollectiveSample(n, graph.communicator(n), graph.cluster,
                                               fastest[name] / n.repeat))
         else:
             compute.append(ComputeSample(n, median[name] / n.repeat))
@@ -43,7 +42,7 @@ _NCCL_TYPES = {"allreduce": "all-reduce", "allgather": "all-gather",
                "all_to_all": "all-to-all", "alltoall": "all-to-all"}
 
 
-def samples_from_nccl(path, spec: HardwareSpec) -> list[CollectiveSample]:
+def samples_from_nccl(path) -> list[CollectiveSample]:
     """The fastest kernel per (collective, size, group) of a Kineto trace's NCCL kernels."""
     from flint.validate.kineto import nccl_kernels, read_kineto
 
@@ -54,12 +53,12 @@ def samples_from_nccl(path, spec: HardwareSpec) -> list[CollectiveSample]:
             groups[(kind, k.in_bytes, k.out_bytes, k.group_size)].append(k.duration_s)
     out = []
     for (kind, b_in, b_out, size), times in sorted(groups.items()):
-        cluster = Cluster(size, (("data", size),), spec.name)
+        cluster = Cluster(size, (("data", size),))
         comm = Communicator(0, "groups", "{{" + ",".join(map(str, range(size))) + "}}",
                             size, size, 1, ("data",))
         node = Node(0, kind, NodeKind.COLLECTIVE, kind, "collective",
                     collective=Collective(kind, 0, b_in, b_out, "f32"))
-        out.append(CollectiveSample(node, comm, NetworkModel(spec, cluster), min(times)))
+        out.append(CollectiveSample(node, comm, cluster, min(times)))
     return out
 
 
@@ -67,6 +66,5 @@ def collective_error(samples: list[CollectiveSample], spec: HardwareSpec) -> flo
     """Median |predicted / measured - 1| of collective samples under `spec`."""
     errs = []
     for s in samples:
-        net = NetworkModel(spec, s.network.cluster, s.network.algorithm)
-        errs.append(abs(net.time(s.node, s.comm) / s.seconds - 1))
+        errs.append(abs(NetworkModel(spec, s.cluster).time(s.node, s.comm) / s.seconds - 1))
     return statistics.median(errs) if errs else 0.0

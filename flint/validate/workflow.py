@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flint.errors import FlintError
-from flint.hardware_models.spec import HardwareSpec, load_spec
+from flint.hardware_models.spec import HardwareSpec
 from flint.validate.calibrate import Calibration, fit_collectives, fit_compute, model_for
 from flint.validate.compare import Validation, validate
 from flint.validate.load import graph_from_trace, read_trace
@@ -24,8 +24,7 @@ class TraceInput:
 def open_input(path: str, graph=None, hardware: str = "unknown", module=None) -> TraceInput:
     trace = read_trace(path, module)
     if trace.kind == "kineto":
-        spec = load_spec(hardware if hardware != "unknown" else "a100-40gb-sxm")
-        nccl = samples_from_nccl(path, spec)
+        nccl = samples_from_nccl(path)
         if graph is None and not nccl:
             raise FlintError(f"{path}: a PyTorch trace joins to a graph from the torch front "
                              f"end; this one has no NCCL kernels with sizes to calibrate on")
@@ -71,7 +70,7 @@ def run_calibrate(inputs: list[TraceInput], spec: HardwareSpec, fit: str | None 
         if inp.graph is not None:
             fit_t, check_t = split_steps(inp.trace, fit, check)
             splits.append((inp, fit_t, check_t))
-            c, k = samples_from_graph(inp.graph, fit_t, spec, exclude)
+            c, k = samples_from_graph(inp.graph, fit_t, exclude)
             compute += c
             colls += k
         colls += inp.nccl
@@ -104,10 +103,6 @@ def _match_steps(cal: Calibration, spec: HardwareSpec, splits, exclude) -> None:
     """On a machine that is not its spec (effective rates were recorded), per-op fits leave
     what the ops do not show (time slicing of host threads, gaps): scale the effective
     rates so that the fit steps' predicted step time equals the measured one."""
-    from flint.hardware_models.units import parse_quantity
-
-    kinds = {"hbm_bandwidth": "bandwidth", "scale_up_bandwidth": "bandwidth",
-             "nic_bandwidth": "bandwidth"}
     if not splits or not any(k.startswith("peak_") or k == "hbm_bandwidth"
                              for k in cal.hardware):
         return
@@ -119,11 +114,7 @@ def _match_steps(cal: Calibration, spec: HardwareSpec, splits, exclude) -> None:
         r = statistics.median(ratios)
         if abs(r - 1) < 0.01:
             break
-        for key, text in list(cal.hardware.items()):
-            kind = kinds.get(key, "flops")
-            value = parse_quantity(text, kind, key) / r
-            cal.hardware[key] = (f"{value / 1e9:.4g} GB/s" if kind == "bandwidth"
-                                 else f"{value / 1e9:.4g} GFLOP/s")
+        cal.hardware = {k: v / r for k, v in cal.hardware.items()}
     cal.notes.append(f"effective rates scaled to match the fit steps' time (last ratio {r:.3f})")
 
 
@@ -152,12 +143,12 @@ def write_calibrated_spec(base: str, cal: Calibration, out: str, traces: list[st
              "hbm_bandwidth": ("memory", "hbm_bandwidth")}
     where.update({f"peak_{d}": ("compute", "peak_flops", d)
                   for d in (doc.get("compute", {}).get("peak_flops") or {})})
-    for name, value in sorted(cal.hardware.items()):
+    for name in sorted(cal.hardware):
         node = doc
         *parents, leaf = where[name]
         for key in parents:
             node = node.setdefault(key, {})
-        node[leaf] = {"value": value, "source": "flint calibrate: effective figure measured "
+        node[leaf] = {"value": cal.hardware_text(name), "source": "flint calibrate: effective figure measured "
                       f"in {', '.join(sorted(Path(t).name for t in traces))}"}
     doc["calibration"] = {"base": path.stem, "traces": sorted(Path(t).name for t in traces),
                           "notes": list(cal.notes), "points": dict(sorted(cal.points.items()))}
