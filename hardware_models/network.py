@@ -46,20 +46,21 @@ class NetworkModel:
     def __post_init__(self):
         object.__setattr__(self, "topology", topology_for(self.spec, self.cluster.devices))
 
-    def _efficiency(self, level: str) -> float:
+    def bus_efficiency(self, level: str) -> float:
+        """Share of the link rate collectives sustain on `level` (calibrated or default)."""
         return float(self.spec.efficiency.get(f"bus_{level}", DEFAULT_BUS_EFFICIENCY[level]))
 
     @property
     def up(self) -> Level:
         bw = self.spec.scale_up_bandwidth or self.spec.nic_bandwidth
-        return Level(bw * self._efficiency("scale_up"), self.spec.scale_up_latency)
+        return Level(bw * self.bus_efficiency("scale_up"), self.spec.scale_up_latency)
 
     def out(self, leaves: int = 1) -> Level:
         """The scale-out level; past one leaf group the spine's oversubscription applies."""
         bw = self.spec.nic_bandwidth or self.spec.scale_up_bandwidth
         if leaves > 1:
             bw /= max(self.spec.oversubscription, 1.0)
-        return Level(bw * self._efficiency("scale_out"), self.spec.nic_latency)
+        return Level(bw * self.bus_efficiency("scale_out"), self.spec.nic_latency)
 
     @property
     def torus_link(self) -> Level:

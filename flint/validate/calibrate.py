@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field, replace
 
-from flint.hardware_models.compute import DEFAULT_EFFICIENCY, TENSOR_CLASSES, RooflineCompute
+from flint.hardware_models.compute import TENSOR_CLASSES, RooflineCompute
 from flint.hardware_models.cost_model import DefaultCostModel
 from flint.hardware_models.network import DEFAULT_BUS_EFFICIENCY, NetworkModel
 from flint.hardware_models.spec import HardwareSpec
@@ -191,7 +191,7 @@ def fit_collectives(samples: list[CollectiveSample], spec: HardwareSpec,
                                   s.cluster).time(s.node, s.comm)
         latency = pred - no_latency
         level = "scale_up" if net.placement(s.comm).domains == 1 else "scale_out"
-        eff_now = net._efficiency(level)
+        eff_now = net.bus_efficiency(level)
         transfer = s.seconds - latency
         if no_latency <= 0 or transfer <= 0:
             continue
@@ -211,13 +211,6 @@ def fit_collectives(samples: list[CollectiveSample], spec: HardwareSpec,
             f"link{' in ' + source if source else ''}: the traced machine's link differs from "
             f"the spec (e.g. PCIe instead of NVLink); recorded as effective bandwidth "
             f"{effective / 1e9:.4g} GB/s, a hardware figure that does not transfer")
-
-
-def default_efficiency_table() -> dict:
-    """The defaults, in the same shape `Calibration.efficiency` uses (for reports)."""
-    out = {k: {"max": v[0], "half": v[1]} for k, v in DEFAULT_EFFICIENCY.items()}
-    out.update({f"bus_{k}": v for k, v in DEFAULT_BUS_EFFICIENCY.items()})
-    return out
 
 
 def model_for(spec: HardwareSpec, graph) -> DefaultCostModel:
