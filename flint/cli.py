@@ -59,7 +59,8 @@ def extract(
 
 @app.command()
 def estimate(
-    graph_file: str = typer.Argument(..., help="a workload graph JSON (flint extract --out)"),
+    graph_file: str = typer.Argument(..., help="a workload graph JSON (flint extract --out), "
+                                               "a Chakra .et, or a directory of them"),
     hardware_name: Optional[str] = typer.Option(None, "--hardware", help="spec name or a "
                                                 "spec YAML path (default: the graph's)"),
     set_: list[str] = typer.Option([], "--set", help="what-if, e.g. hbm_bandwidth=4.8TB/s"),
@@ -72,11 +73,11 @@ def estimate(
 ):
     """Predict the step time of a workload graph with the built-in cost model."""
     def go():
-        from flint.graph import WorkloadGraph
+        from flint.cli_export import load_any_graph
 
         for path in filter(None, (trace, plot)):
             _check_output_dir(path)
-        _estimate(WorkloadGraph.load(graph_file), hardware_name, set_, algorithm, trace,
+        _estimate(load_any_graph(graph_file), hardware_name, set_, algorithm, trace,
                   as_json, plot)
 
     _run(go)
@@ -240,5 +241,5 @@ if __name__ == "__main__":
     _main()
 
 
-# Registers `flint validate` and `flint calibrate` on `app`.
-from flint import cli_validate  # noqa: E402,F401
+# Registers `flint validate`, `flint calibrate`, `flint export` and `flint import` on `app`.
+from flint import cli_export, cli_validate  # noqa: E402,F401

@@ -1,0 +1,170 @@
+"""`flint export` and `flint import` (registered on the main app)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from flint.cli import _run, app, err
+from flint.errors import FlintError
+
+FORMATS = ("chakra", "json", "perfetto")
+
+
+def load_any_graph(path: str, rank: Optional[int] = None, comm_groups: Optional[str] = None):
+    """A saved graph JSON, a Chakra .et file, or a directory of them."""
+    p = Path(path)
+    if p.is_dir() or p.suffix == ".et":
+        from flint.frontends.chakra import import_chakra
+
+        return import_chakra(p, rank, comm_groups)
+    from flint.graph import WorkloadGraph
+
+    return WorkloadGraph.load(p)
+
+
+def parse_ranks(text: Optional[str], devices: int) -> range | None:
+    if not text:
+        return None
+    try:
+        lo, _, hi = text.partition("-")
+        r = range(int(lo), int(hi or lo) + 1)
+    except ValueError:
+        raise FlintError(f"--ranks {text!r} is not like 0-7") from None
+    if not r or r.start < 0 or r.stop > devices:
+        raise FlintError(f"--ranks {text} is outside the graph's {devices} ranks")
+    return r
+
+
+@app.command()
+def export(
+    graph_file: str = typer.Argument(..., help="a workload graph JSON, a Chakra .et, or a "
+                                               "directory of them"),
+    fmt: str = typer.Option("chakra", "--format", help="chakra | json | perfetto"),
+    out: str = typer.Option(..., "--out", help="output directory (created if missing)"),
+    hardware_name: Optional[str] = typer.Option(None, "--hardware", help="cost model for "
+                                                "durations and ASTRA-sim inputs"),
+    set_: list[str] = typer.Option([], "--set", help="what-if, e.g. nic_bandwidth=800Gb/s"),
+    prefix: str = typer.Option("workload", help="file prefix: <prefix>.<rank>.et"),
+    annotate: str = typer.Option("rank0", help="chakra: ranks whose files carry Flint's "
+                                 "node records for exact import: rank0 | all | none"),
+    ranks: Optional[str] = typer.Option(None, help="chakra: write only these ranks, e.g. 0-7"),
+    workers: int = typer.Option(4, help="chakra: writer threads"),
+    as_json: bool = typer.Option(False, "--json", help="print the export report as JSON"),
+):
+    """Write a workload graph as Chakra ETs (+ ASTRA-sim inputs), Flint JSON or a Perfetto
+    timeline of the predicted step."""
+    def go():
+        if fmt not in FORMATS:
+            raise FlintError(f"unknown --format {fmt!r}; use {' | '.join(FORMATS)}")
+        graph = load_any_graph(graph_file)
+        if fmt == "chakra":
+            report = _export_chakra(graph, out, hardware_name, set_, prefix, annotate, ranks,
+                                    workers)
+        else:
+            report = _export_single(graph, fmt, out, hardware_name, set_, prefix)
+        if as_json:
+            print(json.dumps(report, sort_keys=True, indent=1))
+        else:
+            _render_export(report, Console())
+
+    _run(go)
+
+
+def _export_chakra(graph, out, hardware_name, overrides, prefix, annotate, ranks, workers):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flint.exporters.chakra import export_chakra
+
+    selected = parse_ranks(ranks, graph.cluster.devices)
+    count = len(selected) if selected is not None else graph.cluster.devices
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=True,
+                  disable=not err.is_terminal) as progress:
+        task = progress.add_task("writing Chakra ETs", total=count)
+        stats = export_chakra(graph, out, prefix=prefix, hardware=hardware_name,
+                              overrides=overrides, annotate=annotate, ranks=selected,
+                              workers=workers,
+                              progress=lambda done: progress.update(task, completed=done))
+    return {"format": "chakra", "out": str(out), **stats.to_json(),
+            "files_written": count, "side_files": [f for f in stats.files
+                                                   if not f.endswith(".et")]}
+
+
+def _export_single(graph, fmt, out, hardware_name, overrides, prefix):
+    out_dir = Path(out)
+    if not out_dir.absolute().parent.is_dir():
+        raise FlintError(f"output directory {str(out_dir.absolute().parent)!r} does not exist")
+    timeline = None
+    if fmt == "perfetto":
+        from flint.hardware_models.estimate import estimate
+
+        timeline = estimate(graph, hardware_name, overrides).timeline
+    out_dir.mkdir(exist_ok=True)
+    if fmt == "json":
+        path = out_dir / f"{prefix}.json"
+        graph.save(path)
+    else:
+        from flint.exporters.perfetto import write_timeline
+
+        path = out_dir / f"{prefix}.trace.json"
+        write_timeline(timeline, path)
+    return {"format": fmt, "out": str(path), "bytes": path.stat().st_size}
+
+
+def _render_export(r: dict, console: Console) -> None:
+    from rich.table import Table
+
+    from flint.render import fmt_bytes, fmt_seconds
+
+    t = Table(title=f"flint export --format {r['format']} -> {r['out']}", show_header=False)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    if r["format"] == "chakra":
+        t.add_row("ranks in the cluster", f"{r['ranks']} ranks")
+        t.add_row("rank files written", f"{r['files_written']} files")
+        t.add_row("nodes per rank", f"{r['nodes_per_rank']} nodes")
+        t.add_row("bytes written (rank files)", fmt_bytes(r["bytes"]))
+        t.add_row("encode once (plan + cost model)", fmt_seconds(r["encode_s"]))
+        t.add_row("specialize + write all ranks", fmt_seconds(r["write_s"]))
+        t.add_row("write throughput", f"{r['MB_per_s']:.1f} MB/s")
+        t.add_row("side files (ASTRA-sim inputs, manifest)", ", ".join(r["side_files"]))
+    else:
+        t.add_row("bytes written", fmt_bytes(r["bytes"]))
+    console.print(t)
+
+
+@app.command(name="import")
+def import_(
+    source: str = typer.Argument(..., help="a Chakra .et file or a directory of "
+                                           "<prefix>.<rank>.et files"),
+    rank: Optional[int] = typer.Option(None, help="which rank's file to read from a "
+                                                  "directory (default: the lowest)"),
+    comm_groups: Optional[str] = typer.Option(None, help="communicator-group JSON that "
+                                              "pg_name refers to (default: DIR/comm_groups.json)"),
+    out: Optional[str] = typer.Option(None, help="write the graph as JSON to this file"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+):
+    """Read Chakra execution traces (Flint's, or Chakra's own converter's) into a
+    workload graph; `flint estimate` then works on it."""
+    def go():
+        from flint.frontends.chakra import import_chakra
+
+        graph = import_chakra(source, rank, comm_groups)
+        if out:
+            graph.save(out)
+        summary = graph.summary()
+        if as_json:
+            print(json.dumps(summary, sort_keys=True, indent=1))
+        else:
+            from flint.render import render_summary
+
+            render_summary(summary, Console())
+            if out:
+                err.print(f"wrote {out}")
+
+    _run(go)

@@ -1,0 +1,142 @@
+"""`flint export --format chakra`: one Chakra ET per rank plus ASTRA-sim's inputs.
+
+    stats = export_chakra(graph, "out/", hardware="h100-sxm")
+    # out/workload.0.et ... out/workload.4095.et, comm_groups.json, network.yml,
+    # system.json, remote_memory.json, run_astra_sim.sh, flint_export.json
+
+Loops are unrolled first (Chakra has no loops). Every node carries `duration_micros`
+from Flint's cost model and `num_ops` / `tensor_size` for ASTRA-sim's roofline mode, plus
+standard Chakra fields. The annotated rank's file (rank 0 by default; `annotate="all"` or
+"none" to change) also carries shapes and one `flint_node` attribute per node, which lets
+`flint import` rebuild the graph exactly: that record is the same on every rank and would
+otherwise make up three quarters of every file.
+
+Files are written by a thread pool into a temporary directory beside DIR and renamed into
+it at the end, so an interrupted export leaves no partial file behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from flint.errors import FlintError
+from flint.exporters import astra_sim
+from flint.exporters.chakra_plan import ChakraPlan
+from flint.graph import WorkloadGraph, dumps_json
+from flint.io import _umask
+from flint.hardware_models.cost_model import default_cost_model
+from flint.passes.expand_loops import ExpandLoops
+
+
+@dataclass
+class ExportStats:
+    ranks: int
+    nodes_per_rank: int
+    bytes: int
+    encode_s: float          # encoding the rank-independent plan (once)
+    write_s: float           # specializing and writing every rank's file
+    files: list[str]
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / 1e6 / self.write_s if self.write_s else 0.0
+
+    def to_json(self) -> dict:
+        return {"ranks": self.ranks, "nodes_per_rank": self.nodes_per_rank,
+                "bytes": self.bytes, "encode_s": self.encode_s, "write_s": self.write_s,
+                "MB_per_s": self.mb_per_s}
+
+
+def predicted_durations(graph: WorkloadGraph, hardware: str | None = None, overrides=()):
+    """(loop-free graph, seconds per node, cost model)."""
+    flat = ExpandLoops().run(graph)
+    model = default_cost_model(flat, hardware, overrides)
+    return flat, [model.node_time(n, flat) for n in flat.nodes], model
+
+
+def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
+                  hardware: str | None = None, overrides=(), annotate: str = "rank0",
+                  ranks: range | None = None, workers: int = 4, progress=None) -> ExportStats:
+    """Write the export into `out_dir` (created if missing). `ranks` limits which rank
+    files are written (default all); `progress(n_done)` is called as files complete."""
+    if not prefix or "/" in prefix or prefix.startswith("."):
+        raise FlintError(f"bad file prefix {prefix!r}")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise FlintError(f"--out {out} exists and is not a directory")
+    if not out.absolute().parent.is_dir():
+        raise FlintError(f"output directory {str(out.absolute().parent)!r} does not exist")
+    n = graph.cluster.devices
+    ranks = range(n) if ranks is None else ranks
+    if annotate not in ("rank0", "all", "none"):
+        raise FlintError(f"--annotate must be rank0, all or none, not {annotate!r}")
+    t0 = time.perf_counter()
+    flat, durations, model = predicted_durations(graph, hardware, overrides)
+    plain = ChakraPlan(flat, durations, annotate=False) if annotate != "all" else None
+    full = (ChakraPlan(flat, durations, annotate=True)
+            if annotate == "all" or (annotate == "rank0" and 0 in ranks) else None)
+    plan = plain or full
+    dims = astra_sim.network_dimensions(model.spec, model.network.topology)
+    encode_s = time.perf_counter() - t0
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial",
+                                dir=out.absolute().parent))
+    try:
+        t1 = time.perf_counter()
+
+        def write(rank: int) -> int:
+            source = full if (full is not None and (plain is None or rank == 0)) else plain
+            data = source.rank_bytes(rank)
+            with open(tmp / f"{prefix}.{rank}.et", "wb") as f:
+                f.write(data)
+            return len(data)
+
+        total = 0
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            for done, size in enumerate(pool.map(write, ranks), 1):
+                total += size
+                if progress is not None:
+                    progress(done)
+        write_s = time.perf_counter() - t1
+        side = {
+            "comm_groups.json": json.dumps(plan.comm_groups(), separators=(",", ":")) + "\n",
+            "network.yml": astra_sim.network_yaml(dims),
+            "system.json": astra_sim.system_json(model.spec, dims),
+            "remote_memory.json": astra_sim.REMOTE_MEMORY_JSON,
+            "run_astra_sim.sh": astra_sim.run_script(prefix),
+            "flint_export.json": dumps_json({
+                "format": "flint.chakra-export", "version": 1, "prefix": prefix,
+                "ranks": n, "files_written": len(ranks), "hardware": model.spec.name,
+                "overrides": list(overrides), "nodes_per_rank": len(plan.graph.nodes),
+                "annotate": annotate, "network_dimensions": dims}),
+        }
+        for name, text in side.items():
+            (tmp / name).write_text(text)
+        os.chmod(tmp / "run_astra_sim.sh", 0o755)
+        os.chmod(tmp, 0o777 & ~_umask())
+        files = _move_into(tmp, out, prefix, prune=len(ranks) == n)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return ExportStats(n, len(plan.graph.nodes), total, encode_s, write_s, files)
+
+
+def _move_into(tmp: Path, out: Path, prefix: str, prune: bool) -> list[str]:
+    """Rename the finished files into `out`; rank files of an earlier export with the same
+    prefix that this one did not write are removed, so the directory is one consistent set."""
+    names = sorted(os.listdir(tmp))
+    if not out.exists():
+        os.rename(tmp, out)
+        return names
+    fresh = set(names)
+    for old in os.listdir(out):
+        if prune and old.startswith(prefix + ".") and old.endswith(".et") and old not in fresh:
+            os.unlink(out / old)
+    for name in names:
+        os.replace(tmp / name, out / name)
+    return names
