@@ -50,11 +50,16 @@ def extract(
                                                       "lowering and after each pass"),
     out: Optional[str] = typer.Option(None, help="write the graph as JSON to this file"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+    framework: str = typer.Option("jax", help="jax | torch (TARGET or --model); a .mlir "
+                                  "TARGET is StableHLO"),
+    fuse: bool = typer.Option(True, "--fuse/--no-fuse", help="torch: fuse pointwise chains "
+                              "as torch.compile would"),
 ):
     """Compile a training step for N compile-only devices and build its workload graph."""
     _run(lambda: _extract(target, devices, mesh, hardware, model, scan, layers, seq_len,
                           batch_per_replica, remat, sequence_parallel, devices_per_host,
-                          args_fn, out, as_json, passes, dump_dir, with_estimate, set_))
+                          args_fn, out, as_json, passes, dump_dir, with_estimate, set_,
+                          framework, fuse))
 
 
 @app.command()
@@ -118,10 +123,13 @@ def hardware():
 
 def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
              batch_per_replica, remat, sequence_parallel, devices_per_host, args_fn, out,
-             as_json, passes="", dump_dir=None, with_estimate=False, overrides=()):
+             as_json, passes="", dump_dir=None, with_estimate=False, overrides=(),
+             framework="jax", fuse=True):
     from flint.frontends.targets import prepare_environment, resolve_target
     from flint.passes import parse_pipeline, run_pipeline
 
+    if framework not in ("jax", "torch"):
+        raise FlintError(f"unknown --framework {framework!r}; use jax or torch")
     prepare_environment()
     resolve_target(hardware_name)  # fail fast on bad flags, before JAX starts
     pipeline = parse_pipeline(passes)
@@ -143,28 +151,23 @@ def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
         def stage(text):
             progress.update(task, description=text)
 
-        from flint.cli_targets import captured_step
+        if framework == "torch" or (target or "").endswith((".mlir", ".mlirbc")):
+            from flint.cli_targets import other_frontend_graph
 
-        step, args, label, info = captured_step(target, devices, mesh, hardware_name, model,
-                                                scan, layers, seq_len, batch_per_replica,
-                                                remat, sequence_parallel, devices_per_host,
-                                                args_fn)
-        stage(f"tracing and lowering {label} for {devices} devices")
-        lowered = step.lower(*args)
-        stage(f"compiling with XLA for {devices} x {step.cfg.hardware} (no hardware runs)")
-        compiled = lowered.compile()
-        stage("lowering optimized HLO into the workload graph")
-        graph = compiled.workload()
-        graph.meta["model"] = label
-        if info.get("model_flops"):
-            graph.meta["model_flops_per_device"] = info["model_flops"] / devices
+            graph, timings = other_frontend_graph(
+                target, framework, devices, mesh, hardware_name, model, layers, seq_len,
+                batch_per_replica, devices_per_host, fuse, stage)
+        else:
+            graph, timings = _jax_graph(target, devices, mesh, hardware_name, model, scan,
+                                        layers, seq_len, batch_per_replica, remat,
+                                        sequence_parallel, devices_per_host, args_fn, stage)
         dump = _dumper(dump_dir)
         dump(None, graph)
         graph = run_pipeline(graph, pipeline, callback=dump)
         if out:
             stage(f"writing {out}")
             graph.save(out)
-    timings = dict(compiled.timings, total_s=time.perf_counter() - t_start)
+    timings = dict(timings, total_s=time.perf_counter() - t_start)
     summary = graph.summary()
     predicted = None
     if with_estimate:
@@ -184,6 +187,26 @@ def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
             render_estimate(predicted, Console())
         if out:
             err.print(f"wrote {out} ({os.path.getsize(out) / 2**20:.2f} MiB)")
+
+
+def _jax_graph(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
+               batch_per_replica, remat, sequence_parallel, devices_per_host, args_fn, stage):
+    from flint.cli_targets import captured_step
+
+    step, args, label, info = captured_step(target, devices, mesh, hardware_name, model,
+                                            scan, layers, seq_len, batch_per_replica,
+                                            remat, sequence_parallel, devices_per_host,
+                                            args_fn)
+    stage(f"tracing and lowering {label} for {devices} devices")
+    lowered = step.lower(*args)
+    stage(f"compiling with XLA for {devices} x {step.cfg.hardware} (no hardware runs)")
+    compiled = lowered.compile()
+    stage("lowering optimized HLO into the workload graph")
+    graph = compiled.workload()
+    graph.meta["model"] = label
+    if info.get("model_flops"):
+        graph.meta["model_flops_per_device"] = info["model_flops"] / devices
+    return graph, compiled.timings
 
 
 def _dumper(dump_dir):

@@ -100,3 +100,51 @@ def _example_args(module, args_fn: str, target: str) -> tuple:
     except Exception as e:
         raise FlintError(f"{args_fn}() failed: {type(e).__name__}: {e}") from None
     return tuple(args) if isinstance(args, (tuple, list)) else (args,)
+
+
+def other_frontend_graph(target, framework, devices, mesh, hardware, model, layers, seq_len,
+                         batch_per_replica, devices_per_host, fuse, stage):
+    """(graph, timings) from the PyTorch front end (a zoo twin, or SCRIPT.py:FUNCTION
+    returning a flint.torch.TorchStep) or from a StableHLO file."""
+    import time
+
+    from flint.cluster import parse_mesh
+
+    t0 = time.perf_counter()
+    if target is not None and target.endswith((".mlir", ".mlirbc")):
+        from flint.frontends.stablehlo import load_stablehlo
+
+        stage(f"compiling StableHLO {target} for {devices} devices")
+        graph = load_stablehlo(target, devices=devices,
+                               mesh=parse_mesh(mesh, devices) if mesh else None,
+                               hardware=hardware, devices_per_host=devices_per_host)
+        return graph, {"stablehlo_s": time.perf_counter() - t0}
+    import flint.torch as ft
+
+    if target is None:
+        stage(f"tracing the torch twin of {model} for rank 0 of {devices} (fake tensors)")
+        graph = ft.zoo(model, devices, parse_mesh(mesh or default_zoo_mesh(devices), devices),
+                       batch_per_replica=batch_per_replica, seq_len=seq_len, layers=layers,
+                       hardware=hardware, fuse=fuse)
+        return graph, dict(graph.meta.pop("timings", {}))
+    module, fn_name = _load_script(target)
+    fn = getattr(module, fn_name, None)
+    if fn is None or not callable(fn):
+        raise FlintError(f"{target.split(':')[0]} has no function {fn_name!r}")
+    try:
+        step = fn()
+    except Exception as e:
+        raise FlintError(f"{fn_name}() failed: {type(e).__name__}: {e}") from None
+    if isinstance(step, dict):
+        step = ft.TorchStep(**step)
+    if not isinstance(step, ft.TorchStep):
+        raise FlintError(f"{fn_name}() must return a flint.torch.TorchStep (or a dict of its "
+                         f"fields), not {type(step).__name__}")
+    stage(f"tracing {fn_name} for rank 0 of {devices} (fake tensors)")
+    from flint.frontends.torch_capture import capture
+
+    captured = capture(step, devices, parse_mesh(mesh, devices), hardware,
+                       devices_per_host or 8)
+    graph = captured.workload(fuse=fuse)
+    graph.meta["model"] = fn_name
+    return graph, captured.timings

@@ -43,6 +43,7 @@ class CaptureConfig:
     static_argnums: tuple = ()
     donate_argnums: tuple = ()
     compiler_options: tuple = ()
+    parallelize: object = None      # torch steps: parallelize(model, DeviceMesh)
 
 
 def make_config(devices: int, mesh=None, hardware: str = "h100-sxm", **kw) -> CaptureConfig:
@@ -168,6 +169,15 @@ class Captured:
         return FlintLowered(lowered, cluster, self.name, dict(self.cfg.compiler_options), timings)
 
     def workload(self, *args):
+        """The WorkloadGraph. A PyTorch step `fn(model, optimizer, *batch)` (its first
+        argument an nn.Module or a model factory, the second "adamw" / "sgd" / None / an
+        optimizer factory) is traced by Flint's torch front end instead of XLA."""
+        if _is_torch_call(args):
+            import flint.torch as ft
+
+            return ft.extract(args[0], args[2:], world_size=self.cfg.devices,
+                              mesh=self.cfg.mesh, optimizer=args[1], step_fn=self.fn,
+                              parallelize=self.cfg.parallelize, hardware=self.cfg.hardware)
         return self.lower(*args).compile().workload()
 
     def _jitted(self, mesh: Mesh):
@@ -183,6 +193,17 @@ class Captured:
                 lambda s: NamedSharding(mesh, s), self.cfg.out_specs,
                 is_leaf=lambda x: isinstance(x, P))
         return jax.jit(base, **kw)
+
+
+def _is_torch_call(args) -> bool:
+    """Without importing torch: is the first argument a torch module (or a factory
+    returning one, marked by flint.torch users as such)?"""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return bool(args) and torch is not None and (
+        isinstance(args[0], torch.nn.Module)
+        or (isinstance(args[0], type) and issubclass(args[0], torch.nn.Module)))
 
 
 def capture(fn: Callable | None = None, *, devices: int, mesh=None, hardware: str = "h100-sxm",

@@ -87,6 +87,16 @@ def param_count(cfg: DecoderConfig) -> int:
     return sum(math.prod(x.shape) for x in jax.tree.leaves(param_shapes(cfg)))
 
 
+def model_flops(cfg: DecoderConfig, tokens: int) -> float:
+    """Model flops per step (Chowdhery et al. 2022, PaLM, appendix B): 6 flops per matmul
+    weight per token, plus 12 * layers * d_attn * seq per token for attention; recompute
+    is not counted, so MFU stays comparable across remat policies."""
+    d_attn = cfg.n_heads * cfg.head_dim
+    matmul_params = param_count(cfg) - cfg.vocab * cfg.d_model * (
+        0 if cfg.tie_embeddings else 1) - (cfg.seq_len * cfg.d_model if cfg.pos == "learned" else 0)
+    return tokens * (6 * matmul_params + 12 * cfg.n_layers * d_attn * cfg.seq_len)
+
+
 def sharding_rules(cfg: DecoderConfig, fsdp: str | None, tp: str | None) -> list:
     """Partition-spec rules: FSDP shards the d_model side of every matrix over `fsdp`,
     Megatron TP splits attention heads and the MLP hidden dim over `tp` (column-parallel

@@ -134,14 +134,8 @@ def build(model: str, mesh: tuple[tuple[str, int], ...], batch_per_replica: int 
             params, opt_state = adamw_update(params, grads, opt_state)
         return params, opt_state, loss
 
-    # Model flops per step (Chowdhery et al. 2022, PaLM, appendix B): 6 flops per matmul
-    # weight per token, plus 12 * layers * d_attn * seq per token for attention; recompute
-    # is not counted, so MFU stays comparable across remat policies.
-    d_attn = cfg.n_heads * cfg.head_dim
-    matmul_params = decoder.param_count(cfg) - cfg.vocab * cfg.d_model * (
-        0 if cfg.tie_embeddings else 1) - (cfg.seq_len * cfg.d_model if cfg.pos == "learned" else 0)
     tokens = batch * cfg.seq_len
-    model_flops = tokens * (6 * matmul_params + 12 * cfg.n_layers * d_attn * cfg.seq_len)
+    model_flops = decoder.model_flops(cfg, tokens)
     info = {"params": decoder.param_count(cfg), "tokens": tokens, "model_flops": model_flops,
             "global_batch": batch, "seq_len": cfg.seq_len, "layers": cfg.n_layers,
             "scan": cfg.scan, "remat": cfg.remat}

@@ -1,0 +1,309 @@
+"""Capture a PyTorch training step at any world size, with no GPU and no real memory.
+
+The step (forward, loss, backward, optimizer update) is traced by `make_fx` into one aten
+graph. Why make_fx and not torch.export / AOTAutograd: FSDP2's all-gathers and
+reduce-scatters live in module hooks and autograd hooks, and the optimizer update is eager
+Python; make_fx records what actually dispatches (including DTensor's functional
+collectives and FSDP2's in-place c10d calls), where torch.export sees neither the backward
+nor the optimizer.
+
+How no memory is spent: the model is built on the meta device, parallelized there
+(DTensor TP/SP, FSDP2 `fully_shard`) against a DeviceMesh of a fake process group of the
+requested world size (`torch.testing._internal.distributed.fake_pg`, the backend PyTorch's
+own tests use), then materialized as fake tensors (`to_empty` under FakeTensorMode) just
+before tracing. Parallelism code therefore runs exactly as written, for rank 0.
+
+Module paths and phases are recorded by `record_function` ranges: forward hooks on every
+submodule, and `flint::backward` / `flint::optimizer` around those parts of the step.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from flint.cluster import Cluster, validate_mesh
+from flint.errors import FlintError
+
+REGION = "flint::"
+
+
+@dataclass
+class TorchStep:
+    """What to train. `model`: an nn.Module or a zero-argument factory (called on the meta
+    device, so an 8B model costs nothing). `example_inputs`: ONE rank's inputs to
+    `model(*example_inputs)` (real, meta or fake tensors; only shapes and dtypes matter).
+    `loss_fn(output, *targets)` -> scalar (default: output.float().mean()).
+    `optimizer`: "adamw" | "sgd" | None | a callable(params) -> torch.optim.Optimizer.
+    `parallelize(model, mesh)`: your DTensor / FSDP2 code, given a DeviceMesh with the
+    named dimensions of `mesh`; it may return a new module. `context(model)`: a context
+    manager around forward, loss and backward (e.g. DTensor's `loss_parallel`)."""
+
+    model: Any
+    example_inputs: tuple
+    targets: tuple = ()
+    loss_fn: Callable | None = None
+    optimizer: Any = "adamw"
+    parallelize: Callable | None = None
+    context: Callable | None = None
+    step_fn: Callable | None = None
+
+
+@dataclass
+class CapturedTorch:
+    gm: torch.fx.GraphModule
+    cluster: Cluster
+    groups: dict                      # process-group name -> ranks of rank 0's group
+    timings: dict = field(default_factory=dict)
+
+    def as_text(self) -> str:
+        return str(self.gm.graph)
+
+    def workload(self, fuse: bool = True):
+        from flint.passes.lower_fx import lower_fx
+
+        t = time.perf_counter()
+        graph = lower_fx(self.gm, self.cluster, self.groups, fuse=fuse)
+        graph.meta.update(source="torch", torch_version=torch.__version__)
+        self.timings["graph_s"] = time.perf_counter() - t
+        return graph
+
+
+def fake_world(world_size: int) -> None:
+    """A fake process group of `world_size` ranks, this process being rank 0."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        if dist.get_world_size() == world_size and dist.get_backend() == "fake":
+            return
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+
+
+def capture(step: TorchStep, world_size: int, mesh=None,
+            hardware: str = "h100-sxm", devices_per_host: int = 8) -> CapturedTorch:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    mesh = tuple(mesh) if mesh else (("dp", world_size),)
+    validate_mesh(mesh, world_size)
+    timings = {}
+    t = time.perf_counter()
+    fake_world(world_size)
+    device_mesh = init_device_mesh("cpu", tuple(s for _, s in mesh),
+                                   mesh_dim_names=tuple(n for n, _ in mesh))
+    model = _build(step.model)
+    if step.parallelize is not None:
+        try:
+            model = step.parallelize(model, device_mesh) or model
+        except Exception as e:
+            raise FlintError(f"the parallelize function raised {type(e).__name__}: "
+                             f"{_first_line(e)}") from None
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake:
+        model.to_empty(device="cpu")
+        inputs = tuple(_fake(x, fake) for x in step.example_inputs)
+        targets = tuple(_fake(x, fake) for x in step.targets)
+        optimizer = _optimizer(step.optimizer, model)
+    timings["build_s"] = time.perf_counter() - t
+
+    tracker = _ModuleRegions(model)
+    loss_fn = step.loss_fn or (lambda out, *_: out.float().mean())
+
+    def train_step(*args):
+        with (step.context(model) if step.context else contextlib.nullcontext()):
+            if step.step_fn is not None:
+                return step.step_fn(model, optimizer, *args)
+            out = model(*args[: len(inputs)])
+            loss = loss_fn(out, *args[len(inputs):])
+            loss.backward()
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    t = time.perf_counter()
+    try:
+        with fake, tracker, _phases(optimizer):
+            gm = make_fx(train_step)(*inputs, *targets)
+    except FlintError:
+        raise
+    except Exception as e:
+        where = f" in module {tracker.failed_in!r}" if tracker.failed_in else ""
+        raise FlintError(f"the training step failed to trace{where}: {type(e).__name__}: "
+                         f"{_first_line(e)}") from None
+    timings["trace_s"] = time.perf_counter() - t
+    cluster = Cluster(world_size, mesh, hardware, "gpu", min(devices_per_host, world_size))
+    return CapturedTorch(gm, cluster, _group_ranks(gm), timings)
+
+
+def _build(model):
+    if isinstance(model, torch.nn.Module):
+        return model.to(device="meta")
+    if not callable(model):
+        raise FlintError(f"model must be an nn.Module or a factory, not {type(model).__name__}")
+    try:
+        with torch.device("meta"):
+            built = model()
+    except Exception as e:
+        raise FlintError(f"building the model raised {type(e).__name__}: {_first_line(e)}") from None
+    if not isinstance(built, torch.nn.Module):
+        raise FlintError(f"the model factory returned {type(built).__name__}, not an nn.Module")
+    return built
+
+
+def _fake(x, mode):
+    if not isinstance(x, torch.Tensor):
+        return x
+    if x.device.type == "meta":
+        return torch.empty(x.shape, dtype=x.dtype, device="cpu")   # fake under `mode`
+    return mode.from_tensor(x)
+
+
+def _optimizer(kind, model):
+    params = [p for p in model.parameters() if p.requires_grad]
+    if kind is None:
+        return None
+    # One kernel per parameter (foreach=False): the per-parameter update ops then appear
+    # in the graph with their own sizes, as the non-fused optimizer runs them.
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                                 foreach=False, fused=False)
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9, foreach=False)
+    if callable(kind):
+        return kind(params)
+    raise FlintError(f"unknown optimizer {kind!r}: use adamw, sgd, None or a callable")
+
+
+class _region:
+    """A record_function range that make_fx keeps as enter/exit nodes."""
+
+    def __init__(self, name: str):
+        self.name = REGION + name
+
+    def __enter__(self):
+        self.handle = torch.ops.profiler._record_function_enter_new(self.name, None)
+
+    def __exit__(self, *exc):
+        torch.ops.profiler._record_function_exit._RecordFunction(self.handle)
+
+
+@contextlib.contextmanager
+def _phases(optimizer):
+    """`flint::backward` around every autograd backward call and `flint::optimizer` around
+    optimizer steps, whoever makes them (Flint's step or the user's)."""
+    original = torch.autograd.backward
+    hooks = []
+
+    def backward(*a, **k):
+        with _region("backward"):
+            return original(*a, **k)
+
+    torch.autograd.backward = backward
+    if optimizer is not None:
+        box = {}
+        hooks.append(optimizer.register_step_pre_hook(
+            lambda *_: box.__setitem__("r", _region("optimizer")) or box["r"].__enter__()))
+        hooks.append(optimizer.register_step_post_hook(
+            lambda *_: box.pop("r").__exit__(None, None, None)))
+    try:
+        yield
+    finally:
+        torch.autograd.backward = original
+        for h in hooks:
+            h.remove()
+
+
+class _ModuleRegions:
+    """Forward (and full backward) hooks that open a `flint::module::<path>` range per
+    submodule call (and per gradient computation through it), and remember which module
+    was running when tracing failed."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.stack: list[tuple[str, object]] = []
+        self.backward: list[tuple[str, object]] = []
+        self.handles = []
+        self.failed_in = ""
+
+    @property
+    def current(self) -> str:
+        return self.stack[-1][0] if self.stack else ""
+
+    def __enter__(self):
+        for name, mod in self.model.named_modules():
+            name = name or type(mod).__name__          # the root, by its class
+            self.handles.append(mod.register_forward_pre_hook(self._pre(name)))
+            self.handles.append(mod.register_forward_hook(self._post(name)))
+            self.handles.append(mod.register_full_backward_pre_hook(self._bwd_pre(name)))
+            self.handles.append(mod.register_full_backward_hook(self._bwd_post(name)))
+        return self
+
+    def __exit__(self, *exc):
+        self.failed_in = self.current if exc[0] is not None else ""
+        for h in self.handles:
+            h.remove()
+        self.stack.clear()
+
+    def _pre(self, name):
+        def hook(mod, args):
+            region = _region("module::" + name)
+            region.__enter__()
+            self.stack.append((name, region))
+        return hook
+
+    def _bwd_pre(self, name):
+        def hook(mod, grad_out):
+            region = _region("module::" + name)
+            region.__enter__()
+            self.backward.append((name, region))
+        return hook
+
+    def _bwd_post(self, name):
+        def hook(mod, grad_in, grad_out):
+            if self.backward and self.backward[-1][0] == name:
+                self.backward.pop()[1].__exit__(None, None, None)
+        return hook
+
+    def _post(self, name):
+        def hook(mod, args, out):
+            if self.stack and self.stack[-1][0] == name:
+                self.stack.pop()[1].__exit__(None, None, None)
+        return hook
+
+
+def _group_ranks(gm: torch.fx.GraphModule) -> dict:
+    """For every process group the graph names -> ranks of rank 0's group. Functional
+    collectives name a group by string; in-place c10d calls hold the ProcessGroup as a
+    TorchScript object in a get_attr node (keyed here by that attribute's name)."""
+    from torch._C._distributed_c10d import ProcessGroup
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    out = {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            obj = getattr(gm, node.target, None)
+            if isinstance(obj, torch.ScriptObject):
+                try:
+                    out[node.target] = dist.get_process_group_ranks(ProcessGroup.unbox(obj))
+                except RuntimeError:
+                    continue    # a ReduceOp or another TorchScript class
+        elif node.op == "call_function" and "_c10d_functional" in str(node.target):
+            for a in node.args:
+                if isinstance(a, str) and a not in out:
+                    try:
+                        out[a] = dist.get_process_group_ranks(_resolve_process_group(a))
+                    except (ValueError, RuntimeError, KeyError):
+                        continue
+    return out
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__

@@ -1,0 +1,206 @@
+"""PyTorch twins of the JAX zoo decoders (flint/models/decoder.py): same configs, same math.
+
+Attention is written as the JAX twin writes it (grouped-query einsum over the full
+sequence with a causal mask, softmax in float32), so both frameworks do the same work and
+their graphs can be compared op for op. Parameters are float32 and compute runs in
+bfloat16 under autocast, like the JAX twin's casts.
+
+`parallelize(model, mesh, ...)` applies Megatron TP with DTensor (column-parallel
+wq/wk/wv/w_up/w_gate, row-parallel wo/w_down, vocab-parallel embedding and LM head with a
+loss-parallel cross entropy) over the `model` mesh dimension, then FSDP2 `fully_shard` per
+block and at the root over the `fsdp` dimension (HSDP when there is also a `data` one),
+gathering bf16 parameters and reduce-scattering fp32 gradients.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flint.models.decoder import ZOO, DecoderConfig
+
+TP_AXES = ("model", "tp", "tensor")
+FSDP_AXES = ("fsdp",)
+DATA_AXES = ("data", "dp", "batch", "replica")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, layer_norm: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.layer_norm = layer_norm
+
+    def forward(self, x):
+        x32 = x.float()
+        if self.layer_norm:
+            x32 = x32 - x32.mean(-1, keepdim=True)
+        y = x32 * torch.rsqrt((x32 * x32).mean(-1, keepdim=True) + 1e-6)
+        return (y * self.weight).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        hd = cfg.head_dim
+        self.cfg, self.hd = cfg, hd
+        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * hd, bias=False)
+        self.wk = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=False)
+        self.wv = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        hd, group = self.hd, self.cfg.n_heads // self.cfg.n_kv_heads
+        # -1 head counts: under tensor parallelism each rank holds a slice of the heads.
+        q = self.wq(x).view(b, s, -1, hd)
+        k = self.wk(x).view(b, s, -1, hd)
+        v = self.wv(x).view(b, s, -1, hd)
+        if cos is not None:
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        kv = k.shape[2]
+        q = q.view(b, s, kv, group, hd).permute(0, 2, 3, 1, 4).reshape(b, kv, group * s, hd)
+        scores = torch.matmul(q, k.permute(0, 2, 3, 1)).float() / math.sqrt(hd)
+        causal = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+        scores = scores.view(b, kv, group, s, s).masked_fill(~causal, torch.finfo(torch.float32).min)
+        probs = torch.softmax(scores, dim=-1).to(x.dtype).view(b, kv, group * s, s)
+        out = torch.matmul(probs, v.permute(0, 2, 1, 3))              # b, kv, g*s, hd
+        out = out.view(b, kv, group, s, hd).permute(0, 3, 1, 2, 4).reshape(b, s, -1)
+        return self.wo(out)
+
+
+def _rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1).to(x.dtype)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.gated = cfg.mlp == "swiglu"
+        self.w_up = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.w_down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+        if self.gated:
+            self.w_gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+
+    def forward(self, x):
+        up = self.w_up(x)
+        up = F.silu(self.w_gate(x)) * up if self.gated else F.gelu(up)
+        return self.w_down(up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        layer_norm = cfg.norm == "layer"
+        self.attn_norm, self.mlp_norm = RMSNorm(cfg.d_model, layer_norm), RMSNorm(cfg.d_model, layer_norm)
+        self.attention, self.mlp = Attention(cfg), MLP(cfg)
+
+    def forward(self, x, cos=None, sin=None):
+        x = x + self.attention(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab, cfg.d_model)
+        if cfg.pos == "learned":
+            self.pos_embed = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.final_norm = RMSNorm(cfg.d_model, cfg.norm == "layer")
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        s = tokens.shape[1]
+        x = self.embed(tokens)
+        cos = sin = None
+        if self.cfg.pos == "learned":
+            x = x + self.pos_embed(torch.arange(s, device=tokens.device))
+        else:
+            half = self.cfg.head_dim // 2
+            freqs = 500000.0 ** (-torch.arange(half, dtype=torch.float32, device=tokens.device) / half)
+            ang = torch.arange(s, dtype=torch.float32, device=tokens.device)[:, None] * freqs[None]
+            cos, sin = ang.cos(), ang.sin()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            for layer in self.layers:
+                x = layer(x, cos, sin)
+            x = self.final_norm(x)
+            return self.lm_head(x).float()
+
+
+def config(name: str, **overrides) -> DecoderConfig:
+    if name not in ZOO:
+        from flint.errors import FlintError
+
+        raise FlintError(f"unknown zoo model {name!r}; known: {', '.join(sorted(ZOO))}")
+    return ZOO[name].with_(scan=False, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def cross_entropy(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def parallelize(model: Decoder, mesh) -> Decoder:
+    """Megatron TP over the `model` dimension, FSDP2 over `fsdp` (HSDP with `data`)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    names = mesh.mesh_dim_names
+    tp = next((n for n in names if n in TP_AXES), None)
+    fsdp = [n for n in names if n in DATA_AXES + FSDP_AXES]
+    if tp is not None and mesh[tp].size() > 1:
+        plan = {"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+                "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
+        for i in range(len(model.layers)):
+            p = f"layers.{i}."
+            for w in ("attention.wq", "attention.wk", "attention.wv", "mlp.w_up", "mlp.w_gate"):
+                if w != "mlp.w_gate" or model.layers[i].mlp.gated:
+                    plan[p + w] = ColwiseParallel()
+            plan[p + "attention.wo"] = RowwiseParallel()
+            plan[p + "mlp.w_down"] = RowwiseParallel()
+        parallelize_module(model, mesh[tp], plan)
+    if fsdp:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        sub = mesh[tuple(fsdp)] if len(fsdp) > 1 else mesh[fsdp[0]]
+        if sub.size() > 1:
+            # bf16 all-gathers, fp32 gradient reduce-scatters (as torchtitan trains Llama)
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            for layer in model.layers:
+                fully_shard(layer, mesh=sub, mp_policy=mp)
+            fully_shard(model, mesh=sub, mp_policy=mp)
+    return model
+
+
+def step_context(model):
+    """DTensor's loss_parallel when the LM head's logits are vocab-sharded (it must cover
+    the backward too); nothing otherwise."""
+    import contextlib
+
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(model.lm_head.weight, DTensor) and any(
+            p.is_shard() and p.dim == 0 for p in model.lm_head.weight.placements):
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+    return contextlib.nullcontext()
+
+
+def zoo_step(name: str, batch_per_replica: int = 1, seq_len: int | None = None,
+             layers: int | None = None, optimizer="adamw"):
+    """The TorchStep of a zoo twin and its config (tokens are one rank's batch)."""
+    from flint.frontends.torch_capture import TorchStep
+
+    cfg = config(name, seq_len=seq_len, n_layers=layers)
+    tokens = torch.empty(batch_per_replica, cfg.seq_len, dtype=torch.long, device="meta")
+    return TorchStep(lambda: Decoder(cfg), (tokens,), (tokens,), cross_entropy, optimizer,
+                     parallelize, step_context), cfg

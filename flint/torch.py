@@ -1,0 +1,62 @@
+"""PyTorch front end: the same workload graph JAX users get, from your model and your
+parallelism code, with no GPUs and no real memory.
+
+    import flint.torch as ft
+    graph = ft.extract(model_factory, (tokens,), targets=(targets,), loss_fn=F.cross_entropy,
+                       optimizer="adamw", world_size=4096, mesh={"fsdp": 512, "tp": 8},
+                       parallelize=my_parallelize_fn)     # DTensor TP/SP, FSDP2
+    captured = ft.capture(...)          # staged: .as_text() (aten graph), .workload()
+    graph = ft.zoo("llama3-8b", world_size=4096)      # torch twins of Flint's JAX zoo
+
+`model` is an nn.Module or, better for big models, a zero-argument factory (it is called
+on the meta device). Example inputs are ONE rank's batch; meta tensors are fine.
+"""
+from __future__ import annotations
+
+from flint.frontends.torch_capture import CapturedTorch, TorchStep
+from flint.frontends.torch_capture import capture as _capture
+
+
+def _mesh(mesh, world_size):
+    from flint.cluster import parse_mesh
+
+    if isinstance(mesh, (tuple, list)):
+        return tuple((str(n), int(s)) for n, s in mesh)
+    return parse_mesh(mesh, world_size)
+
+
+def capture(model, example_inputs, *, world_size: int, targets=(), loss_fn=None,
+            optimizer="adamw", parallelize=None, mesh=None, context=None, step_fn=None,
+            hardware: str = "h100-sxm") -> CapturedTorch:
+    step = TorchStep(model, tuple(example_inputs), tuple(targets), loss_fn, optimizer,
+                     parallelize, context, step_fn)
+    return _capture(step, world_size, _mesh(mesh, world_size), hardware)
+
+
+def extract(model, example_inputs, *, world_size: int, fuse: bool = True, **kw):
+    """Trace the training step for rank 0 of `world_size` ranks -> WorkloadGraph."""
+    return capture(model, example_inputs, world_size=world_size, **kw).workload(fuse=fuse)
+
+
+def zoo(name: str, world_size: int, mesh=None, *, batch_per_replica: int = 1,
+        seq_len: int | None = None, layers: int | None = None, hardware: str = "h100-sxm",
+        fuse: bool = True):
+    """The torch twin of a zoo model (same shapes as the JAX one) -> WorkloadGraph with
+    meta["model_flops_per_device"] for MFU."""
+    from flint.models.decoder import model_flops
+    from flint.models.torch_decoder import zoo_step
+
+    step, cfg = zoo_step(name, batch_per_replica, seq_len, layers)
+    mesh_t = _mesh(mesh, world_size)
+    captured = _capture(step, world_size, mesh_t, hardware)
+    graph = captured.workload(fuse=fuse)
+    dp = 1
+    for axis, size in mesh_t:
+        if axis not in ("model", "tp", "tensor"):
+            dp *= size
+    graph.meta.update(model=f"{name} (torch)", model_flops_per_device=model_flops(
+        cfg, batch_per_replica * dp * cfg.seq_len) / world_size, timings=captured.timings)
+    return graph
+
+
+__all__ = ["TorchStep", "CapturedTorch", "capture", "extract", "zoo"]
