@@ -109,6 +109,8 @@ class _Lowerer:
             self.stands_for[n] = self.waiting.pop(n.args[0], deps)
             return
         cls = ac.op_class(name)
+        if cls == "elementwise" and _scalar_only(n):
+            cls = "view"     # 0-d bookkeeping (optimizer step counters): host arithmetic
         if cls == "view" or name == "getitem":
             self.stands_for[n] = deps
             return
@@ -285,6 +287,12 @@ def iota_groups(ranks: list[int], cluster: Cluster) -> tuple[str, tuple[str, ...
         if sorted(parse_replica_groups(spec, n)[0].tolist()) == sorted(ranks):
             return spec, tuple(cluster.mesh[d][0] for d in dims)
     return "{{" + ",".join(map(str, ranks)) + "}}", ()
+
+
+def _scalar_only(n) -> bool:
+    values = [a.meta.get("val") for a in _fx_args(n)] + [n.meta.get("val")]
+    ts = [t for v in values for t in ac.tensors(v)]
+    return bool(ts) and all(t.dim() == 0 for t in ts)
 
 
 def _fx_args(n) -> list:

@@ -129,6 +129,13 @@ def capture(step: TorchStep, world_size: int, mesh=None,
 
     t = time.perf_counter()
     try:
+        if optimizer is not None:
+            # One untraced step first, so the traced one is a steady-state step: optimizer
+            # state exists (no zeros_like initialization) as in every step after the first.
+            with fake:
+                train_step(*inputs, *targets)
+        timings["warmup_s"] = time.perf_counter() - t
+        t = time.perf_counter()
         with fake, tracker, _phases(optimizer):
             gm = make_fx(train_step)(*inputs, *targets)
     except FlintError:

@@ -22,6 +22,13 @@ class TraceInput:
 
 
 def open_input(path: str, graph=None, hardware: str = "unknown", module=None) -> TraceInput:
+    if graph is not None and graph.meta.get("source") == "torch" and not Path(path).is_dir():
+        from flint.validate.jax_profiler import load_trace_events
+        from flint.validate.torch_profile import is_torch_cpu_trace, torch_cpu_steps
+
+        events = load_trace_events(Path(path))
+        if is_torch_cpu_trace(events):
+            return TraceInput(torch_cpu_steps(events, graph, str(path)), graph)
     trace = read_trace(path, module)
     if trace.kind == "kineto":
         nccl = samples_from_nccl(path)
