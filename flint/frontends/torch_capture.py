@@ -132,7 +132,7 @@ def capture(step: TorchStep, world_size: int, mesh=None,
         if optimizer is not None:
             # One untraced step first, so the traced one is a steady-state step: optimizer
             # state exists (no zeros_like initialization) as in every step after the first.
-            with fake:
+            with fake, tracker:
                 train_step(*inputs, *targets)
         timings["warmup_s"] = time.perf_counter() - t
         t = time.perf_counter()
@@ -246,10 +246,12 @@ class _ModuleRegions:
     def __enter__(self):
         for name, mod in self.model.named_modules():
             name = name or type(mod).__name__          # the root, by its class
-            self.handles.append(mod.register_forward_pre_hook(self._pre(name)))
-            self.handles.append(mod.register_forward_hook(self._post(name)))
-            self.handles.append(mod.register_full_backward_pre_hook(self._bwd_pre(name)))
-            self.handles.append(mod.register_full_backward_hook(self._bwd_post(name)))
+            self.handles.append(mod.register_forward_pre_hook(self._opener(self.stack, name)))
+            self.handles.append(mod.register_forward_hook(self._closer(self.stack, name)))
+            self.handles.append(mod.register_full_backward_pre_hook(
+                self._opener(self.backward, name)))
+            self.handles.append(mod.register_full_backward_hook(
+                self._closer(self.backward, name)))
         return self
 
     def __exit__(self, *exc):
@@ -258,30 +260,19 @@ class _ModuleRegions:
             h.remove()
         self.stack.clear()
 
-    def _pre(self, name):
-        def hook(mod, args):
+    @staticmethod
+    def _opener(stack: list, name: str):
+        def hook(*_):
             region = _region("module::" + name)
             region.__enter__()
-            self.stack.append((name, region))
+            stack.append((name, region))
         return hook
 
-    def _bwd_pre(self, name):
-        def hook(mod, grad_out):
-            region = _region("module::" + name)
-            region.__enter__()
-            self.backward.append((name, region))
-        return hook
-
-    def _bwd_post(self, name):
-        def hook(mod, grad_in, grad_out):
-            if self.backward and self.backward[-1][0] == name:
-                self.backward.pop()[1].__exit__(None, None, None)
-        return hook
-
-    def _post(self, name):
-        def hook(mod, args, out):
-            if self.stack and self.stack[-1][0] == name:
-                self.stack.pop()[1].__exit__(None, None, None)
+    @staticmethod
+    def _closer(stack: list, name: str):
+        def hook(*_):
+            if stack and stack[-1][0] == name:
+                stack.pop()[1].__exit__(None, None, None)
         return hook
 
 
