@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -132,11 +133,11 @@ def capture(step: TorchStep, world_size: int, mesh=None,
         if optimizer is not None:
             # One untraced step first, so the traced one is a steady-state step: optimizer
             # state exists (no zeros_like initialization) as in every step after the first.
-            with fake, tracker:
+            with fake, tracker, _quiet():
                 train_step(*inputs, *targets)
         timings["warmup_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        with fake, tracker, _phases(optimizer):
+        with fake, tracker, _phases(optimizer), _quiet():
             gm = make_fx(train_step)(*inputs, *targets)
     except FlintError:
         raise
@@ -199,6 +200,15 @@ class _region:
 
     def __exit__(self, *exc):
         torch.ops.profiler._record_function_exit._RecordFunction(self.handle)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """PyTorch warns about hooks and views that matter only for real training; around
+    Flint's report they are noise."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 @contextlib.contextmanager
