@@ -156,7 +156,7 @@ def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
 
             graph, timings = other_frontend_graph(
                 target, framework, devices, mesh, hardware_name, model, layers, seq_len,
-                batch_per_replica, devices_per_host, fuse, stage)
+                batch_per_replica, devices_per_host, fuse, stage, sequence_parallel)
         else:
             graph, timings = _jax_graph(target, devices, mesh, hardware_name, model, scan,
                                         layers, seq_len, batch_per_replica, remat,

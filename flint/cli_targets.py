@@ -103,7 +103,8 @@ def _example_args(module, args_fn: str, target: str) -> tuple:
 
 
 def other_frontend_graph(target, framework, devices, mesh, hardware, model, layers, seq_len,
-                         batch_per_replica, devices_per_host, fuse, stage):
+                         batch_per_replica, devices_per_host, fuse, stage,
+                         sequence_parallel=False):
     """(graph, timings) from the PyTorch front end (a zoo twin, or SCRIPT.py:FUNCTION
     returning a flint.torch.TorchStep) or from a StableHLO file."""
     import time
@@ -125,7 +126,7 @@ def other_frontend_graph(target, framework, devices, mesh, hardware, model, laye
         stage(f"tracing the torch twin of {model} for rank 0 of {devices} (fake tensors)")
         graph = ft.zoo(model, devices, parse_mesh(mesh or default_zoo_mesh(devices), devices),
                        batch_per_replica=batch_per_replica, seq_len=seq_len, layers=layers,
-                       hardware=hardware, fuse=fuse)
+                       hardware=hardware, fuse=fuse, sequence_parallel=sequence_parallel)
         return graph, dict(graph.meta.pop("timings", {}))
     module, fn_name = _load_script(target)
     fn = getattr(module, fn_name, None)

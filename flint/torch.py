@@ -40,13 +40,14 @@ def extract(model, example_inputs, *, world_size: int, fuse: bool = True, **kw):
 
 def zoo(name: str, world_size: int, mesh=None, *, batch_per_replica: int = 1,
         seq_len: int | None = None, layers: int | None = None, hardware: str = "h100-sxm",
-        fuse: bool = True):
+        fuse: bool = True, sequence_parallel: bool = False):
     """The torch twin of a zoo model (same shapes as the JAX one) -> WorkloadGraph with
     meta["model_flops_per_device"] for MFU."""
     from flint.models.decoder import model_flops
     from flint.models.torch_decoder import zoo_step
 
-    step, cfg = zoo_step(name, batch_per_replica, seq_len, layers)
+    step, cfg = zoo_step(name, batch_per_replica, seq_len, layers,
+                         sequence_parallel=sequence_parallel)
     mesh_t = _mesh(mesh, world_size)
     captured = _capture(step, world_size, mesh_t, hardware)
     graph = captured.workload(fuse=fuse)

@@ -97,6 +97,26 @@ def test_fusion_keeps_flops_and_cuts_traffic():
     assert phases == {"forward", "backward", "optimizer"}
 
 
+def test_sequence_parallel_swaps_all_reduces_for_gather_scatter():
+    """TP=2 with sequence parallelism: the activation all-reduces become an all-gather
+    before and a reduce-scatter after each column/row-parallel pair (and the reverse in
+    backward); only small weight-gradient / loss all-reduces remain."""
+    g = ft.zoo("tiny", 4, {"data": 2, "model": 2}, sequence_parallel=True)
+    dp = [n for n in g.nodes if n.collective and g.communicator(n).mesh_axes == ("data",)]
+    assert dp and all(n.collective.type == "all-reduce" and n.meta["phase"] == "backward"
+                      for n in dp)          # plain data parallelism: gradient all-reduces
+    act = 64 * 128 * 2            # bf16 [seq, d_model] of one rank's sequence
+    colls = [n for n in g.nodes if n.collective and n not in dp]
+    kinds = {}
+    for n in colls:
+        kinds.setdefault(n.collective.type, []).append(n)
+    assert all(g.communicator(n).mesh_axes == ("model",) for n in colls)
+    assert all(n.collective.bytes_in < act for n in kinds["all-reduce"])
+    per_layer = 2 * 2              # attention and MLP, forward and backward
+    assert len(kinds["all-gather"]) >= 2 * per_layer
+    assert len(kinds["reduce-scatter"]) >= 2 * per_layer
+
+
 class _Tiny(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -52,6 +52,7 @@ class TorchStep:
     parallelize: Callable | None = None
     context: Callable | None = None
     step_fn: Callable | None = None
+    on_materialize: Callable | None = None
 
 
 @dataclass
@@ -108,6 +109,8 @@ def capture(step: TorchStep, world_size: int, mesh=None,
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with fake:
         model.to_empty(device="cpu")
+        if step.on_materialize is not None:
+            step.on_materialize(model, device_mesh)
         inputs = tuple(_fake(x, fake) for x in step.example_inputs)
         targets = tuple(_fake(x, fake) for x in step.targets)
         optimizer = _optimizer(step.optimizer, model)

@@ -147,27 +147,19 @@ def cross_entropy(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def parallelize(model: Decoder, mesh) -> Decoder:
-    """Megatron TP over the `model` dimension, FSDP2 over `fsdp` (HSDP with `data`)."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
-
+def parallelize(model: Decoder, mesh, sequence_parallel: bool = False) -> Decoder:
+    """Megatron TP over the `model` dimension (with sequence parallelism: norms and
+    residual stream sharded over the sequence, all-gather / reduce-scatter around the
+    column / row-parallel pairs instead of all-reduce), FSDP2 over `fsdp` (HSDP with
+    `data`; a `data` axis alone is plain data parallelism)."""
     names = mesh.mesh_dim_names
     tp = next((n for n in names if n in TP_AXES), None)
     fsdp = [n for n in names if n in DATA_AXES + FSDP_AXES]
     if tp is not None and mesh[tp].size() > 1:
-        plan = {"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
-                "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
-        for i in range(len(model.layers)):
-            p = f"layers.{i}."
-            for w in ("attention.wq", "attention.wk", "attention.wv", "mlp.w_up", "mlp.w_gate"):
-                if w != "mlp.w_gate" or model.layers[i].mlp.gated:
-                    plan[p + w] = ColwiseParallel()
-            plan[p + "attention.wo"] = RowwiseParallel()
-            plan[p + "mlp.w_down"] = RowwiseParallel()
-        parallelize_module(model, mesh[tp], plan)
-    if fsdp:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        parallelize_module(model, mesh[tp], _tp_plan(model, sequence_parallel))
+    if fsdp and any(a in FSDP_AXES for a in fsdp):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         sub = mesh[tuple(fsdp)] if len(fsdp) > 1 else mesh[fsdp[0]]
@@ -178,6 +170,57 @@ def parallelize(model: Decoder, mesh) -> Decoder:
                 fully_shard(layer, mesh=sub, mp_policy=mp)
             fully_shard(model, mesh=sub, mp_policy=mp)
     return model
+
+
+def data_parallel(model: Decoder, mesh) -> None:
+    """Pure data parallelism (data axes without `fsdp`): every gradient is averaged over
+    the data ranks as soon as it is accumulated, as DDP does (DDP itself buckets gradients
+    into ~25 MB all-reduces and needs real memory, so it cannot be traced)."""
+    data = [n for n in mesh.mesh_dim_names if n in DATA_AXES]
+    if not data or any(n in FSDP_AXES for n in mesh.mesh_dim_names):
+        return
+    mesh = mesh[data[0]] if len(data) == 1 else mesh[tuple(data)]
+    if mesh.size() == 1:
+        return
+    from torch.distributed import _functional_collectives as funcol
+    from torch.distributed.tensor import DTensor
+
+    group = mesh.get_group()
+
+    def average(p):
+        g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+        g.copy_(funcol.all_reduce(g, "avg", group))
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(average)
+
+
+def _tp_plan(model: Decoder, sp: bool) -> dict:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                   RowwiseParallel, SequenceParallel)
+
+    seq = Shard(1) if sp else Replicate()
+    plan = {"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
+            "lm_head": ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1),
+                                       use_local_output=False)}
+    if sp:
+        plan["final_norm"] = SequenceParallel()
+    for i, layer in enumerate(model.layers):
+        p = f"layers.{i}."
+        for w in ("attention.wq", "attention.wk", "attention.wv", "mlp.w_up", "mlp.w_gate"):
+            if w != "mlp.w_gate" or layer.mlp.gated:
+                plan[p + w] = ColwiseParallel()
+        plan[p + "attention.wo"] = RowwiseParallel(output_layouts=seq)
+        plan[p + "mlp.w_down"] = RowwiseParallel(output_layouts=seq)
+        if sp:
+            plan[p + "attn_norm"] = plan[p + "mlp_norm"] = SequenceParallel()
+            plan[p + "attention"] = PrepareModuleInput(
+                input_layouts=(Shard(1), None, None),
+                desired_input_layouts=(Replicate(), None, None))
+            plan[p + "mlp"] = PrepareModuleInput(input_layouts=(Shard(1),),
+                                                 desired_input_layouts=(Replicate(),))
+    return plan
 
 
 def step_context(model):
@@ -196,11 +239,14 @@ def step_context(model):
 
 
 def zoo_step(name: str, batch_per_replica: int = 1, seq_len: int | None = None,
-             layers: int | None = None, optimizer="adamw"):
+             layers: int | None = None, optimizer="adamw", sequence_parallel: bool = False):
     """The TorchStep of a zoo twin and its config (tokens are one rank's batch)."""
     from flint.frontends.torch_capture import TorchStep
 
     cfg = config(name, seq_len=seq_len, n_layers=layers)
     tokens = torch.empty(batch_per_replica, cfg.seq_len, dtype=torch.long, device="meta")
+    def par(model, mesh):
+        return parallelize(model, mesh, sequence_parallel)
+
     return TorchStep(lambda: Decoder(cfg), (tokens,), (tokens,), cross_entropy, optimizer,
-                     parallelize, step_context), cfg
+                     par, step_context, on_materialize=data_parallel), cfg
