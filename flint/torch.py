@@ -44,7 +44,7 @@ def zoo(name: str, world_size: int, mesh=None, *, batch_per_replica: int = 1,
     """The torch twin of a zoo model (same shapes as the JAX one) -> WorkloadGraph with
     meta["model_flops_per_device"] for MFU."""
     from flint.models.decoder import model_flops
-    from flint.models.torch_decoder import zoo_step
+    from flint.models.torch_decoder import TP_AXES, zoo_step
 
     step, cfg = zoo_step(name, batch_per_replica, seq_len, layers,
                          sequence_parallel=sequence_parallel)
@@ -53,7 +53,7 @@ def zoo(name: str, world_size: int, mesh=None, *, batch_per_replica: int = 1,
     graph = captured.workload(fuse=fuse)
     dp = 1
     for axis, size in mesh_t:
-        if axis not in ("model", "tp", "tensor"):
+        if axis not in TP_AXES:
             dp *= size
     graph.meta.update(model=f"{name} (torch)", model_flops_per_device=model_flops(
         cfg, batch_per_replica * dp * cfg.seq_len) / world_size, timings=captured.timings)

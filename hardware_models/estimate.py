@@ -55,11 +55,17 @@ def _exposed_communication(graph: WorkloadGraph, tl: Timeline, durations: list[f
     return exposed
 
 
-def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
-             cost_model: CostModel | None = None, algorithm: str = "auto") -> Estimate:
+def node_durations(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
+                   cost_model: CostModel | None = None, algorithm: str = "auto"):
+    """(loop-free graph, seconds per node of it, the cost model that priced them)."""
     model = cost_model or default_cost_model(graph, hardware, overrides, algorithm)
     flat = ExpandLoops().run(graph)
-    durations = [model.node_time(n, flat) for n in flat.nodes]
+    return flat, [model.node_time(n, flat) for n in flat.nodes], model
+
+
+def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
+             cost_model: CostModel | None = None, algorithm: str = "auto") -> Estimate:
+    flat, durations, model = node_durations(graph, hardware, overrides, cost_model, algorithm)
     tl = simulate(flat, durations)
     step = tl.step_time
     busy: dict[str, float] = defaultdict(float)

@@ -157,15 +157,14 @@ def cost(name: str, args, named: dict, out) -> tuple[float, float]:
 
 
 def _conv_flops(name: str, args, outs) -> float:
-    x, w = args[0], args[1]
     if name == "convolution_backward":       # (grad_out, input, weight, ..., output_mask)
-        grad, x, w = args[0], args[1], args[2]
+        grad, w = args[0], args[2]
         mask = args[-1] if isinstance(args[-1], (list, tuple)) else [True, True, False]
         fwd = 2.0 * grad.numel() * math.prod(w.shape[1:])
         return fwd * (int(bool(mask[0])) + int(bool(mask[1])))
     if not outs:
         return 0.0
-    return 2.0 * outs[0].numel() * math.prod(w.shape[1:])
+    return 2.0 * outs[0].numel() * math.prod(args[1].shape[1:])     # (input, weight, ...)
 
 
 def _attention_flops(name: str, args, named: dict) -> float:

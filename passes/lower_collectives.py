@@ -31,14 +31,45 @@ def fused_collective(module: HloModule, ins: HloInstruction):
     return (body, inner[0]) if len(inner) == 1 else None
 
 
+class CommunicatorTable:
+    """One Communicator per distinct (kind, spec), numbered in order of first use. Every
+    front end (HLO, aten graphs, Chakra traces) builds its communicators here."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self.comms: dict[tuple[str, str], Communicator] = {}
+
+    def all(self) -> list[Communicator]:
+        return sorted(self.comms.values(), key=lambda c: c.id)
+
+    def get(self, kind: str, spec: str) -> Communicator:
+        """`kind` "groups" (replica groups in any XLA syntax) or "pairs" (source-target
+        pairs); a group naming a device outside the cluster is a FlintError."""
+        key = (kind, spec)
+        comm = self.comms.get(key)
+        if comm is not None:
+            return comm
+        n = self.cluster.devices
+        groups = (parse_source_target_pairs(spec) if kind == "pairs"
+                  else parse_replica_groups(spec, n))
+        if groups.size and int(groups.max()) >= n:
+            raise FlintError(f"a collective names device {int(groups.max())} but the cluster "
+                             f"has {n} devices")
+        size = 2 if kind == "pairs" else int(groups.shape[1])
+        comm = Communicator(len(self.comms), kind, spec, n, size, int(groups.shape[0]),
+                            mesh_axes_spanned(groups, list(self.cluster.mesh)))
+        self.comms[key] = comm
+        return comm
+
+
 class CollectiveBuilder:
     def __init__(self, module: HloModule, cluster: Cluster):
         self.module = module
         self.cluster = cluster
-        self.comms: dict[tuple[str, str], Communicator] = {}
+        self.table = CommunicatorTable(cluster)
 
     def communicators(self) -> list[Communicator]:
-        return sorted(self.comms.values(), key=lambda c: c.id)
+        return self.table.all()
 
     def of(self, ins: HloInstruction, comp: HloComputation, opcode: str) -> Collective:
         operand_shapes = [comp.by_name[o].shape for o in ins.operands if o in comp.by_name]
@@ -46,13 +77,13 @@ class CollectiveBuilder:
         data = [s for s in operand_shapes
                 if s.dtype != "token" and not (s.dtype == "u32" and not s.dims)]
         if opcode == "collective-permute":
-            comm = self.communicator("pairs", ins.attr("source_target_pairs") or "{}")
+            comm = self.table.get("pairs", ins.attr("source_target_pairs") or "{}")
         elif opcode in P2P:
             m = _SEND_RECV_PAIRS.search(ins.attr("frontend_attributes") or "")
-            comm = self.communicator("pairs", m.group(1) if m else "{}")
+            comm = self.table.get("pairs", m.group(1) if m else "{}")
             data = operand_shapes[:1] if opcode == "send" else []
         else:
-            comm = self.communicator("groups", ins.replica_groups() or "{}")
+            comm = self.table.get("groups", ins.replica_groups() or "{}")
         reducer = ins.called("to_apply")
         reduction = self.module.computations[reducer[0]].root.opcode if reducer else None
         leaves = [leaf for s in data for leaf in s.leaves()]
@@ -70,20 +101,3 @@ class CollectiveBuilder:
             c.type = "reduce-scatter"
         c.bytes_out = ins.shape.nbytes
         return c
-
-    def communicator(self, kind: str, spec: str) -> Communicator:
-        key = (kind, spec)
-        comm = self.comms.get(key)
-        if comm is not None:
-            return comm
-        n = self.cluster.devices
-        groups = (parse_source_target_pairs(spec) if kind == "pairs"
-                  else parse_replica_groups(spec, n))
-        if groups.size and int(groups.max()) >= n:
-            raise FlintError(f"a collective names device {int(groups.max())} but the cluster "
-                             f"has {n} devices")
-        size = 2 if kind == "pairs" else int(groups.shape[1])
-        comm = Communicator(len(self.comms), kind, spec, n, size, int(groups.shape[0]),
-                            mesh_axes_spanned(groups, list(self.cluster.mesh)))
-        self.comms[key] = comm
-        return comm

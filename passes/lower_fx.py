@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from flint.cluster import Cluster
-from flint.graph import Collective, Communicator, Node, NodeKind, WorkloadGraph
+from flint.graph import Collective, Node, NodeKind, WorkloadGraph
 from flint.passes import aten_cost as ac
+from flint.passes.lower_collectives import CommunicatorTable
 
 FUNCTIONAL = {"all_reduce": "all-reduce", "all_reduce_coalesced": "all-reduce",
               "all_gather_into_tensor": "all-gather",
@@ -64,6 +65,7 @@ def shape_str(t: torch.Tensor) -> str:
 
 
 def _storage(t: torch.Tensor):
+    """The storage a tensor views, or None for one without storage (no aliasing to track)."""
     try:
         return t.untyped_storage()._cdata
     except (RuntimeError, NotImplementedError):
@@ -78,7 +80,7 @@ class _Lowerer:
         self.writer: dict = {}            # storage -> Flint id of its last in-place writer
         self.pending: dict = {}           # storage -> async collective id awaiting a reader
         self.waiting: dict = {}           # fx node of a functional collective -> Flint id
-        self.comms: dict[tuple, Communicator] = {}
+        self.comms = CommunicatorTable(cluster)
         self.regions: dict = {}           # enter-node -> region name
         self.stack: list[str] = []
         self.unknown: dict[str, int] = {}
@@ -92,8 +94,7 @@ class _Lowerer:
         _inherit_layers(self.nodes)
         meta = {"unknown_ops": dict(sorted(self.unknown.items())), "module": "train_step",
                 "compiler_notes": []}
-        comms = sorted(self.comms.values(), key=lambda c: c.id)
-        g = WorkloadGraph(self.cluster, self.nodes, comms, [], meta)
+        g = WorkloadGraph(self.cluster, self.nodes, self.comms.all(), [], meta)
         g.check()
         return g
 
@@ -129,14 +130,14 @@ class _Lowerer:
                 ins = ac.tensors([a.meta.get("val") for a in _flat(n.args[1])
                                   if isinstance(a, torch.fx.Node)])
             nid = self._collective(n, IN_PLACE[name], deps, ins, outs)
-            for t in outs:
-                self.pending[_storage(t)] = nid
-                self.writer[_storage(t)] = nid
+            for key in filter(None, map(_storage, outs)):
+                self.pending[key] = nid
+                self.writer[key] = nid
         else:
             nid = self._compute(n, name, cls, deps)
         self.stands_for[n] = [nid]
-        for t in self._written(n):
-            self.writer[_storage(t)] = nid
+        for key in filter(None, map(_storage, self._written(n))):
+            self.writer[key] = nid
 
     def _deps(self, n) -> list[int]:
         out: set[int] = set()
@@ -144,6 +145,8 @@ class _Lowerer:
             out.update(self.stands_for.get(a, []))
             for t in ac.tensors(a.meta.get("val")):
                 key = _storage(t)
+                if key is None:
+                    continue
                 if key in self.writer:
                     out.add(self.writer[key])
                 if key in self.pending:        # first reader of an in-place collective
@@ -213,7 +216,7 @@ class _Lowerer:
                               operands=[shape_str(t) for t in ins], meta=meta))
 
     def _collective(self, n, kind: str, deps: list[int], sources, outs) -> int:
-        comm = self._communicator(self._group(n.args))
+        comm = self.comms.get("groups", iota_groups(self._group(n.args), self.cluster))
         dtype = DTYPES.get(sources[0].dtype, "f32") if sources else "f32"
         coll = Collective(kind, comm.id, sum(ac.nbytes(t) for t in sources),
                           sum(ac.nbytes(t) for t in (outs or sources)), dtype,
@@ -244,15 +247,6 @@ class _Lowerer:
                 return list(self.groups[key])
         return list(range(self.cluster.devices))
 
-    def _communicator(self, ranks: list[int]) -> Communicator:
-        key = tuple(ranks)
-        if key not in self.comms:
-            spec, axes = iota_groups(ranks, self.cluster)
-            n = self.cluster.devices
-            self.comms[key] = Communicator(len(self.comms), "groups", spec, n, len(ranks),
-                                           n // max(len(ranks), 1), axes)
-        return self.comms[key]
-
 
 def _inherit_layers(nodes: list[Node]) -> None:
     """Backward and optimizer ops run outside module calls; give each the layer of the
@@ -268,7 +262,7 @@ def _inherit_layers(nodes: list[Node]) -> None:
                 break
 
 
-def iota_groups(ranks: list[int], cluster: Cluster) -> tuple[str, tuple[str, ...]]:
+def iota_groups(ranks: list[int], cluster: Cluster) -> str:
     """XLA iota replica groups for the mesh dimensions rank 0's group spans (every rank's
     group along those dimensions); explicit groups if the group is not such a slice."""
     sizes = [s for _, s in cluster.mesh]
@@ -285,8 +279,8 @@ def iota_groups(ranks: list[int], cluster: Cluster) -> tuple[str, tuple[str, ...
         from flint.hlo.replica_groups import parse_replica_groups
 
         if sorted(parse_replica_groups(spec, n)[0].tolist()) == sorted(ranks):
-            return spec, tuple(cluster.mesh[d][0] for d in dims)
-    return "{{" + ",".join(map(str, ranks)) + "}}", ()
+            return spec
+    return "{{" + ",".join(map(str, ranks)) + "}}"
 
 
 def _scalar_only(n) -> bool:

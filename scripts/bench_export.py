@@ -26,8 +26,7 @@ from flint.graph import WorkloadGraph
 
 def write_floor(sizes: list[int], blob: bytes, out: Path, workers: int) -> float:
     out.mkdir()
-    payloads = [blob[:s] if s <= len(blob) else blob * (s // len(blob) + 1) for s in sizes]
-    payloads = [p[:s] for p, s in zip(payloads, sizes)]
+    payloads = [(blob * (s // len(blob) + 1))[:s] for s in sizes]
 
     def write(i: int) -> None:
         with open(out / f"workload.{i}.et", "wb") as f:

@@ -1,11 +1,9 @@
 """flint validate / calibrate on the shared real traces, and bad traces."""
-import gzip
 import json
 
 import pytest
 
 from conftest import SHARED_TRACES, run_flint
-from flint.errors import FlintError
 from flint.hardware_models.spec import load_spec
 from flint.validate.load import read_trace
 from flint.validate.samples import collective_error

@@ -29,9 +29,8 @@ from flint.errors import FlintError
 from flint.exporters import astra_sim
 from flint.exporters.chakra_plan import ChakraPlan
 from flint.graph import WorkloadGraph, dumps_json
-from flint.io import _umask
-from flint.hardware_models.cost_model import default_cost_model
-from flint.passes.expand_loops import ExpandLoops
+from flint.io import current_umask
+from flint.hardware_models.estimate import node_durations
 
 
 @dataclass
@@ -53,13 +52,6 @@ class ExportStats:
                 "MB_per_s": self.mb_per_s}
 
 
-def predicted_durations(graph: WorkloadGraph, hardware: str | None = None, overrides=()):
-    """(loop-free graph, seconds per node, cost model)."""
-    flat = ExpandLoops().run(graph)
-    model = default_cost_model(flat, hardware, overrides)
-    return flat, [model.node_time(n, flat) for n in flat.nodes], model
-
-
 def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
                   hardware: str | None = None, overrides=(), annotate: str = "rank0",
                   ranks: range | None = None, workers: int = 4, progress=None) -> ExportStats:
@@ -77,7 +69,7 @@ def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
     if annotate not in ("rank0", "all", "none"):
         raise FlintError(f"--annotate must be rank0, all or none, not {annotate!r}")
     t0 = time.perf_counter()
-    flat, durations, model = predicted_durations(graph, hardware, overrides)
+    flat, durations, model = node_durations(graph, hardware, overrides)
     plain = ChakraPlan(flat, durations, annotate=False) if annotate != "all" else None
     full = (ChakraPlan(flat, durations, annotate=True)
             if annotate == "all" or (annotate == "rank0" and 0 in ranks) else None)
@@ -119,7 +111,7 @@ def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
         for name, text in side.items():
             (tmp / name).write_text(text)
         os.chmod(tmp / "run_astra_sim.sh", 0o755)
-        os.chmod(tmp, 0o777 & ~_umask())
+        os.chmod(tmp, 0o777 & ~current_umask())
         files = _move_into(tmp, out, prefix, prune=len(ranks) == n)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -57,7 +57,7 @@ class ChakraPlan:
         self._canonical_communicators()
         self.segments: list[bytes] = []
         self.slots: list[_GroupSlot | _PairSlot] = []
-        self.header = self._header()
+        self.header = self._header().SerializeToString()
         run: list[bytes] = []
         last_on: dict[int, int] = {}
         extra = extra_tag = len(flat.nodes)
@@ -72,7 +72,7 @@ class ChakraPlan:
                 last_on[k] = node.id
                 self._flush(run)
                 self.slots.append(_GroupSlot(k, proto.SerializeToString(),
-                                             self._noop(proto)))
+                                             cf.frame(_p2p(proto, cf.COMP, 0, 0, 0, 0))))
             elif comm is not None:
                 self._flush(run)
                 # A permute's SEND and RECV share its node id as tag; a send and its recv
@@ -160,27 +160,16 @@ class ChakraPlan:
             p.attr.append(cf.Attr(name=FLINT_NODE, string_val=_flint_record(node)))
         return p
 
-    def _noop(self, proto: cf.Node) -> bytes:
-        """What a rank outside every group of a collective runs in its place."""
-        q = cf.Node()
-        q.CopyFrom(proto)
-        q.type = cf.COMP
-        q.duration_micros = 0
-        keep = [a for a in q.attr if a.name not in ("comm_type", "comm_size")]
-        del q.attr[:]
-        q.attr.extend(keep)
-        return cf.frame(q)
-
     def _flush(self, run: list[bytes]) -> None:
         self.segments.append(b"".join(run))
         run.clear()
 
     # --- per rank -----------------------------------------------------------------
     def rank_bytes(self, rank: int) -> bytes:
-        header = cf.GlobalMetadata()
-        header.CopyFrom(self.header)
-        header.attr.append(cf.Attr(name="rank", int64_val=rank))
-        parts = [cf.frame(header), self.segments[0]]
+        # `attr` is GlobalMetadata's last field too: the rank attribute is appended bytes.
+        rank_attr = cf.GlobalMetadata(attr=[cf.Attr(name="rank", int64_val=rank)])
+        tail = rank_attr.SerializeToString()
+        parts = [cf.varint(len(self.header) + len(tail)), self.header, tail, self.segments[0]]
         for slot, seg in zip(self.slots, self.segments[1:]):
             if isinstance(slot, _GroupSlot):
                 row = int(self.row_of[slot.index][rank])
@@ -260,6 +249,8 @@ def _pair_nodes(slot: _PairSlot, rank: int) -> list[bytes]:
 
 
 def _p2p(base: cf.Node, kind: int, src: int, dst: int, tag: int, size: int) -> cf.Node:
+    """`base` as a SEND or RECV between src and dst, or as a zero-time COMP no-op (what a
+    rank outside a collective's groups, or outside a transfer, runs in its place)."""
     q = cf.Node()
     q.CopyFrom(base)
     q.type = kind

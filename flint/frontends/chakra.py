@@ -28,7 +28,7 @@ from flint.errors import FlintError
 from flint.exporters import chakra_format as cf
 from flint.exporters.chakra_plan import FLINT_NODE, FLINT_PART
 from flint.graph import Collective, Communicator, Node, NodeKind, WorkloadGraph
-from flint.hlo.replica_groups import mesh_axes_spanned, parse_replica_groups
+from flint.passes.lower_collectives import CommunicatorTable
 
 _RANK_FILE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)\.et$")
 
@@ -57,7 +57,7 @@ def import_chakra(path, rank: int | None = None, comm_groups=None) -> WorkloadGr
     header = cf.attrs(meta)
     info = json.loads(header["flint_graph"]) if "flint_graph" in header else None
     if info is not None and all(_is_annotated(n) for n in nodes):
-        return _rebuild_flint(info, nodes, order, file)
+        return _rebuild_flint(info, nodes, file)
     return _ChakraReader(file, rank, groups, info, ranks_seen).read(nodes, order)
 
 
@@ -131,10 +131,9 @@ def _is_annotated(node) -> bool:
     return any(a.name in (FLINT_NODE, FLINT_PART) for a in node.attr)
 
 
-def _rebuild_flint(info: dict, nodes: list, order: list[int], file) -> WorkloadGraph:
+def _rebuild_flint(info: dict, nodes: list, file) -> WorkloadGraph:
     out = []
-    for i in sorted(order, key=lambda i: nodes[i].id):
-        p = nodes[i]
+    for p in sorted(nodes, key=lambda p: p.id):
         a = cf.attrs(p)
         if FLINT_PART in a:
             continue            # the SEND half of a collective-permute
@@ -177,7 +176,7 @@ class _ChakraReader:
             top = max((r for g in groups.values() for r in g), default=0)
             n = max(ranks_seen, top + 1, rank + 1)
             self.cluster = Cluster(n, (("ranks", n),), "unknown")
-        self.comms: dict[tuple[str, str], Communicator] = {}
+        self.comms = CommunicatorTable(self.cluster)
 
     def read(self, nodes: list, order: list[int]) -> WorkloadGraph:
         device_trace = any(not cf.attrs(n).get("is_cpu_op", False) for n in nodes
@@ -194,7 +193,7 @@ class _ChakraReader:
             node = self._node(p, len(out), deps, ctrl, device_trace)
             new_id[p.id] = [node.id]
             out.append(node)
-        comms = sorted(self.comms.values(), key=lambda c: c.id)
+        comms = self.comms.all()
         meta = {"source": "chakra", "file": str(self.file), "rank": self.rank}
         g = WorkloadGraph(self.cluster, out, comms, [], meta)
         g.check()
@@ -244,7 +243,7 @@ class _ChakraReader:
         if max(src, dst) >= self.cluster.devices or min(src, dst) < 0:
             raise FlintError(f"{self.file}: node {p.id} sends from rank {src} to {dst}, "
                              f"outside the {self.cluster.devices} ranks")
-        comm = self._comm("pairs", f"{{{{{src},{dst}}}}}")
+        comm = self.comms.get("pairs", f"{{{{{src},{dst}}}}}")
         send = p.type == cf.SEND
         coll = Collective("send" if send else "recv", comm.id, size, size, "u8", is_async=True)
         return Node(kind=NodeKind.SEND if send else NodeKind.RECV,
@@ -254,24 +253,10 @@ class _ChakraReader:
 
     def _group_comm(self, pg_name, p) -> Communicator:
         if pg_name in (None, ""):
-            return self._comm("groups", "{}")
+            return self.comms.get("groups", "{}")
         ranks = self.groups.get(str(pg_name))
         if ranks is None:
             raise FlintError(f"{self.file}: node {p.id} names process group {pg_name!r}, which "
                              f"the communicator-group JSON does not define"
                              + ("" if self.groups else " (none was given: --comm-groups)"))
-        if max(ranks, default=0) >= self.cluster.devices:
-            raise FlintError(f"process group {pg_name} names rank {max(ranks)} but the "
-                             f"cluster has {self.cluster.devices} ranks")
-        return self._comm("groups", "{{" + ",".join(map(str, ranks)) + "}}")
-
-    def _comm(self, kind: str, spec: str) -> Communicator:
-        key = (kind, spec)
-        if key not in self.comms:
-            n = self.cluster.devices
-            groups = parse_replica_groups(spec, n)
-            size = 2 if kind == "pairs" else int(groups.shape[1])
-            self.comms[key] = Communicator(len(self.comms), kind, spec, n, size,
-                                           int(groups.shape[0]),
-                                           mesh_axes_spanned(groups, list(self.cluster.mesh)))
-        return self.comms[key]
+        return self.comms.get("groups", "{{" + ",".join(map(str, ranks)) + "}}")

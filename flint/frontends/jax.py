@@ -196,8 +196,8 @@ class Captured:
 
 
 def _is_torch_call(args) -> bool:
-    """Without importing torch: is the first argument a torch module (or a factory
-    returning one, marked by flint.torch users as such)?"""
+    """Without importing torch: is the first argument a torch module, or a module class
+    (which Flint calls on the meta device as the model factory)?"""
     import sys
 
     torch = sys.modules.get("torch")
