@@ -32,6 +32,7 @@ class Estimate:
     by_class_s: dict = field(default_factory=dict)
     by_layer_s: dict = field(default_factory=dict)
     collectives_s: dict = field(default_factory=dict)
+    pipeline: dict = field(default_factory=dict)     # MPMD graphs: per-device busy, bubble
     timeline: Timeline | None = None
 
     def to_json(self) -> dict:
@@ -40,12 +41,14 @@ class Estimate:
         return d
 
 
-def _exposed_communication(graph: WorkloadGraph, tl: Timeline, durations: list[float]) -> float:
-    """Time the compute stream spends in synchronous collectives or waiting for async ones
-    (the compute stream only ever waits on other streams' results)."""
+def _exposed_communication(graph: WorkloadGraph, tl: Timeline, durations: list[float],
+                           device: int = 0) -> float:
+    """Time a device's compute stream spends in synchronous collectives or waiting for
+    async ones (the compute stream only ever waits on other streams' results)."""
     exposed, last = 0.0, 0.0
-    for node, start, stream, d in zip(graph.nodes, tl.start, tl.stream, durations):
-        if stream != "compute":
+    for node, start, stream, d, dev in zip(graph.nodes, tl.start, tl.stream, durations,
+                                           tl.device):
+        if stream != "compute" or dev != device:
             continue
         exposed += max(start - last, 0.0)
         if node.collective is not None:
@@ -53,6 +56,31 @@ def _exposed_communication(graph: WorkloadGraph, tl: Timeline, durations: list[f
         last = start + d
     exposed += max(tl.step_time - last, 0.0)  # collectives still running at the end
     return exposed
+
+
+def _per_device(graph: WorkloadGraph, tl: Timeline, durations: list[float]) -> dict:
+    """Each device's busy time, and the pipeline bubble: the time inside the pipelined
+    part (first to last per-microbatch node anywhere) a device's compute stream is idle."""
+    devices = int(graph.meta.get("mpmd_devices", 1))
+    busy = [0.0] * devices
+    comm = [0.0] * devices
+    in_pipe = [0.0] * devices
+    lo, hi = float("inf"), 0.0
+    for node, start, end, stream, dev, d in zip(graph.nodes, tl.start, tl.finish, tl.stream,
+                                                tl.device, durations):
+        if stream == "compute":
+            busy[dev] += d
+            if node.meta.get("task") in ("F", "B"):
+                in_pipe[dev] += d
+                lo, hi = min(lo, start), max(hi, end)
+        else:
+            comm[dev] += d
+    window = max(hi - lo, 0.0)
+    bubble = [max(window - b, 0.0) for b in in_pipe]
+    return {"devices": devices, "compute_busy_s": busy, "communication_busy_s": comm,
+            "pipelined_s": window, "bubble_s": bubble,
+            "bubble_fraction": sum(bubble) / devices / window if window else 0.0,
+            **{k: v for k, v in graph.meta.get("pipeline", {}).items()}}
 
 
 def node_durations(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
@@ -78,11 +106,20 @@ def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
         by_layer[node.meta.get("layer") or "(none)"] += d
         if node.collective is not None:
             colls[node.collective.type] += d
-    exposed = _exposed_communication(flat, tl, durations)
     peak = model.spec.peak("bf16")
     flops = graph.total_flops()
     model_flops = graph.meta.get("model_flops_per_device")
     comm = sum(v for k, v in busy.items() if k != "compute")
+    pipeline = {}
+    if int(graph.meta.get("mpmd_devices", 1)) > 1:   # report the busiest device
+        pipeline = _per_device(flat, tl, durations)
+        worst = max(range(pipeline["devices"]), key=lambda d: pipeline["compute_busy_s"][d])
+        busy["compute"] = pipeline["compute_busy_s"][worst]
+        comm = pipeline["communication_busy_s"][worst]
+        flops /= pipeline["devices"]
+        exposed = _exposed_communication(flat, tl, durations, worst)
+    else:
+        exposed = _exposed_communication(flat, tl, durations)
     memory = estimate_memory(graph)
     network = getattr(model, "network", None)
     topology = getattr(network, "topology", None)
@@ -96,4 +133,4 @@ def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
         oom=memory.peak_bytes > model.spec.hbm_capacity, memory=memory.to_json(),
         topology=topology.describe() if topology is not None else "",
         by_class_s=dict(sorted(by_class.items())), by_layer_s=dict(sorted(by_layer.items())),
-        collectives_s=dict(sorted(colls.items())), timeline=tl)
+        collectives_s=dict(sorted(colls.items())), pipeline=pipeline, timeline=tl)

@@ -36,6 +36,7 @@ class MemoryEstimate:
     temporaries_peak_bytes: float = 0.0                   # live temporaries at the peak
     peak_node: str = ""                                   # the node running at the peak
     xla_bytes: float | None = None                        # compiler's figure, if known
+    per_device_bytes: list = field(default_factory=list)  # MPMD graphs: each device's peak
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -57,7 +58,18 @@ def estimate_memory(graph: WorkloadGraph) -> MemoryEstimate:
         args[cat] = args.get(cat, 0.0) + nbytes
         aliased_bytes += nbytes if index in aliased else 0.0
     outputs = max(float(graph.meta.get("output_bytes", 0)) - aliased_bytes, 0.0)
-    temps, at = _peak_live(graph)
+    peaks = _peak_live(graph)
+    per_device = graph.meta.get("device_arguments")
+    if per_device:   # pipeline stages: each device holds its own chunks' state
+        devices = len(per_device)
+        args = {k: v / devices for k, v in args.items()}
+        totals = [per_device[d] + outputs / devices + peaks.get(d, (0.0, -1))[0]
+                  for d in range(devices)]
+        worst = max(range(devices), key=lambda d: totals[d])
+        temps, at = peaks.get(worst, (0.0, -1))
+        return MemoryEstimate(totals[worst], dict(sorted(args.items())), outputs / devices,
+                              temps, graph.nodes[at].name if at >= 0 else "", None, totals)
+    temps, at = peaks.get(0, (0.0, -1))
     resident = sum(args.values()) + outputs
     return MemoryEstimate(resident + temps, dict(sorted(args.items())), outputs, temps,
                           graph.nodes[at].name if at >= 0 else "", xla_memory_bytes(graph))
@@ -74,8 +86,9 @@ def _leaf_bytes(outputs: list[str]) -> list[int]:
     return [parse_shape(s).nbytes for s in outputs]
 
 
-def _peak_live(graph: WorkloadGraph) -> tuple[float, int]:
-    """(largest sum of live node outputs, the node at which it occurs)."""
+def _peak_live(graph: WorkloadGraph) -> dict[int, tuple[float, int]]:
+    """Per device (meta["device"], 0 when untagged): (largest sum of live node outputs,
+    the node at which it occurs)."""
     n = len(graph.nodes)
     last = list(range(n))
     for i, users in enumerate(graph.users):
@@ -90,15 +103,19 @@ def _peak_live(graph: WorkloadGraph) -> tuple[float, int]:
         frees[last[i]].append(i)
     leaves = [_leaf_bytes(node.outputs) for node in graph.nodes]
     held = [float(sum(x)) for x in leaves]          # bytes each node still owns
-    live, peak, at = 0.0, 0.0, -1
+    device = [int(node.meta.get("device", 0)) for node in graph.nodes]
+    live: dict[int, float] = {}
+    peaks: dict[int, tuple[float, int]] = {0: (0.0, -1)}
     for i, node in enumerate(graph.nodes):
-        live += held[i] - _take_donated_buffer(i, node.inputs, leaves, held, last)
-        if live > peak:
-            peak, at = live, i
+        d = device[i]
+        live[d] = live.get(d, 0.0) + held[i] - _take_donated_buffer(i, node.inputs, leaves,
+                                                                     held, last)
+        if live[d] > peaks.get(d, (0.0, -1))[0]:
+            peaks[d] = (live[d], i)
         for j in frees[i]:
-            live -= held[j]
+            live[device[j]] -= held[j]
             held[j] = 0.0
-    return peak, at
+    return peaks
 
 
 def _take_donated_buffer(i: int, inputs: list[int], leaves, held, last) -> float:

@@ -5,6 +5,10 @@ run on the compute stream; an async collective is issued when the compute stream
 its start and runs on its own stream, overlapping the work the compiler placed in its
 window; whoever consumes its result waits for it. Loops are expanded first so that every
 instance is placed.
+
+Multi-device (MPMD) graphs, made by the pipeline and placement passes, tag nodes with
+`meta["device"]`: each device then has its own set of streams, and a RECV that depends on
+a SEND starts with it (a rendezvous, as NCCL's send/recv are) rather than after it.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ class Timeline:
     start: list[float]
     finish: list[float]
     stream: list[str]
+    device: list[int] = field(default_factory=list)   # meta["device"], 0 when untagged
     critical_path: list[int] = field(default_factory=list)
 
     @property
@@ -43,31 +48,36 @@ def simulate(graph: WorkloadGraph, durations: list[float]) -> Timeline:
     n = len(graph.nodes)
     start, finish = [0.0] * n, [0.0] * n
     streams = [stream_of(node) for node in graph.nodes]
-    free: dict[str, float] = defaultdict(float)
-    last_on: dict[str, int] = {}
+    devices = [int(node.meta.get("device", 0)) for node in graph.nodes]
+    free: dict[tuple, float] = defaultdict(float)
+    last_on: dict[tuple, int] = {}
     why = [-1] * n                       # the node whose finish set this node's start
-    last_compute = -1
+    last_compute: dict[int, int] = {}
+    kinds = [node.kind for node in graph.nodes]
     for node in graph.nodes:
         i = node.id
         ready, because = 0.0, -1
+        rendezvous = kinds[i] == NodeKind.RECV
         for d in node.inputs + node.control:
-            if finish[d] > ready:
-                ready, because = finish[d], d
-        s = streams[i]
-        issue = free["compute"]
+            t = start[d] if rendezvous and kinds[d] == NodeKind.SEND else finish[d]
+            if t > ready:
+                ready, because = t, d
+        dev = devices[i]
+        s = (dev, streams[i])
+        issue = free[(dev, "compute")]
         start_at = max(ready, issue, free[s])
         if start_at == free[s] and s in last_on and free[s] > ready:
             because = last_on[s]
-        elif start_at == issue and issue > ready and last_compute >= 0:
-            because = last_compute
+        elif start_at == issue and issue > ready and dev in last_compute:
+            because = last_compute[dev]
         start[i] = start_at
         finish[i] = start_at + durations[i]
         free[s] = finish[i]
         last_on[s] = i
-        if s == "compute":
-            last_compute = i
+        if streams[i] == "compute":
+            last_compute[dev] = i
         why[i] = because
-    timeline = Timeline(graph, start, finish, streams)
+    timeline = Timeline(graph, start, finish, streams, devices)
     if n:
         cur = max(range(n), key=lambda j: finish[j])
         path = []

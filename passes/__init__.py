@@ -22,8 +22,9 @@ class GraphPass(Protocol):
 
 def registry() -> dict[str, type]:
     from flint.passes.expand_loops import ExpandLoops
+    from flint.passes.pipeline import PipelineParallel
 
-    return {cls.name: cls for cls in (ExpandLoops,)}
+    return {cls.name: cls for cls in (ExpandLoops, PipelineParallel)}
 
 
 _ITEM = re.compile(r"\s*([\w\-]+)\s*(?:\{([^}]*)\})?\s*(?:,|$)")

@@ -4,7 +4,9 @@ Shapes come from the papers: GPT-2 small: 12 layers, d_model 768, 12 heads, voca
 context 1024 (Radford et al. 2019, "Language Models are Unsupervised Multitask Learners",
 Table 2). Llama 3 8B: 32 layers, d_model 4096, FFN 14336, 32 heads, 8 KV heads; Llama 3 70B:
 80 layers, d_model 8192, FFN 28672, 64 heads, 8 KV heads; vocab 128256, context 8192
-(Llama Team, "The Llama 3 Herd of Models", 2024, Table 3).
+(Llama Team, "The Llama 3 Herd of Models", 2024, Table 3). GPT-3 6.7B: 32 layers, d_model
+4096, 32 heads of 128, context 2048, FFN 4 x d_model (Brown et al. 2020, "Language Models are
+Few-Shot Learners", Table 2.1), with GPT-2's vocabulary, norms and learned positions.
 """
 from __future__ import annotations
 
@@ -47,6 +49,8 @@ ZOO = {
     # vocab-parallel embeddings divide by the TP degree.
     "gpt2-small": DecoderConfig("gpt2-small", 50304, 768, 12, 12, 12, 3072, 1024, norm="layer",
                                 mlp="gelu", pos="learned", tie_embeddings=True),
+    "gpt3-6.7b": DecoderConfig("gpt3-6.7b", 50304, 4096, 32, 32, 32, 16384, 2048, norm="layer",
+                               mlp="gelu", pos="learned", tie_embeddings=True),
     "llama3-8b": DecoderConfig("llama3-8b", 128256, 4096, 32, 32, 8, 14336, 8192),
     "llama3-70b": DecoderConfig("llama3-70b", 128256, 8192, 80, 64, 8, 28672, 8192),
     # A few-layer model of the same structure, small enough to run on host CPUs in tests.

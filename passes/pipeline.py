@@ -1,0 +1,247 @@
+"""Pipeline parallelism as a graph pass: one microbatch's per-device step -> an MPMD graph
+of `stages` devices running `microbatches` microbatches under a pipeline schedule.
+
+The input is what a front end extracted for one pipeline stage's slice of the cluster
+(the data/tensor-parallel mesh) with the microbatch as its batch. The output holds every
+stage's nodes (`meta["device"]` = stage, `meta["microbatch"]`, `meta["chunk"]`), in an
+order consistent with every device's schedule, with SEND/RECV pairs wherever data crosses
+devices (activations forward, their gradients backward). `hardware_models.estimate` runs
+the stages on their own streams and reports the pipeline bubble.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from flint.cluster import Cluster
+from flint.errors import FlintError
+from flint.graph import Collective, Communicator, Node, NodeKind, WorkloadGraph
+from flint.hlo.shapes import parse_shape
+from flint.passes.expand_loops import ExpandLoops
+from flint.passes.pipeline_stages import (SCHEDULES, assign_chunks, device_order,
+                                          layer_index, task_of)
+
+PIPE_AXIS = "pipe"
+
+
+@dataclass(frozen=True)
+class PipelineParallel:
+    """Contract: input a per-device training-step graph of one microbatch (loops are
+    expanded; splitting by layer needs unrolled layers); output a loop-free MPMD graph
+    whose F and B work appears once per microbatch and pre/post work (parameter casts,
+    optimizer) once per step, with total flops = microbatches x F+B flops + the rest;
+    every cross-device edge goes through a SEND on the producer's device and a RECV on the
+    consumer's; each device's nodes are in its schedule's order. Raises FlintError when
+    the split or the schedule is impossible."""
+
+    stages: int = 1
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    virtual: int = 1
+    split: str = "layers"
+    hardware: str = ""          # for split=time: whose predicted times balance the stages
+    max_nodes: int = 3_000_000
+    name: str = "pipeline"
+
+    def run(self, graph: WorkloadGraph) -> WorkloadGraph:
+        if self.schedule not in SCHEDULES:
+            raise FlintError(f"unknown pipeline schedule {self.schedule!r}; use "
+                             f"{' | '.join(SCHEDULES)}")
+        orders = device_order(self.schedule, self.stages, self.microbatches, self.virtual)
+        flat = ExpandLoops().run(graph)
+        tasks = task_of(flat)
+        chunks = self.stages * self.virtual
+        durations = None
+        if self.split == "time":
+            from flint.hardware_models.cost_model import default_cost_model
+
+            model = default_cost_model(flat, self.hardware or None)
+            durations = [model.node_time(n, flat) for n in flat.nodes]
+        chunk = assign_chunks(flat, tasks, chunks, self.split, durations)
+        per_mb = sum(t in "FB" for t in tasks)
+        if per_mb * self.microbatches + len(flat.nodes) > self.max_nodes:
+            raise FlintError(f"{self.microbatches} microbatches of {per_mb} nodes exceed "
+                             f"the pipeline pass's limit of {self.max_nodes} nodes")
+        return _Builder(flat, tasks, chunk, self).build(orders)
+
+
+def apply_placement(graph: WorkloadGraph, device_of: list[int], devices: int) -> WorkloadGraph:
+    """One step with node i on device `device_of[i]` (model parallelism, no microbatches):
+    an MPMD graph in the original order with a SEND/RECV pair per value that crosses
+    devices, ready for `hardware_models.estimate`."""
+    flat = ExpandLoops().run(graph)
+    if len(device_of) != len(flat.nodes):
+        raise FlintError(f"placement has {len(device_of)} entries for {len(flat.nodes)} nodes")
+    if any(not 0 <= d < devices for d in device_of):
+        raise FlintError(f"placement names a device outside 0..{devices - 1}")
+    cfg = PipelineParallel(stages=devices, microbatches=1, schedule="gpipe", split="placement")
+    builder = _Builder(flat, ["F"] * len(flat.nodes), list(device_of), cfg)
+    for n in flat.nodes:
+        builder.emit_node(n.id, "F", 0, device_of[n.id])
+    return builder.finish()
+
+
+class _Builder:
+    def __init__(self, graph: WorkloadGraph, tasks, chunk, cfg: PipelineParallel):
+        self.g, self.tasks, self.chunk, self.cfg = graph, tasks, chunk, cfg
+        self.p = cfg.stages
+        self.nodes: list[Node] = []
+        self.copy: dict[tuple[int, int], int] = {}       # (template, microbatch) -> new id
+        self.recv: dict[tuple[int, int, int], int] = {}  # (template, mb, device) -> RECV id
+        self.send_to: dict[int, list[int]] = {}          # template -> remote devices
+        self.pairs: dict[tuple[int, int], int] = {}      # (src, dst) device -> communicator
+        self.comms = list(graph.communicators)
+        self.windows: list[tuple[Node, tuple[int, int], int]] = []
+        self.members: dict[tuple[str, int], list[int]] = {}
+        for n in graph.nodes:
+            self.members.setdefault((tasks[n.id], chunk[n.id]), []).append(n.id)
+            dev = self.device(n.id)
+            remote = {self.device(u) for u in graph.users[n.id]} - {dev}
+            self.send_to[n.id] = sorted(remote)
+
+    def device(self, template: int) -> int:
+        return self.chunk[template] % self.p
+
+    def build(self, orders) -> WorkloadGraph:
+        chunks = self.p * self.cfg.virtual
+        for d in range(self.p):            # once-per-step work before the pipeline
+            for c in range(d, chunks, self.p):
+                self.emit_task("pre", 0, c)
+        pending = [list(o) for o in orders]
+        while any(pending):
+            progressed = False
+            for d in range(self.p):
+                while pending[d] and self.ready(*pending[d][0]):
+                    self.emit_task(*pending[d].pop(0))
+                    progressed = True
+            if not progressed:
+                raise FlintError("the pipeline split makes stages wait on each other "
+                                 "(a cycle between chunks); try split=time")
+        for d in range(self.p):
+            for c in range(d, chunks, self.p):
+                self.emit_task("post", 0, c)
+        return self.finish()
+
+    def finish(self) -> WorkloadGraph:
+        for node, (first, last), mb in self.windows:
+            a, b = self.copy.get((first, mb)), self.copy.get((last, mb))
+            node.collective.window = (a, b) if a is not None and b is not None and a <= b \
+                else None
+        return self.graph()
+
+    def ready(self, phase: str, mb: int, c: int) -> bool:
+        for t in self.members.get((phase, c), ()):
+            for i in self.g.nodes[t].inputs:
+                if self.tasks[i] in "FB" and (i, mb) not in self.copy \
+                        and (self.tasks[i], self.chunk[i]) != (phase, c):
+                    return False
+        return True
+
+    def emit_task(self, phase: str, mb: int, c: int) -> None:
+        for t in self.members.get((phase, c), ()):
+            self.emit_node(t, phase, mb, c)
+
+    def emit_node(self, t: int, phase: str, mb: int, c: int) -> None:
+        last_mb = self.cfg.microbatches - 1
+        old = self.g.nodes[t]
+        dev = self.device(t)
+
+        def source(i):
+            k = mb if self.tasks[i] in "FB" and phase in "FB" else \
+                last_mb if self.tasks[i] in "FB" else 0
+            if self.device(i) == dev:
+                return self.copy[(i, k)]
+            return self.receive(i, k, dev)
+
+        inputs = [source(i) for i in old.inputs]   # may emit RECVs first
+        node = copy.copy(old)
+        node.id = len(self.nodes)
+        node.inputs = inputs
+        node.control = sorted({self.copy[(i, mb if self.tasks[i] in "FB" else 0)]
+                               for i in old.control if self.device(i) == dev
+                               and (i, mb if self.tasks[i] in "FB" else 0) in self.copy})
+        node.meta = dict(old.meta, device=dev, chunk=c, task=phase)
+        if phase in "FB":
+            node.meta["microbatch"] = mb
+            if self.cfg.split != "placement":
+                node.name = f"{old.name}.mb{mb}"
+        if old.collective is not None:
+            node.collective = copy.copy(old.collective)
+            if old.collective.window is not None:
+                self.windows.append((node, old.collective.window, mb))
+        self.nodes.append(node)
+        self.copy[(t, mb)] = node.id
+        for dst in self.send_to[t]:
+            self.p2p(NodeKind.SEND, old, [node.id], dev, dst, mb, c)
+
+    def receive(self, template: int, mb: int, dev: int) -> int:
+        key = (template, mb, dev)
+        if key not in self.recv:
+            send = self.copy[(template, mb)] + 1 + self.send_to[template].index(dev)
+            old = self.g.nodes[template]
+            self.recv[key] = self.p2p(NodeKind.RECV, old, [send], self.device(template), dev,
+                                      mb, self.chunk[template])
+        return self.recv[key]
+
+    def p2p(self, kind: NodeKind, old: Node, inputs, src: int, dst: int, mb: int,
+            c: int) -> int:
+        nbytes = sum(parse_shape(s).nbytes for s in old.outputs)
+        comm = self.pairs.get((src, dst))
+        if comm is None:
+            comm = self.pairs[(src, dst)] = len(self.comms)
+            base = self.g.cluster.devices
+            self.comms.append(Communicator(comm, "pairs", f"{{{{{src * base},{dst * base}}}}}",
+                                           base * self.p, 2, 1, (PIPE_AXIS,)))
+        verb = "send" if kind == NodeKind.SEND else "recv"
+        dev = src if kind == NodeKind.SEND else dst
+        node = Node(len(self.nodes), f"{verb}.{old.name}.mb{mb}", kind, verb, "p2p",
+                    inputs=list(inputs), bytes_read=nbytes if kind == NodeKind.SEND else 0,
+                    bytes_written=nbytes if kind == NodeKind.RECV else 0,
+                    outputs=list(old.outputs) if kind == NodeKind.RECV else [],
+                    collective=Collective(verb, comm, nbytes, nbytes, _dtype(old), None, True),
+                    meta={"device": dev, "chunk": c, "microbatch": mb, "task": "p2p",
+                          "phase": old.meta.get("phase"), "layer": old.meta.get("layer")})
+        self.nodes.append(node)
+        return node.id
+
+    def graph(self) -> WorkloadGraph:
+        g, cfg = self.g, self.cfg
+        c = g.cluster
+        cluster = Cluster(c.devices * self.p, ((PIPE_AXIS, self.p),) + tuple(c.mesh),
+                          c.hardware, c.platform, c.devices_per_host)
+        meta = dict(g.meta)
+        meta["mpmd_devices"] = self.p
+        if cfg.split == "placement":
+            meta["placement"] = {"devices": self.p}
+        else:
+            meta["pipeline"] = {"stages": self.p, "microbatches": cfg.microbatches,
+                            "schedule": cfg.schedule, "virtual": cfg.virtual,
+                                "split": cfg.split, "template_nodes": len(g.nodes)}
+        if "model_flops_per_device" in meta:   # per device of the whole (p x) cluster
+            meta["model_flops_per_device"] *= cfg.microbatches / self.p
+        meta["device_arguments"] = _arguments_by_device(g, self.chunk, self.p)
+        return WorkloadGraph(cluster, self.nodes, self.comms, [], meta)
+
+
+def _dtype(node: Node) -> str:
+    return node.outputs[0].split("[", 1)[0] if node.outputs else "u8"
+
+
+def _arguments_by_device(graph: WorkloadGraph, chunk: list[int], p: int) -> list[float]:
+    """Resident argument bytes per device: a layer's parameters and optimizer state live
+    with the chunk that runs the layer; the rest (embeddings, norms, the step counter) is
+    counted as spread evenly (the first and last stages hold the embedding and the head)."""
+    layer_chunk: dict[int, int] = {}
+    for n in graph.nodes:
+        li = layer_index(n.meta.get("layer"))
+        if li is not None:
+            layer_chunk.setdefault(li, chunk[n.id])
+    per = [0.0] * p
+    for name, nbytes in graph.meta.get("arguments", ()):
+        li = layer_index(name)
+        if li is not None and li in layer_chunk:
+            per[layer_chunk[li] % p] += nbytes
+        else:
+            for d in range(p):
+                per[d] += nbytes / p
+    return per

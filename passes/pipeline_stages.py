@@ -1,0 +1,272 @@
+"""Where each node of a training step goes in a pipeline, and in what order stages run.
+
+Three questions, answered on the per-device graph of one microbatch:
+- `task_of`: is a node per-microbatch forward work (F), backward work (B), or once-per-step
+  work before the pipeline (pre: parameter casts) or after it (post: the optimizer)?
+- `assign_chunks`: which model chunk (pipeline stage, or virtual stage when interleaved)
+  runs it. `layers` splits contiguous blocks of layers (as Megatron-LM and torchtitan
+  do); `time` cuts the forward and the backward op sequences into pieces of equal
+  predicted time (an op-granular balanced split); an explicit placement may be given.
+- `device_order`: each device's sequence of (F|B, microbatch, chunk) tasks for GPipe
+  (Huang et al. 2019), 1F1B (PipeDream-Flush; Narayanan et al. 2021) and interleaved 1F1B
+  (Megatron-LM; Narayanan et al., SC'21, section 2.2).
+"""
+from __future__ import annotations
+
+import re
+
+from flint.errors import FlintError
+from flint.graph import WorkloadGraph
+from flint.hlo.shapes import parse_shape
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SPLITS = ("layers", "time")
+_LAYER = re.compile(r"(?:^|[^a-z])(?:layers?|blocks?|h)[._\[\]'\"/]*(\d+)", re.I)
+
+
+def layer_index(text) -> int | None:
+    """`layer_3`, `layers.3`, `model.layers.3.mlp`, `params['layers']['layer_3']` -> 3."""
+    if not text:
+        return None
+    m = _LAYER.search(str(text))
+    return int(m.group(1)) if m else None
+
+
+def task_of(graph: WorkloadGraph) -> list[str]:
+    """'pre' | 'F' | 'B' | 'post' per node, from the phase the front end recorded and the
+    node's place in the schedule (recomputation inside the backward counts as B)."""
+    phases = [n.meta.get("phase") for n in graph.nodes]
+    first_f = next((i for i, p in enumerate(phases) if p == "forward"), None)
+    backward = [i for i, p in enumerate(phases) if p == "backward"]
+    if first_f is None or not backward:
+        raise FlintError("pipelining needs forward and backward phases on the graph's "
+                         "nodes (a training step lowered by Flint's JAX or torch front end)")
+    first_b, last_b = backward[0], backward[-1]
+    tasks = []
+    for i, p in enumerate(phases):
+        if p == "optimizer":
+            tasks.append("post")
+        elif i < first_b:
+            tasks.append("F" if p == "forward" or i > first_f else "pre")
+        elif p in ("forward", "backward") or i <= last_b:
+            tasks.append("B")
+        else:
+            tasks.append("post")
+    return tasks
+
+
+def assign_chunks(graph: WorkloadGraph, tasks: list[str], chunks: int, split: str,
+                  durations: list[float] | None = None) -> list[int]:
+    """Chunk index per node. F data flows to equal or later chunks, B data to equal or
+    earlier ones (so no schedule deadlocks); pre/post nodes follow their consumers and
+    producers."""
+    if split == "layers":
+        chunk = _chunks_by_layer(graph, tasks, chunks)
+    elif split == "time":
+        if durations is None:
+            raise FlintError("split=time needs node durations (a hardware model)")
+        chunk = _chunks_by_time(graph, tasks, chunks, durations)
+    else:
+        raise FlintError(f"unknown pipeline split {split!r}; use {' | '.join(SPLITS)}")
+    _follow_saved_activations(graph, tasks, chunk, chunks)
+    _make_monotone(graph, tasks, chunk)
+    _place_once_per_step(graph, tasks, chunk)
+    return [c if c is not None else 0 for c in chunk]
+
+
+def _chunks_by_layer(graph, tasks, chunks) -> list[int | None]:
+    index = [layer_index(n.meta.get("layer")) for n in graph.nodes]
+    known = [i for i, t in zip(index, tasks) if i is not None and t in "FB"]
+    if not known:
+        raise FlintError("no per-layer metadata on the graph's nodes (layers inside a "
+                         "scan loop?): extract with --unroll, or split by time")
+    layers = max(known) + 1
+    if layers < chunks:
+        raise FlintError(f"the model has {layers} layers: too few for {chunks} pipeline "
+                         f"chunks")
+    chunk: list[int | None] = [None] * len(graph.nodes)
+    for i, (li, t) in enumerate(zip(index, tasks)):
+        if li is not None and t in "FB":
+            chunk[i] = li * chunks // layers
+    # Layer-less F nodes (embedding, head, loss, glue between layers) join their latest
+    # producer's chunk; with no producers (the embedding), the first chunk.
+    for n in graph.nodes:
+        if tasks[n.id] == "F" and chunk[n.id] is None:
+            chunk[n.id] = max((chunk[i] for i in n.inputs if tasks[i] == "F"
+                               and chunk[i] is not None), default=0)
+    return chunk
+
+
+def _follow_saved_activations(graph, tasks, chunk, chunks) -> None:
+    """Unassigned B nodes run where the forward activations they read were made (no
+    transfer of saved activations), but never before the gradient they consume arrives
+    (B data flows to equal or earlier chunks); with neither, on the last chunk (the loss
+    gradient). Only activations count: forward values computed from no other forward
+    value (weights cast for compute, tied embeddings) or read by three or more chunks
+    (masks, position tables) say nothing about where a backward node belongs."""
+    spread: dict[int, set] = {}
+    for n in graph.nodes:
+        if tasks[n.id] == "F":
+            for i in n.inputs:
+                if tasks[i] == "F":
+                    spread.setdefault(i, {chunk[i]}).add(chunk[n.id])
+    for n in graph.nodes:
+        if tasks[n.id] == "F" and not any(tasks[i] == "F" for i in n.inputs):
+            spread[n.id] = set(range(3))
+    for n in graph.nodes:
+        if tasks[n.id] != "B" or chunk[n.id] is not None:
+            continue
+        grads = [chunk[i] for i in n.inputs if tasks[i] == "B"]
+        saved = [chunk[i] for i in n.inputs if tasks[i] == "F" and len(spread.get(i, ())) <= 2]
+        if saved:
+            chunk[n.id] = min([max(saved)] + grads)
+        else:
+            chunk[n.id] = min(grads, default=chunks - 1)
+
+
+def _chunks_by_time(graph, tasks, chunks, durations, tolerance=0.15) -> list[int | None]:
+    """Cut the F sequence (schedule order) into contiguous pieces of equal predicted time.
+    With layer metadata the pieces are runs of whole labelled blocks (layers, the
+    embedding, the head), each weighing its forward plus backward time (Megatron-LM's
+    --account-for-embedding/loss-in-pipeline-split, by predicted time instead of a layer
+    count); B nodes go with their block, unlabelled ones follow the saved activations.
+    Without labels, F time is cut op by op, each cut moved within `tolerance` of a piece's
+    share to where the fewest bytes cross."""
+    ids = [i for i, t in enumerate(tasks) if t == "F"]
+    labels = [graph.nodes[i].meta.get("layer") or None for i in ids]
+    if any(labels):
+        weight: dict[str, float] = {}
+        for n in graph.nodes:
+            label = n.meta.get("layer")
+            if label and tasks[n.id] in "FB":
+                weight[label] = weight.get(label, 0.0) + durations[n.id]
+        time, seen, boundaries, current = [0.0], set(), [], None
+        for pos, label in enumerate(labels):
+            if label and label != current and label not in seen:
+                if current is not None:
+                    boundaries.append(pos)
+                seen.add(label)
+                current = label
+                time.append(time[-1] + weight[label])
+            else:
+                time.append(time[-1])
+        time = [time[j] for j in range(len(time))]
+        cost = [0.0] * (len(ids) + 1)
+    else:
+        time = [0.0]
+        for i in ids:
+            time.append(time[-1] + durations[i])
+        boundaries = list(range(1, len(ids)))
+        cost = _crossing_bytes(graph, ids)
+    share = time[-1] / chunks
+    cuts, lo = [], 0
+    for k in range(1, chunks):
+        target = k * share
+        options = [j for j in boundaries if j > lo] or [len(ids)]
+        near = [j for j in options if abs(time[j] - target) <= tolerance * share]
+        best = min(near or options, key=lambda j: (cost[j], abs(time[j] - target), j))
+        cuts.append(best)
+        lo = best
+    chunk: list[int | None] = [None] * len(tasks)
+    c = 0
+    for pos, i in enumerate(ids):
+        while c < len(cuts) and pos >= cuts[c]:
+            c += 1
+        chunk[i] = c
+    by_label = {}
+    for label, i in zip(labels, ids):
+        if label:
+            by_label.setdefault(label, chunk[i])
+    for n in graph.nodes:
+        if tasks[n.id] == "B" and n.meta.get("layer") in by_label:
+            chunk[n.id] = by_label[n.meta["layer"]]
+    return chunk
+
+
+def _crossing_bytes(graph, ids) -> list[float]:
+    """crossing[j]: bytes of F values made before position j and read at or after it."""
+    pos = {i: k for k, i in enumerate(ids)}
+    last_use = {}
+    for k, i in enumerate(ids):
+        for d in graph.nodes[i].inputs:
+            if d in pos:
+                last_use[d] = k
+    ends = [0.0] * (len(ids) + 1)
+    size = [sum(parse_shape(s).nbytes for s in graph.nodes[i].outputs) for i in ids]
+    live, out = 0.0, [0.0] * (len(ids) + 1)
+    for k, i in enumerate(ids):
+        live -= ends[k]
+        out[k] = live
+        if i in last_use:
+            live += size[k]
+            ends[last_use[i]] += size[k]
+    out[len(ids)] = live - ends[len(ids)]
+    return out
+
+
+def _make_monotone(graph, tasks, chunk) -> None:
+    for n in graph.nodes:
+        t = tasks[n.id]
+        if t not in "FB":
+            continue
+        src = [chunk[i] for i in n.inputs if tasks[i] == t]
+        if src:
+            chunk[n.id] = max(chunk[n.id], *src) if t == "F" else min(chunk[n.id], *src)
+
+
+def _place_once_per_step(graph, tasks, chunk) -> None:
+    users = graph.users
+    for n in reversed(graph.nodes):      # pre: with the earliest consumer
+        if tasks[n.id] == "pre":
+            dst = [chunk[u] for u in users[n.id] if chunk[u] is not None]
+            chunk[n.id] = min(dst, default=0)
+    for n in graph.nodes:                # post: with the latest producer
+        if tasks[n.id] == "post":
+            src = [chunk[i] for i in n.inputs if chunk[i] is not None]
+            chunk[n.id] = max(src, default=0)
+
+
+def device_order(schedule: str, stages: int, microbatches: int,
+                 virtual: int = 1) -> list[list[tuple[str, int, int]]]:
+    """Per device, its (F|B, microbatch, chunk) tasks in issue order; chunk c runs on
+    device c % stages."""
+    p, m, v = stages, microbatches, virtual
+    if schedule not in SCHEDULES:
+        raise FlintError(f"unknown pipeline schedule {schedule!r}; use {' | '.join(SCHEDULES)}")
+    if p < 1 or m < 1 or v < 1:
+        raise FlintError("pipeline stages, microbatches and virtual stages must be >= 1")
+    if schedule != "interleaved" and v != 1:
+        raise FlintError(f"virtual stages need the interleaved schedule, not {schedule}")
+    orders = []
+    for d in range(p):
+        if schedule == "gpipe":
+            orders.append([("F", k, d) for k in range(m)] + [("B", k, d) for k in range(m)])
+            continue
+        if schedule == "1f1b":
+            fwd = [(k, d) for k in range(m)]
+            bwd = list(fwd)
+            warmup = min(p - d - 1, m)
+        else:
+            if m % p:
+                raise FlintError(f"interleaved 1F1B needs microbatches ({m}) to be a "
+                                 f"multiple of the pipeline stages ({p})")
+            fwd = [_interleaved(i, p, v, d, True) for i in range(m * v)]
+            bwd = [_interleaved(i, p, v, d, False) for i in range(m * v)]
+            warmup = min((p - d - 1) * 2 + (v - 1) * p, m * v)
+        order = [("F", k, c) for k, c in fwd[:warmup]]
+        for i in range(len(fwd) - warmup):
+            order.append(("F",) + fwd[warmup + i])
+            order.append(("B",) + bwd[i])
+        order += [("B",) + b for b in bwd[len(fwd) - warmup:]]
+        orders.append(order)
+    return orders
+
+
+def _interleaved(i: int, p: int, v: int, d: int, forward: bool) -> tuple[int, int]:
+    """The i-th (microbatch, chunk) a device runs in interleaved 1F1B: microbatches go in
+    groups of p through each of the device's v chunks (reversed for the backward)."""
+    in_group = i % (p * v)
+    j = in_group // p
+    if not forward:
+        j = v - 1 - j
+    return (i // (p * v)) * p + in_group % p, j * p + d
