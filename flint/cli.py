@@ -264,5 +264,5 @@ if __name__ == "__main__":
     _main()
 
 
-# Registers `flint validate`, `flint calibrate`, `flint export` and `flint import` on `app`.
-from flint import cli_export, cli_validate  # noqa: E402,F401
+# Registers `flint validate`, `calibrate`, `export`, `import`, `sweep` (and others) on `app`.
+from flint import cli_export, cli_sweep, cli_validate  # noqa: E402,F401

@@ -41,3 +41,13 @@ def read_json(path):
         return json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as e:
         raise FlintError(f"{path} is not valid JSON: {e}") from None
+
+
+def read_text(path) -> str:
+    path = Path(path)
+    if not path.is_file():
+        raise FlintError(f"file not found: {path}")
+    try:
+        return path.read_text()
+    except UnicodeDecodeError as e:
+        raise FlintError(f"{path} is not text: {e}") from None

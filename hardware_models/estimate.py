@@ -88,7 +88,18 @@ def node_durations(graph: WorkloadGraph, hardware: str | None = None, overrides=
     """(loop-free graph, seconds per node of it, the cost model that priced them)."""
     model = cost_model or default_cost_model(graph, hardware, overrides, algorithm)
     flat = ExpandLoops().run(graph)
-    return flat, [model.node_time(n, flat) for n in flat.nodes], model
+    # Pipeline copies of one node (meta "template") cost the same: price each once.
+    by_template: dict[int, float] = {}
+    durations = []
+    for n in flat.nodes:
+        t = n.meta.get("template")
+        if t is None:
+            durations.append(model.node_time(n, flat))
+        else:
+            if t not in by_template:
+                by_template[t] = model.node_time(n, flat)
+            durations.append(by_template[t])
+    return flat, durations, model
 
 
 def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),

@@ -103,10 +103,7 @@ class _Builder:
         return self.chunk[template] % self.p
 
     def build(self, orders) -> WorkloadGraph:
-        chunks = self.p * self.cfg.virtual
-        for d in range(self.p):            # once-per-step work before the pipeline
-            for c in range(d, chunks, self.p):
-                self.emit_task("pre", 0, c)
+        self.emit_once("pre")              # once-per-step work before the pipeline
         pending = [list(o) for o in orders]
         while any(pending):
             progressed = False
@@ -117,10 +114,15 @@ class _Builder:
             if not progressed:
                 raise FlintError("the pipeline split makes stages wait on each other "
                                  "(a cycle between chunks); try split=time")
-        for d in range(self.p):
-            for c in range(d, chunks, self.p):
-                self.emit_task("post", 0, c)
+        self.emit_once("post")
         return self.finish()
+
+    def emit_once(self, phase: str) -> None:
+        """Once-per-step nodes in the original order (they may feed each other across
+        devices, e.g. the optimizer's step counter)."""
+        for n in self.g.nodes:
+            if self.tasks[n.id] == phase:
+                self.emit_node(n.id, phase, 0, self.chunk[n.id])
 
     def finish(self) -> WorkloadGraph:
         for node, (first, last), mb in self.windows:
@@ -160,7 +162,7 @@ class _Builder:
         node.control = sorted({self.copy[(i, mb if self.tasks[i] in "FB" else 0)]
                                for i in old.control if self.device(i) == dev
                                and (i, mb if self.tasks[i] in "FB" else 0) in self.copy})
-        node.meta = dict(old.meta, device=dev, chunk=c, task=phase)
+        node.meta = dict(old.meta, device=dev, chunk=c, task=phase, template=t)
         if phase in "FB":
             node.meta["microbatch"] = mb
             if self.cfg.split != "placement":

@@ -52,6 +52,21 @@ def task_of(graph: WorkloadGraph) -> list[str]:
             tasks.append("B")
         else:
             tasks.append("post")
+    # Optimizer-phase values that per-microbatch work reads (XLA hoists the step counter
+    # into the backward) run once before the pipeline, or per microbatch when they are
+    # computed from per-microbatch values.
+    users = graph.users
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(tasks) - 1, -1, -1):
+            t = tasks[i]
+            if t == "post" and any(tasks[u] != "post" for u in users[i]):
+                t = "pre"
+            if t == "pre" and any(tasks[d] in "FB" for d in graph.nodes[i].inputs):
+                t = "B"
+            if t != tasks[i]:
+                tasks[i], changed = t, True
     return tasks
 
 
@@ -60,6 +75,8 @@ def assign_chunks(graph: WorkloadGraph, tasks: list[str], chunks: int, split: st
     """Chunk index per node. F data flows to equal or later chunks, B data to equal or
     earlier ones (so no schedule deadlocks); pre/post nodes follow their consumers and
     producers."""
+    if chunks == 1:   # gradient accumulation without stages: nothing to split
+        return [0] * len(graph.nodes)
     if split == "layers":
         chunk = _chunks_by_layer(graph, tasks, chunks)
     elif split == "time":

@@ -1,0 +1,117 @@
+"""What a sweep leaves behind: results.csv / results.json (deterministic: no wall times),
+pareto.json (per hardware scenario, the configurations no other beats on both device count
+and step time, out-of-memory ones excluded), and PNG plots."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from flint.io import write_atomic
+
+COLUMNS = ("model", "devices", "dp", "fsdp", "tp", "pp", "sp", "microbatch", "microbatches",
+           "schedule", "virtual", "remat", "hardware", "what_if", "status", "step_time_s",
+           "tokens_per_s", "mfu", "memory_gib", "memory_capacity_gib", "oom",
+           "bubble_fraction", "exposed_communication_s", "compute_busy_s", "error", "key")
+TIMING = ("time_s", "estimate_s", "extracted")   # wall-clock facts: the log only
+
+
+def scenario(row: dict) -> str:
+    wi = ",".join(f"{k}={v}" for k, v in sorted(row["what_if"].items()))
+    return row["hardware"] + (f" [{wi}]" if wi else "")
+
+
+def pareto_front(rows: list[dict]) -> dict[str, list[dict]]:
+    """Per scenario: fits-in-memory configurations with no other using no more devices
+    and a shorter step, by device count."""
+    fronts: dict[str, list[dict]] = {}
+    for name in sorted({scenario(r) for r in rows}):
+        ok = [r for r in rows if scenario(r) == name and r["status"] == "ok" and not r["oom"]]
+        ok.sort(key=lambda r: (r["devices"], r["step_time_s"], r["key"]))
+        front, best = [], float("inf")
+        for r in ok:
+            if r["step_time_s"] < best:
+                front.append(r)
+                best = r["step_time_s"]
+        fronts[name] = front
+    return fronts
+
+
+def stable_rows(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def write_outputs(directory, rows: list[dict]) -> dict[str, str]:
+    """Write the tables and plots; returns {kind: path}."""
+    directory = Path(directory)
+    rows = stable_rows(rows)
+    out = {"csv": directory / "results.csv", "json": directory / "results.json",
+           "pareto": directory / "pareto.json", "plot": directory / "sweep_pareto.png"}
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({**r, "what_if": json.dumps(r["what_if"], sort_keys=True)})
+    write_atomic(out["csv"], buf.getvalue())
+    write_atomic(out["json"], json.dumps(rows, sort_keys=True, indent=1) + "\n")
+    fronts = pareto_front(rows)
+    write_atomic(out["pareto"], json.dumps(
+        {k: [{c: r.get(c) for c in COLUMNS} for r in v] for k, v in fronts.items()},
+        sort_keys=True, indent=1) + "\n")
+    _plot(rows, fronts, out["plot"])
+    return {k: str(v) for k, v in out.items()}
+
+
+def _plot(rows, fronts, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
+    names = sorted(fronts)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, name in enumerate(names):
+        color = colors[i % len(colors)]
+        mine = [r for r in rows if scenario(r) == name and r["status"] == "ok"]
+        fits = [r for r in mine if not r["oom"]]
+        ax.scatter([r["devices"] for r in fits], [r["step_time_s"] * 1e3 for r in fits],
+                   s=14, color=color, alpha=0.45)
+        front = fronts[name]
+        ax.plot([r["devices"] for r in front], [r["step_time_s"] * 1e3 for r in front],
+                "-o", color=color, markersize=5, label=f"{name} (Pareto front)")
+    oom = [r for r in rows if r["status"] == "ok" and r["oom"]]
+    if oom:
+        ax.scatter([r["devices"] for r in oom], [r["step_time_s"] * 1e3 for r in oom],
+                   marker="x", color="0.5", s=18, label="out of memory")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("devices")
+    ax.set_ylabel("predicted step time (ms)")
+    ax.set_title(f"{rows[0]['model']}: step time vs devices ({len(rows)} configurations)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())
+
+
+def render_front(fronts: dict[str, list[dict]], console) -> None:
+    from rich.table import Table
+
+    for name, front in fronts.items():
+        table = Table(title=f"Pareto front: {name}", title_justify="left")
+        for col in ("devices", "dp", "tp", "pp", "microbatches", "remat", "step time",
+                    "tokens/s", "MFU", "memory"):
+            table.add_column(col, justify="right")
+        for r in front:
+            table.add_row(str(r["devices"]), f"{r['dp']}{' fsdp' if r['fsdp'] else ''}",
+                          str(r["tp"]), f"{r['pp']} {r['schedule'] if r['pp'] > 1 else ''}",
+                          str(r["microbatches"]), r["remat"],
+                          f"{r['step_time_s'] * 1e3:.1f} ms", f"{r['tokens_per_s']:,.0f} tok/s",
+                          f"{100 * r['mfu']:.1f} %" if r.get("mfu") else "-",
+                          f"{r['memory_gib']:.1f} GiB")
+        console.print(table)

@@ -1,0 +1,236 @@
+"""A design space: the axes a sweep varies, the configurations it expands to, and the keys
+that decide what must be re-extracted (the program) versus only re-estimated (hardware).
+
+    space = SearchSpace.from_dict({"model": "llama3-8b", "devices": [64, 4096],
+                                   "tp": [8], "pp": [1, 4], "global_batch": 256,
+                                   "what_if": [{}, {"nic_bandwidth": "800Gb/s"}]})
+    configs, skipped = space.expand()
+
+A configuration's program is what the compiler sees: model shape, the mesh of one pipeline
+stage (devices / pp), the microbatch, remat, sequence parallelism. Two configurations with
+the same program share one extracted graph; pipeline depth, microbatch count, schedule and
+hardware what-ifs only change the graph passes and the cost model run on it.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import random
+from dataclasses import asdict, dataclass, field
+
+from flint.errors import FlintError
+
+# Axis -> default values. Scalars become one-element lists.
+AXES = {
+    "devices": [64], "tp": [1], "pp": [1], "ep": [1], "fsdp": [True], "sp": [False],
+    "microbatch": [1], "schedule": ["1f1b"], "virtual": [1], "remat": ["none"],
+    "hardware": ["h100-sxm"], "what_if": [{}],
+}
+SETTINGS = {"model": "llama3-8b", "framework": "jax", "global_batch": 0, "seq_len": 0,
+            "layers": 0, "budget": 0, "seed": 0, "pipeline_split": "layers",
+            "max_microbatches": 64}
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str
+    devices: int
+    tp: int
+    pp: int
+    dp: int
+    fsdp: bool
+    sp: bool
+    microbatch: int               # sequences per microbatch per data-parallel replica
+    microbatches: int             # per step (gradient accumulation / pipeline depth)
+    schedule: str
+    virtual: int
+    remat: str
+    hardware: str
+    what_if: tuple                # ((field, value), ...)
+    seq_len: int = 0
+    layers: int = 0
+    framework: str = "jax"
+    pipeline_split: str = "layers"
+
+    @property
+    def stage_devices(self) -> int:
+        return self.devices // self.pp
+
+    @property
+    def scan(self) -> bool:
+        """Layers in a scan compile fastest; splitting into stages needs them unrolled."""
+        return self.pp == 1
+
+    def mesh(self) -> tuple[tuple[str, int], ...]:
+        axes = [("fsdp" if self.fsdp else "data", self.dp)]
+        if self.tp > 1:
+            axes.append(("model", self.tp))
+        return tuple(axes)
+
+    def program(self) -> dict:
+        """Everything the extracted graph depends on (and nothing else): the hardware is
+        the compile target (XLA fuses per GPU); what-ifs only change the cost model."""
+        return {"framework": self.framework, "model": self.model, "devices": self.stage_devices,
+                "mesh": [list(a) for a in self.mesh()], "batch_per_replica": self.microbatch,
+                "remat": self.remat, "sequence_parallel": self.sp, "scan": self.scan,
+                "seq_len": self.seq_len, "layers": self.layers, "hardware": self.hardware}
+
+    def program_key(self) -> str:
+        return _digest(self.program())
+
+    def key(self) -> str:
+        return _digest(self.to_json())
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["what_if"] = {k: v for k, v in self.what_if}
+        return d
+
+    def overrides(self) -> list[str]:
+        return [f"{k}={v}" for k, v in self.what_if]
+
+    def label(self) -> str:
+        wi = ",".join(f"{k}={v}" for k, v in self.what_if) or "baseline"
+        return (f"{self.devices} dev dp{self.dp}{'(fsdp)' if self.fsdp else ''} tp{self.tp} "
+                f"pp{self.pp} mb{self.microbatch}x{self.microbatches} remat={self.remat} "
+                f"{self.hardware} {wi}")
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class SearchSpace:
+    axes: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "SearchSpace":
+        if not isinstance(doc, dict):
+            raise FlintError("a search space must be a mapping of axes to values")
+        unknown = sorted(set(doc) - set(AXES) - set(SETTINGS))
+        if unknown:
+            raise FlintError(f"unknown search-space key {unknown[0]!r}; known: "
+                             f"{', '.join(sorted(AXES) + sorted(SETTINGS))}")
+        axes = {}
+        for name, default in AXES.items():
+            value = doc.get(name, default)
+            values = value if isinstance(value, list) else [value]
+            if not values:
+                raise FlintError(f"empty search space: axis {name!r} has no values")
+            axes[name] = values
+        settings = {k: doc.get(k, v) for k, v in SETTINGS.items()}
+        space = cls(axes, settings)
+        space._check_types()
+        return space
+
+    def _check_types(self) -> None:
+        for name in ("devices", "tp", "pp", "ep", "microbatch", "virtual"):
+            for v in self.axes[name]:
+                if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                    raise FlintError(f"search space: {name} values must be positive "
+                                     f"integers, got {v!r}")
+        for v in self.axes["what_if"]:
+            if not isinstance(v, dict):
+                raise FlintError(f"search space: each what_if must be a mapping of hardware "
+                                 f"figures to values, got {v!r}")
+        for name in ("global_batch", "seq_len", "layers", "budget", "seed", "max_microbatches"):
+            v = self.settings[name]
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise FlintError(f"search space: {name} must be a non-negative integer")
+
+    def expand(self) -> tuple[list[Config], list[dict]]:
+        """(valid configurations in a fixed order, skipped ones with the reason). Raises
+        FlintError when an axis value can never work for the model, or nothing is left."""
+        shape = _model_shape(self.settings)
+        self._check_against_model(shape)
+        configs, skipped = [], []
+        names = list(AXES)
+        for values in itertools.product(*(self.axes[n] for n in names)):
+            point = dict(zip(names, values))
+            cfg, why = self._config(point, shape)
+            if cfg is None:
+                skipped.append({**{k: v for k, v in point.items() if k != "what_if"},
+                                "reason": why})
+            else:
+                configs.append(cfg)
+        if not configs:
+            reason = skipped[0]["reason"] if skipped else "no axis values"
+            raise FlintError(f"empty search space: no configuration is valid (e.g. {reason})")
+        budget = self.settings["budget"]
+        if budget and budget < len(configs):
+            picked = sorted(random.Random(self.settings["seed"]).sample(range(len(configs)),
+                                                                        budget))
+            configs = [configs[i] for i in picked]
+        return configs, skipped
+
+    def _check_against_model(self, shape: dict) -> None:
+        from flint.hardware_models.spec import load_spec
+
+        name = self.settings["model"]
+        for tp in self.axes["tp"]:
+            for what, n in (("attention heads", shape["heads"]), ("KV heads", shape["kv_heads"])):
+                if n % tp:
+                    raise FlintError(f"tp={tp} does not divide {name}'s {n} {what}")
+        for pp in self.axes["pp"]:
+            if pp > shape["layers"]:
+                raise FlintError(f"pp={pp} exceeds {name}'s {shape['layers']} layers")
+        for ep in self.axes["ep"]:
+            if ep > 1 and not shape.get("experts"):
+                raise FlintError(f"ep={ep}: {name} has no experts to shard")
+        for hw in self.axes["hardware"]:
+            for wi in self.axes["what_if"]:
+                load_spec(hw, [f"{k}={v}" for k, v in wi.items()])   # bad units fail here
+        bad = [r for r in self.axes["remat"] if r not in ("none", "full", "dots")]
+        if bad:
+            raise FlintError(f"unknown remat policy {bad[0]!r}; use none | full | dots")
+        if self.settings["framework"] != "jax":
+            raise FlintError("sweeps extract with the JAX front end (framework: jax)")
+        if self.settings["pipeline_split"] not in ("layers", "time"):
+            raise FlintError("pipeline_split must be layers or time")
+
+    def _config(self, pt: dict, shape: dict) -> tuple[Config | None, str]:
+        devices, tp, pp, mb = pt["devices"], pt["tp"], pt["pp"], pt["microbatch"]
+        if devices % (tp * pp):
+            return None, f"{devices} devices do not divide into tp={tp} x pp={pp}"
+        dp = devices // (tp * pp)
+        gb = self.settings["global_batch"] or dp * mb
+        if gb % (dp * mb):
+            return None, f"global batch {gb} is not a multiple of dp={dp} x microbatch={mb}"
+        m = gb // (dp * mb)
+        if self.settings["max_microbatches"] and m > self.settings["max_microbatches"]:
+            return None, (f"{m} microbatches exceed max_microbatches="
+                          f"{self.settings['max_microbatches']}")
+        if pt["schedule"] == "interleaved":
+            if pt["virtual"] < 2 or m % pp or pp == 1:
+                return None, "interleaved needs virtual >= 2, pp > 1 and microbatches % pp == 0"
+            if pp * pt["virtual"] > shape["layers"]:
+                return None, f"{pp}x{pt['virtual']} virtual stages exceed the layers"
+        elif pt["virtual"] != 1:
+            return None, f"virtual stages need the interleaved schedule, not {pt['schedule']}"
+        if pp == 1 and pt["schedule"] != AXES["schedule"][0] and len(self.axes["schedule"]) > 1:
+            return None, "pipeline schedules only differ when pp > 1"
+        if pt["sp"] and tp == 1:
+            return None, "sequence parallelism needs tp > 1"
+        return Config(self.settings["model"], devices, tp, pp, dp, bool(pt["fsdp"]),
+                      bool(pt["sp"]), mb, m, pt["schedule"], pt["virtual"], pt["remat"],
+                      pt["hardware"], tuple(sorted(pt["what_if"].items())),
+                      self.settings["seq_len"], self.settings["layers"],
+                      self.settings["framework"], self.settings["pipeline_split"]), ""
+
+
+def _model_shape(settings: dict) -> dict:
+    from flint.frontends.targets import prepare_environment, quiet_native_stderr
+
+    prepare_environment()
+    with quiet_native_stderr():   # the CUDA plugin's probes when JAX is first imported
+        from flint.models import decoder
+
+    name = settings["model"]
+    if name not in decoder.ZOO:
+        raise FlintError(f"unknown model {name!r} for sweeps; zoo: {', '.join(sorted(decoder.ZOO))}")
+    cfg = decoder.ZOO[name]
+    return {"heads": cfg.n_heads, "kv_heads": cfg.n_kv_heads,
+            "layers": settings["layers"] or cfg.n_layers, "experts": 0}

@@ -1,0 +1,154 @@
+"""Pipeline parallelism: stage split, schedules, SEND/RECV insertion, bubble accounting."""
+from __future__ import annotations
+
+import pytest
+
+from flint.cluster import Cluster
+from flint.errors import FlintError
+from flint.graph import Node, NodeKind, WorkloadGraph
+from flint.hardware_models.estimate import estimate
+from flint.passes import parse_pipeline
+from flint.passes.pipeline import PipelineParallel, apply_placement
+from flint.passes.pipeline_stages import device_order, layer_index, task_of
+
+GEMM = 1e14          # FLOP per forward layer: ~0.1 s on an H100, so link latency is noise
+
+
+def uniform_model(layers: int = 16) -> WorkloadGraph:
+    """Identical layers, no embedding or head: the setting of the textbook bubble formula."""
+    nodes: list[Node] = []
+
+    def add(name, phase, layer, flops, inputs):
+        nodes.append(Node(len(nodes), name, NodeKind.COMPUTE, "dot", "gemm", list(inputs),
+                          flops=flops, bytes_read=1e6, bytes_written=1e6,
+                          outputs=["bf16[1024,1024]"],
+                          meta={"phase": phase, "layer": f"layer_{layer}"}))
+        return len(nodes) - 1
+
+    fwd, prev = [], None
+    for i in range(layers):
+        prev = add(f"fwd{i}", "forward", i, GEMM, [] if prev is None else [prev])
+        fwd.append(prev)
+    grad = None
+    for i in reversed(range(layers)):
+        grad = add(f"bwd{i}", "backward", i, 2 * GEMM, [fwd[i]] + ([grad] if grad else []))
+    return WorkloadGraph(Cluster(1, (("data", 1),), "h100-sxm"), nodes, [], [], {})
+
+
+def bubble(stages, microbatches, schedule="1f1b", virtual=1):
+    g = PipelineParallel(stages, microbatches, schedule, virtual).run(uniform_model())
+    return estimate(g, "h100-sxm").pipeline["bubble_fraction"], g
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_bubble_matches_the_formula_for_balanced_stages(schedule):
+    p, m = 8, 32
+    measured, _ = bubble(p, m, schedule)
+    assert measured == pytest.approx((p - 1) / (m + p - 1), rel=0.01)
+
+
+def test_interleaving_divides_the_bubble_by_the_virtual_stages():
+    p, m, v = 4, 8, 2
+    one, _ = bubble(p, m, "1f1b")
+    two, _ = bubble(p, m, "interleaved", v)
+    # Megatron-LM (Narayanan et al., SC'21): bubble time (p-1)(tf+tb)/v
+    assert two == pytest.approx(((p - 1) / v) / (m + (p - 1) / v), rel=0.02)
+    assert two < one
+
+
+def test_pipeline_graph_structure():
+    p, m = 4, 6
+    _, g = bubble(p, m)
+    base = uniform_model()
+    assert g.total_flops() == pytest.approx(m * base.total_flops())
+    assert g.cluster.devices == p and g.cluster.mesh[0] == ("pipe", p)
+    sends = [n for n in g.nodes if n.kind == NodeKind.SEND]
+    recvs = [n for n in g.nodes if n.kind == NodeKind.RECV]
+    # per microbatch: activations forward and gradients backward across 3 boundaries
+    assert len(sends) == len(recvs) == m * 2 * (p - 1)
+    for r in recvs:
+        (s,) = r.inputs
+        assert g.nodes[s].kind == NodeKind.SEND
+        assert g.nodes[s].meta["device"] != r.meta["device"]
+        assert g.nodes[s].collective.bytes_in == r.collective.bytes_in == 2 * 1024 * 1024
+    for n in g.nodes:   # data never crosses devices except through SEND -> RECV
+        for i in n.inputs:
+            assert g.nodes[i].meta["device"] == n.meta["device"] or n.kind == NodeKind.RECV
+    # device 0 runs the 1F1B order: p-1 warm-up forwards, then alternation
+    seq = []
+    for n in g.nodes:
+        if n.meta["device"] == 0 and n.kind == NodeKind.COMPUTE:
+            key = (n.meta["task"], n.meta["microbatch"])
+            if not seq or seq[-1] != key:
+                seq.append(key)
+    assert seq == [(t, k) for t, k, _ in device_order("1f1b", p, m)[0]]
+    g.check()
+
+
+def test_schedules_and_memory():
+    p, m = 4, 8
+    _, gpipe = bubble(p, m, "gpipe")
+    _, one = bubble(p, m, "1f1b")
+    # GPipe keeps every microbatch's activations; 1F1B at most p on the first stage
+    assert estimate(gpipe, "h100-sxm").memory_bytes > estimate(one, "h100-sxm").memory_bytes
+    orders = device_order("interleaved", 4, 8, 2)
+    assert all(len(o) == 2 * 8 * 2 for o in orders)
+    assert {c for _, _, c in orders[1]} == {1, 5}
+
+
+def test_errors_are_one_line():
+    g = uniform_model(4)
+    with pytest.raises(FlintError, match="too few"):
+        PipelineParallel(8, 8).run(g)
+    with pytest.raises(FlintError, match="multiple of the pipeline stages"):
+        PipelineParallel(4, 6, "interleaved", 2).run(uniform_model())
+    with pytest.raises(FlintError, match="unknown pipeline schedule"):
+        PipelineParallel(2, 2, "zigzag").run(g)
+    with pytest.raises(FlintError, match="forward and backward"):
+        PipelineParallel(2, 2).run(WorkloadGraph(g.cluster, g.nodes[:4], [], [], {}))
+
+
+def test_parse_pipeline_and_layer_names():
+    (p,) = parse_pipeline("pipeline{stages=4,microbatches=8,schedule=gpipe}")
+    assert (p.stages, p.microbatches, p.schedule) == (4, 8, "gpipe")
+    assert layer_index("layer_12") == 12 and layer_index("model.layers.3.mlp") == 3
+    assert layer_index("params['layers']['layer_7']['wq']") == 7
+    assert layer_index("head") is None and layer_index("embed") is None
+
+
+def test_placement_inserts_transfers_and_splits_memory():
+    g = uniform_model(8)
+    devices = [min(int(n.meta["layer"].split("_")[1]) // 2, 3) for n in g.nodes]
+    placed = apply_placement(g, devices, 4)
+    e = estimate(placed, "h100-sxm")
+    assert len(e.memory["per_device_bytes"]) == 4
+    assert sum(n.kind == NodeKind.SEND for n in placed.nodes) == 6
+    # no microbatches: the devices run one after another, so the step is the serial time
+    serial = estimate(g, "h100-sxm").step_time_s
+    assert e.step_time_s == pytest.approx(serial, rel=0.01)
+    with pytest.raises(FlintError, match="outside"):
+        apply_placement(g, [5] * len(g.nodes), 4)
+
+
+def test_real_graph_pipeline(tiny_unrolled):
+    """The tiny zoo model's real step (unrolled): stages by layer, the optimizer once."""
+    g = tiny_unrolled
+    tasks = task_of(g)
+    assert {"F", "B", "post"} <= set(tasks)
+    pg = PipelineParallel(2, 4, "1f1b").run(g)
+    per_mb = sum(g.nodes[i].flops for i, t in enumerate(tasks) if t in "FB")
+    once = sum(g.nodes[i].flops for i, t in enumerate(tasks) if t not in "FB")
+    assert pg.total_flops() == pytest.approx(4 * per_mb + once)
+    e = estimate(pg, "h100-sxm")
+    assert 0 < e.pipeline["bubble_fraction"] < 1
+    assert e.mfu is not None and e.mfu > 0
+
+
+@pytest.fixture(scope="module")
+def tiny_unrolled():
+    from flint.sweep import extract_program
+
+    return extract_program({"framework": "jax", "model": "tiny", "devices": 1,
+                            "mesh": [["data", 1]], "batch_per_replica": 2, "remat": "none",
+                            "sequence_parallel": False, "scan": False, "seq_len": 0,
+                            "layers": 0, "hardware": "h100-sxm"})

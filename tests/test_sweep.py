@@ -1,0 +1,138 @@
+"""Design-space sweeps: space validation, caching by program, resume, Pareto, executors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_flint
+from flint.errors import FlintError
+from flint.sweep import load_results, run_sweep
+from flint.sweep_report import pareto_front, stable_rows, write_outputs
+from flint.sweep_space import SearchSpace
+
+TINY = {"model": "tiny", "devices": [4, 8], "tp": [1, 2], "pp": [1, 2], "global_batch": 8,
+        "what_if": [{}, {"nic_bandwidth": "800Gb/s"}, {"hbm_bandwidth": "4.8TB/s"}]}
+
+
+def test_expand_counts_programs_and_skips_invalid():
+    configs, skipped = SearchSpace.from_dict(TINY).expand()
+    # 2 device counts x tp 2 x pp 2 = 8 shapes, each with 3 hardware scenarios
+    assert len(configs) == 24 and not skipped
+    programs = {c.program_key() for c in configs}
+    # pp=2 at 8 devices and pp=1 at 4 devices are different programs (unrolled vs scan)
+    assert len(programs) == 8
+    c = next(c for c in configs if c.devices == 8 and c.tp == 2 and c.pp == 2)
+    assert (c.dp, c.microbatches, c.stage_devices, c.scan) == (2, 4, 4, False)
+    assert c.mesh() == (("fsdp", 2), ("model", 2))
+    configs, skipped = SearchSpace.from_dict({**TINY, "devices": [4, 6]}).expand()
+    assert any("do not divide" in s["reason"] for s in skipped)
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"tp": [3]}, "tp=3 does not divide tiny's 4 attention heads"),
+    ({"pp": [4]}, "pp=4 exceeds tiny's 2 layers"),
+    ({"ep": [2]}, "has no experts"),
+    ({"devices": []}, "empty search space"),
+    ({"devices": [3], "tp": [2]}, "empty search space"),
+    ({"what_if": [{"nic_bandwidth": "fast"}]}, "nic_bandwidth"),
+    ({"remat": ["some"]}, "unknown remat"),
+    ({"colour": 1}, "unknown search-space key"),
+])
+def test_bad_spaces_are_errors(doc, message):
+    with pytest.raises(FlintError, match=message):
+        SearchSpace.from_dict({**TINY, **doc}).expand()
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep") / "run"
+    seen = []
+    rows = run_sweep(SearchSpace.from_dict(TINY), out, on_result=lambda r, i, n: seen.append(r))
+    return out, rows, seen
+
+
+def test_sweep_caches_programs_and_reestimates_hardware(swept):
+    out, rows, seen = swept
+    assert len(rows) == 24 and all(r["status"] == "ok" for r in rows)
+    assert len(list((out / "graphs").glob("*.json"))) == 8
+    assert sum(r["extracted"] for r in seen) == 8      # each program compiled once
+    for r in rows:
+        assert r["step_time_s"] > 0 and r["memory_gib"] > 0 and r["tokens_per_s"] > 0
+    # a hardware-only what-if changes the prediction but not the program
+    base = {(r["devices"], r["tp"], r["pp"]): r for r in rows if not r["what_if"]}
+    fast = [r for r in rows if r["what_if"].get("hbm_bandwidth")]
+    assert all(r["program"] == base[(r["devices"], r["tp"], r["pp"])]["program"] for r in fast)
+    assert all(r["step_time_s"] <= base[(r["devices"], r["tp"], r["pp"])]["step_time_s"]
+               for r in fast)
+    piped = [r for r in rows if r["pp"] == 2]
+    assert all(0 < r["bubble_fraction"] < 1 for r in piped)
+
+
+def test_sweep_resumes_and_survives_a_torn_line(swept, tmp_path):
+    out, rows, _ = swept
+    copy = tmp_path / "resume"
+    copy.mkdir()
+    (copy / "graphs").mkdir()
+    for f in (out / "graphs").iterdir():
+        (copy / "graphs" / f.name).write_bytes(f.read_bytes())
+    lines = (out / "results.jsonl").read_text().splitlines()
+    (copy / "results.jsonl").write_text("\n".join(lines[:10]) + "\n" + lines[10][:40])
+    assert len(load_results(copy)) == 10
+    seen = []
+    again = run_sweep(SearchSpace.from_dict(TINY), copy, on_result=lambda r, i, n: seen.append(r))
+    assert len(seen) == 14 and not any(r["extracted"] for r in seen)   # cache hit
+    assert stable_rows(again) == stable_rows(rows)
+
+
+def test_outputs_are_deterministic_and_pareto_is_a_front(swept, tmp_path):
+    out, rows, _ = swept
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    pa, pb = write_outputs(a, rows), write_outputs(b, list(reversed(rows))[::-1])
+    for kind in pa:
+        assert open(pa[kind], "rb").read() == open(pb[kind], "rb").read(), kind
+    fronts = pareto_front(rows)
+    assert len(fronts) == 3
+    for name, front in fronts.items():
+        assert front and all(not r["oom"] for r in front)
+        times = [r["step_time_s"] for r in front]
+        assert times == sorted(times, reverse=True)
+        assert [r["devices"] for r in front] == sorted({r["devices"] for r in front})
+    header = (a / "results.csv").read_text().splitlines()[0]
+    assert header.startswith("model,devices,dp")
+    assert open(pa["plot"], "rb").read(4) == b"\x89PNG"
+
+
+def test_ray_executor_gives_the_local_results(swept, tmp_path):
+    pytest.importorskip("ray")
+    out, rows, _ = swept
+    space = SearchSpace.from_dict({**TINY, "devices": [8], "tp": [2]})
+    local = run_sweep(space, tmp_path / "local")
+    remote = run_sweep(space, tmp_path / "ray", executor="ray", workers=2)
+    assert stable_rows(remote) == stable_rows(local)
+
+
+def test_cli_sweep_and_bad_input(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("model: tiny\ndevices: [4]\ntp: [1, 2]\nglobal_batch: 4\n")
+    r = run_flint("sweep", str(space), "--out", str(tmp_path / "o"), "--pp", "1,2",
+                  "--what-if", "", "--what-if", "nic_bandwidth=800Gb/s", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["configurations"] == 8
+    assert "[1/8]" in r.stderr and "configurations with estimate" in r.stderr
+    for args, message in [(["--tp", "3"], "does not divide"),
+                          (["--devices", "3", "--tp", "2"], "empty search space"),
+                          (["--pp", "9"], "exceeds"),
+                          (["--what-if", "hbm_bandwidth=-1TB/s"], "hbm_bandwidth")]:
+        target = tmp_path / "bad"
+        r = run_flint("sweep", str(space), "--out", str(target), *args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert message in r.stderr and "Traceback" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+        assert not target.exists()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("devices: [4\n")
+    r = run_flint("sweep", str(bad), "--out", str(tmp_path / "x"))
+    assert r.returncode == 2 and "not valid YAML" in r.stderr
