@@ -90,6 +90,17 @@ def render_estimate(e: dict, console: Console) -> None:
                        ("idle_s", "compute idle")):
         share = f" ({100 * e[key] / step:.0f}% of step)" if step else ""
         t.add_row(label, fmt_seconds(e[key]) + share)
+    pipe = e.get("pipeline") or {}
+    if pipe:
+        label = (f"{pipe['stages']}-stage {pipe['schedule']}, {pipe['microbatches']} "
+                 f"microbatches" if "stages" in pipe else f"{pipe['devices']} devices")
+        t.add_row("pipeline / placement", label)
+        if "stages" in pipe:
+            t.add_row("pipeline bubble", f"{100 * pipe['bubble_fraction']:.1f} % of the "
+                      f"pipelined {fmt_seconds(pipe['pipelined_s'])}")
+        busy = pipe["compute_busy_s"]
+        t.add_row("busiest / idlest device", f"{fmt_seconds(max(busy))} / "
+                  f"{fmt_seconds(min(busy))} busy")
     t.add_row("flops per device", fmt_flops(e["flops_per_device"]))
     t.add_row("HFU (hardware flops / peak)", f"{100 * e['hfu']:.1f} %")
     if e.get("mfu") is not None:
