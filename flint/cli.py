@@ -265,4 +265,4 @@ if __name__ == "__main__":
 
 
 # Registers `flint validate`, `calibrate`, `export`, `import`, `sweep` (and others) on `app`.
-from flint import cli_export, cli_sweep, cli_validate  # noqa: E402,F401
+from flint import cli_export, cli_place, cli_sweep, cli_validate  # noqa: E402,F401

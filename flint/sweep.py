@@ -40,7 +40,6 @@ def extract_program(program: dict) -> WorkloadGraph:
     graph = step.lower(*args).compile().workload()
     graph.meta["model"] = label
     graph.meta["model_flops_per_device"] = info["model_flops"] / devices
-    graph.meta["tokens_per_replica_step"] = info["tokens"]
     return graph
 
 
@@ -52,6 +51,7 @@ class Evaluator:
     extract: Callable[[dict], WorkloadGraph] = extract_program
     graphs: dict = field(default_factory=dict)
     pipelined: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)
 
     def graph(self, cfg: Config) -> tuple[WorkloadGraph, bool]:
         key = cfg.program_key()
@@ -66,7 +66,7 @@ class Evaluator:
         else:
             graph = WorkloadGraph.load(path)
         self.graphs = {key: graph}      # one program at a time: configs come grouped
-        self.pipelined = {}
+        self.pipelined, self.memory = {}, {}
         return graph, extracted
 
     def pipeline(self, cfg: Config, graph: WorkloadGraph) -> WorkloadGraph:
@@ -84,20 +84,27 @@ class Evaluator:
 
     def evaluate(self, cfg: Config) -> dict:
         from flint.hardware_models.estimate import estimate
+        from flint.hardware_models.memory import estimate_memory
 
         t0 = time.perf_counter()
         row = {"key": cfg.key(), "program": cfg.program_key(), **cfg.to_json()}
         try:
             graph, extracted = self.graph(cfg)
             t1 = time.perf_counter()
-            e = estimate(self.pipeline(cfg, graph), cfg.hardware, cfg.overrides())
+            piped = self.pipeline(cfg, graph)
+            if id(piped) not in self.memory:     # the graph's, whatever the hardware
+                self.memory = {id(piped): estimate_memory(piped)}
+            e = estimate(piped, cfg.hardware, cfg.overrides(), memory=self.memory[id(piped)])
         except FlintError as err:
             return {**row, "status": "invalid", "error": str(err),
                     "time_s": time.perf_counter() - t0, "extracted": False}
         except Exception as err:   # one broken configuration must not end a long sweep
             return {**row, "status": "error", "error": f"{type(err).__name__}: {err}",
                     "time_s": time.perf_counter() - t0, "extracted": False}
-        tokens = graph.meta.get("tokens_per_replica_step", 0) * cfg.dp * cfg.microbatches
+        from flint.models.decoder import ZOO
+
+        seq = cfg.seq_len or ZOO[cfg.model].seq_len
+        tokens = cfg.dp * cfg.microbatch * cfg.microbatches * seq    # the global batch
         return {**row, "status": "ok", "step_time_s": e.step_time_s,
                 "tokens_per_s": tokens / e.step_time_s if e.step_time_s else 0.0,
                 "mfu": e.mfu, "memory_gib": e.memory_bytes / 2**30,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from flint.graph import WorkloadGraph
 from flint.hardware_models.cost_model import CostModel, default_cost_model
-from flint.hardware_models.memory import estimate_memory
+from flint.hardware_models.memory import MemoryEstimate, estimate_memory
 from flint.hardware_models.schedule import Timeline, simulate
 from flint.passes.expand_loops import ExpandLoops
 
@@ -103,7 +103,10 @@ def node_durations(graph: WorkloadGraph, hardware: str | None = None, overrides=
 
 
 def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
-             cost_model: CostModel | None = None, algorithm: str = "auto") -> Estimate:
+             cost_model: CostModel | None = None, algorithm: str = "auto",
+             memory: MemoryEstimate | None = None) -> Estimate:
+    """Predict one step. `memory`: the graph's `estimate_memory` when already known (it
+    depends on the graph only, so hardware what-ifs of one graph can share it)."""
     flat, durations, model = node_durations(graph, hardware, overrides, cost_model, algorithm)
     tl = simulate(flat, durations)
     step = tl.step_time
@@ -131,7 +134,7 @@ def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
         exposed = _exposed_communication(flat, tl, durations, worst)
     else:
         exposed = _exposed_communication(flat, tl, durations)
-    memory = estimate_memory(graph)
+    memory = memory or estimate_memory(graph)
     network = getattr(model, "network", None)
     topology = getattr(network, "topology", None)
     return Estimate(

@@ -23,8 +23,9 @@ class GraphPass(Protocol):
 def registry() -> dict[str, type]:
     from flint.passes.expand_loops import ExpandLoops
     from flint.passes.pipeline import PipelineParallel
+    from flint.passes.place import Place
 
-    return {cls.name: cls for cls in (ExpandLoops, PipelineParallel)}
+    return {cls.name: cls for cls in (ExpandLoops, PipelineParallel, Place)}
 
 
 _ITEM = re.compile(r"\s*([\w\-]+)\s*(?:\{([^}]*)\})?\s*(?:,|$)")

@@ -118,9 +118,10 @@ def _follow_saved_activations(graph, tasks, chunk, chunks) -> None:
     """Unassigned B nodes run where the forward activations they read were made (no
     transfer of saved activations), but never before the gradient they consume arrives
     (B data flows to equal or earlier chunks); with neither, on the last chunk (the loss
-    gradient). Only activations count: forward values computed from no other forward
-    value (weights cast for compute, tied embeddings) or read by three or more chunks
-    (masks, position tables) say nothing about where a backward node belongs."""
+    gradient). Only activations of labelled blocks count: unlabelled forward values
+    (targets, casts), values computed from no other forward value (weights cast for
+    compute, tied embeddings) or read by three or more chunks (masks, position tables) say
+    nothing about where a backward node belongs."""
     spread: dict[int, set] = {}
     for n in graph.nodes:
         if tasks[n.id] == "F":
@@ -134,7 +135,8 @@ def _follow_saved_activations(graph, tasks, chunk, chunks) -> None:
         if tasks[n.id] != "B" or chunk[n.id] is not None:
             continue
         grads = [chunk[i] for i in n.inputs if tasks[i] == "B"]
-        saved = [chunk[i] for i in n.inputs if tasks[i] == "F" and len(spread.get(i, ())) <= 2]
+        saved = [chunk[i] for i in n.inputs if tasks[i] == "F" and len(spread.get(i, ())) <= 2
+                 and graph.nodes[i].meta.get("layer")]
         if saved:
             chunk[n.id] = min([max(saved)] + grads)
         else:

@@ -10,27 +10,33 @@ After Jeon et al., "Baechi: Fast Device Placement of Machine Learning Graphs", S
   time when its consumer sits on another device, skipping devices without room.
 - m-SCT is Hanen and Munier's small-communication-time list scheduling: each node has at
   most one favourite child, which the device that ran the parent waits for unless another
-  node is urgent. Both live in `place_sched`.
+  node is urgent. Both list schedulers live in `place_sched`.
 
-Co-placement (Baechi section 4): nodes that must share a device form one unit, placed as a
-whole when its first node is. A unit is (1) every node labelled with the same model block
-(`meta["layer"]`: `layer_3`, `head`, `embed`): the block's forward and the backward that
-reads its saved activations, and everything that reads its parameters, which the graph
-does not show as edges, so splitting a block would need weight copies the cost model never
-sees; plus, never joining two labelled blocks and never growing an unlabelled unit past a
-quarter of a device's fair share of the time, (2) Baechi's rule: a node whose output has
-one consumer goes with it (a gradient with its optimizer update), (3) a node that reads no
-other node (a weight cast, a constant) goes with its first consumer, (4) an unlabelled
-backward node goes with the forward node whose activation (the largest) it reads.
+Co-placement: as Baechi places TensorFlow's colocation groups (and its forward/backward
+groups) whole, nodes that must share a device form a unit, bound to a device when its
+first node is placed. Four rules build the units:
+1. nodes labelled with one model block (`meta["layer"]`: `layer_3`, `head`, `embed`) share
+   a device: the block's forward, the backward that reads its saved activations and the
+   nodes that read its parameters, which the graph does not show as edges (splitting a
+   block would need weight copies the cost model never sees). Layers inside a scan carry
+   no index: each loop iteration is a block then, and forward and backward part;
+2. Baechi's rule: a node whose output has one consumer goes with it (a gradient with its
+   optimizer update);
+3. a node that reads no other node (a weight cast, a constant) goes with its first consumer;
+4. an unlabelled backward node goes with the forward node whose activation (the largest
+   one) it reads.
+Rules 2-4 never join two labelled blocks, and never grow a unit of unlabelled nodes past a
+quarter of a device's fair share of the step's time, so enough units remain to balance.
 
-Memory is a sound bound on what `hardware_models.memory` reports for the placed graph,
-checked whenever a unit is placed: each device holds its units' parameters and optimizer
-state (a layer's arguments live with the layer, the rest is spread evenly, as
-`apply_placement` accounts them), plus every value from the node that makes it to the
-value's last use anywhere, plus a copy of each value it receives from the first consumer
-on the device onwards. Values are live over intervals of the schedule order, so the check
-is a running maximum, not a sum (a copy for an input not yet placed is reserved as if
-remote).
+Memory is a bound on each device's peak, checked whenever a unit is placed: the device
+holds its units' parameters and optimizer state (a layer's arguments live with the layer,
+the rest is spread evenly, as `apply_placement` accounts them), plus every value it makes
+or receives, from the moment the value is made (a transfer is a rendezvous right after
+the producer) to the value's last use anywhere. Values live over intervals of the schedule
+order, so the check is a running maximum, not a sum; a copy for an input whose device is
+not known yet is reserved as if remote. This covers what `hardware_models.memory` reports
+for the placed graph, which frees a value on its producer once sent and counts the copy
+only from its first consumer on.
 """
 from __future__ import annotations
 
@@ -76,8 +82,8 @@ class Placement:
 
 def place(graph: WorkloadGraph, algorithm: str = "m-sct", devices: int = 8,
           memory_limit: float = 0.0, hardware: str = "h100-sxm") -> Placement:
-    """Place `graph` with a Baechi algorithm; times the algorithm alone (co-placement and
-    memory bookkeeping included, the cost model's node times not)."""
+    """Place `graph` with a Baechi algorithm. The placement time covers the algorithm with
+    its co-placement and memory bookkeeping, not the cost model pricing the nodes."""
     from flint.hardware_models.estimate import node_durations
     from flint.passes.pipeline import apply_placement
 
@@ -91,8 +97,8 @@ def place(graph: WorkloadGraph, algorithm: str = "m-sct", devices: int = 8,
     flat, durations, model = node_durations(graph, hardware or None)
     limit = float(memory_limit or model.spec.hbm_capacity)
     comm = link_time(model.spec)
-    sizes = output_bytes(flat)
     start = time.perf_counter()
+    sizes = output_bytes(flat)
     device_of = run(flat, durations, comm, sizes, devices, limit)
     elapsed = time.perf_counter() - start
     placed = apply_placement(flat, device_of, devices)

@@ -1,6 +1,6 @@
 """m-ETF and m-SCT: list scheduling of a training step over memory-limited devices
-(Jeon et al., "Baechi: Fast Device Placement of Machine Learning Graphs", SoCC 2020,
-sections 3.2-3.3; units and memory as in `place`).
+(Jeon et al., "Baechi: Fast Device Placement of Machine Learning Graphs", SoCC 2020;
+co-placement units and the memory bound as in `place`).
 
 Both simulate the step: a node is ready once its inputs have run; on device d it can start
 at max(d free, its last input's arrival), an input made on another device arriving after
@@ -9,19 +9,23 @@ the pair (ready node, device) with the earliest start, ties to the earlier node 
 compiler's schedule. A unit is bound to a device when its first node starts, if the device
 has room for the whole unit; otherwise that device is ruled out for the unit.
 
-SCT (Hanen and Munier, "Performance of Coffman-Graham schedules in the presence of unit
-communication delays", 1998) gives every node at most one favourite child, one whose edge
-then costs no transfer: Hanen and Munier round an LP relaxation, Baechi solves it with an
-LP solver. Too slow for 10k-node graphs in Python, so we take the LP's intent directly: the
-edges whose transfer would lengthen the longest path the most (top level of the parent +
-its time + transfer + bottom level of the child) become favourite first, greedily, each
-parent and each child used at most once. A device that just ran a node whose favourite
-child is ready, and starts soonest there, waits for that child unless another node is
-urgent (its inputs are available on every device already: delaying it gains nothing).
+SCT (Hanen and Munier, "An approximation algorithm for scheduling dependent tasks on m
+processors with small communication delays") gives every node at most one favourite child,
+one whose edge then costs no transfer: Hanen and Munier round an LP relaxation, which
+Baechi hands to an LP solver. That is too slow for 10k-node graphs in Python, so we take
+the LP's intent directly: the edges whose transfer would lengthen the longest path the most
+(top level of the parent + its time + transfer + bottom level of the child) become
+favourite first, greedily, each parent and each child used at most once. A device that
+just ran a node whose favourite child is ready, and starts soonest there, waits for that
+child (idling if need be) unless another node is urgent: its inputs are on every device
+already, so delaying it gains nothing.
 
-Nodes that read no other node (weight casts, constants) and share a unit with other nodes
-start when their unit is bound, on its device: they wait for nothing, and letting them
-bind a unit at time zero would scatter blocks over idle devices before any data flows.
+Binding follows the data. Nodes that read no other node (weight casts, constants) and
+share a unit with other nodes start when their unit is bound, on its device: they wait for
+nothing, and letting them bind a unit at time zero would scatter blocks over idle devices
+before any data flows. Likewise every node of a unit waits for the values that enter the
+unit before its first node in the schedule (a block's input activation), so that the block
+goes where that input is cheapest to have.
 """
 from __future__ import annotations
 
@@ -85,9 +89,21 @@ class _Scheduler:
         for v in range(n):
             if self.deferred[v]:
                 self.sources[unit_of[v]].append(v)
-        # inputs a node waits for: all but deferred sources of its own unit
+        # The values that enter a unit before its first busy node in the schedule (a
+        # block's input activation) gate all of it: otherwise a node that needs nothing
+        # from there (a block's optimizer update reading a step-size scalar) would bind
+        # the block to whichever device is idle long before its data exists.
+        first = [n] * len(p.units)
+        for v in range(n - 1, -1, -1):
+            if nodes[v].inputs:
+                first[unit_of[v]] = v
+        gate: list[set] = [set() for _ in p.units]
+        for g, external in enumerate(p.external):
+            gate[g] = {u for u in external if u < first[g] and nodes[u].inputs}
+        # inputs a node waits for: all but deferred sources of its own unit, plus its gate
         self.preds = [sorted({u for u in nodes[v].inputs
-                              if not (self.deferred[u] and unit_of[u] == unit_of[v])})
+                              if not (self.deferred[u] and unit_of[u] == unit_of[v])}
+                             | (gate[unit_of[v]] if nodes[v].inputs else set()))
                       for v in range(n)]
         self.readers: list[list[int]] = [[] for _ in range(n)]
         for v, preds in enumerate(self.preds):
@@ -116,9 +132,9 @@ class _Scheduler:
                 c = (self._awake(d) if self.favourite is not None else None) or self._candidate(d)
                 if c is not None and (best is None or c + (d,) < best):
                     best = c + (d,)
-            if best is None:
+            if best is None:         # only deferred sources can hold the graph up
                 if not self._release_source():
-                    raise p.infeasible(next(v for v in range(len(self.done)) if not self.done[v]))
+                    raise RuntimeError(f"{p.algorithm}: list scheduling stalled")
                 continue
             start, _, v, d = best
             g = p.unit_of[v]

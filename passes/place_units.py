@@ -16,16 +16,20 @@ def output_bytes(graph: WorkloadGraph) -> list[float]:
     return [float(sum(parse_shape(s).nbytes for s in n.outputs)) for n in graph.nodes]
 
 
-def _label_key(label):
-    """The block a node belongs to: a layer index, or a non-layer block name."""
+def _label_key(meta: dict):
+    """The block a node belongs to: a layer index, or a block name; a scanned layer's name
+    says no index, so there each loop iteration (`expand_loops` tags it) is a block."""
+    label = meta.get("layer")
     if not label or label == "optimizer":
         return None
     li = layer_index(label)
-    return li if li is not None else str(label)
+    if li is not None:
+        return li
+    return (str(label), meta["iteration"]) if "iteration" in meta else str(label)
 
 
 def coplacement_units(graph: WorkloadGraph, durations: list[float], devices: int) -> list[int]:
-    """Co-placement unit per node (the rules in the module docstring), numbered by each
+    """Co-placement unit per node (the rules in `place`'s docstring), numbered by each
     unit's first node; deterministic."""
     n = len(graph.nodes)
     parent = list(range(n))
@@ -34,7 +38,7 @@ def coplacement_units(graph: WorkloadGraph, durations: list[float], devices: int
     cap = sum(durations) / (4 * max(devices, 1))
     first: dict = {}
     for node in graph.nodes:                        # rule 1: same block, same device
-        k = _label_key(node.meta.get("layer"))
+        k = _label_key(node.meta)
         if k is not None:
             root = first.setdefault(k, node.id)
             parent[node.id] = root
@@ -127,13 +131,12 @@ class Problem:
         for v, nbytes in owned.items():
             self.unit_args[self.unit_of[v]] += nbytes
         self.resident = spread / devices
-        # external inputs of each unit with their first reader inside it
-        self.external: list[dict[int, int]] = [{} for _ in self.units]
+        # values each unit reads from other units, in schedule order
+        external: list[set] = [set() for _ in self.units]
         for node in graph.nodes:
             g = self.unit_of[node.id]
-            for u in node.inputs:
-                if self.unit_of[u] != g:
-                    self.external[g].setdefault(u, node.id)
+            external[g].update(u for u in node.inputs if self.unit_of[u] != g)
+        self.external = [sorted(x) for x in external]
         self._check_lower_bounds()
 
     def own_intervals(self, g):
@@ -199,24 +202,18 @@ class Memory:
         self.live = np.zeros((problem.devices, problem.buckets))
         self.peak = [0.0] * problem.devices
         self.held = [problem.resident] * problem.devices
-        self.copy_from: dict[tuple[int, int], int] = {}   # (value, device) -> first bucket
+        self.copies: set[tuple[int, int]] = set()   # (value, device) copies reserved
         self.bound = [-1] * len(problem.units)
 
     def _delta(self, g: int, d: int):
         p = self.p
         out = p.own_intervals(g)
         copies = []
-        for u, reader in p.external[g].items():
-            if self.bound[p.unit_of[u]] == d or not p.sizes[u]:
+        for u in p.external[g]:
+            if self.bound[p.unit_of[u]] == d or not p.sizes[u] or (u, d) in self.copies:
                 continue
-            a, b = reader // p.width, p.last[u] // p.width
-            start = self.copy_from.get((u, d))
-            if start is not None:
-                if a >= start:
-                    continue
-                b = start - 1
-            copies.append((u, a))
-            out.append((a, b, p.sizes[u]))
+            copies.append((u, d))
+            out.append((u // p.width, p.last[u] // p.width, p.sizes[u]))
         return out, copies
 
     def _span(self, d: int, intervals):
@@ -246,8 +243,7 @@ class Memory:
         intervals, copies = self._delta(g, d)
         self.bound[g] = d
         self.held[d] += self.p.unit_args[g]
-        for u, a in copies:
-            self.copy_from[(u, d)] = min(a, self.copy_from.get((u, d), a))
+        self.copies.update(copies)
         if intervals:
             lo, hi, add = self._span(d, intervals)
             self.live[d, lo:hi + 1] += add
@@ -256,24 +252,19 @@ class Memory:
 
 def placement_memory(graph: WorkloadGraph, sizes, device_of: list[int],
                      devices: int) -> list[float]:
-    """Each device's memory bound for a finished placement (module docstring; exact copy
-    intervals now that every value's device is known), in bytes."""
+    """Each device's memory bound for a finished placement (`place`'s docstring; no
+    copy reserved for a value that turned out local), in bytes."""
     n = len(graph.nodes)
     users = graph.users
     last = [max(users[v], default=v) for v in range(n)]
     diff = np.zeros((devices, n + 1))
-    first_copy: dict[tuple[int, int], int] = {}
+    held_on = {(u, device_of[u]) for u in range(n)}
     for v in range(n):
-        d = device_of[v]
-        if sizes[v]:
-            diff[d, v] += sizes[v]
-            diff[d, last[v] + 1] -= sizes[v]
         for u in graph.nodes[v].inputs:
-            if device_of[u] != d:
-                first_copy.setdefault((u, d), v)
-    for (u, d), v in first_copy.items():
+            held_on.add((u, device_of[v]))
+    for u, d in held_on:
         if sizes[u]:
-            diff[d, v] += sizes[u]
+            diff[d, u] += sizes[u]
             diff[d, last[u] + 1] -= sizes[u]
     owned, spread = argument_bytes(graph)
     held = [spread / devices] * devices

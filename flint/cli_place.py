@@ -1,0 +1,110 @@
+"""`flint place` (registered on the main app): Baechi device placement of a workload graph
+over memory-limited devices, and the placed step's predicted time."""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from flint.cli import _check_output_dir, _run, app, err
+from flint.errors import FlintError
+
+
+@app.command(name="place")
+def place_command(
+    graph_file: str = typer.Argument(..., help="a workload graph JSON (flint extract --out), "
+                                               "a Chakra .et, or a directory of them"),
+    algorithm: str = typer.Option("m-sct", help="m-sct | m-etf | m-topo"),
+    devices: int = typer.Option(8, help="devices to place over (one NVLink domain)"),
+    memory_limit: Optional[str] = typer.Option(None, help="memory per device, e.g. 40GB or "
+                                               "64GiB (default: the hardware's HBM)"),
+    hardware_name: str = typer.Option("h100-sxm", "--hardware", help="spec name or a spec "
+                                      "YAML path: node times, link speed, HBM"),
+    out: Optional[str] = typer.Option(None, help="write the placed multi-device graph as JSON"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+):
+    """Place a training step's operators on memory-limited devices (Baechi's m-TOPO, m-ETF,
+    m-SCT) and predict the placed step's time with the built-in cost model."""
+    def go():
+        report, placed = place_report(graph_file, algorithm, devices, memory_limit,
+                                      hardware_name, out)
+        if out:
+            placed.save(out)
+        if as_json:
+            print(json.dumps(report, sort_keys=True, indent=1))
+        else:
+            render_place(report, Console())
+            if out:
+                err.print(f"wrote {out}")
+
+    _run(go)
+
+
+def place_report(graph_file, algorithm, devices, memory_limit, hardware_name, out=None):
+    """(report dict, placed graph); checks every argument before the work starts."""
+    from flint.passes.place import ALGORITHMS
+
+    if algorithm not in ALGORITHMS:
+        raise FlintError(f"unknown --algorithm {algorithm!r}; use {' | '.join(ALGORITHMS)}")
+    if devices < 1:
+        raise FlintError(f"--devices must be at least 1, not {devices}")
+    limit = 0.0
+    if memory_limit is not None:
+        from flint.hardware_models.units import parse_quantity
+
+        limit = parse_quantity(memory_limit, "bytes", "--memory-limit")
+        if limit <= 0:
+            raise FlintError(f"--memory-limit {memory_limit!r} must be more than zero")
+    if out:
+        _check_output_dir(out)
+    from flint.cli_export import load_any_graph
+    from flint.hardware_models.estimate import estimate
+    from flint.passes.place import place, transfers
+
+    graph = load_any_graph(graph_file)
+    result = place(graph, algorithm, devices, limit, hardware_name)
+    predicted = estimate(result.graph, hardware_name)
+    count, nbytes = transfers(result.graph)
+    report = {
+        "graph": str(graph_file), "algorithm": algorithm, "devices": devices,
+        "hardware": predicted.hardware, "nodes": len(result.device_of),
+        "placement_time_s": result.placement_time_s, "step_time_s": predicted.step_time_s,
+        "memory_limit_bytes": result.memory_limit_bytes,
+        "per_device_bytes": result.per_device_bytes,
+        "cost_model_per_device_bytes": predicted.memory.get("per_device_bytes", []),
+        "per_device_nodes": [result.device_of.count(d) for d in range(devices)],
+        "per_device_busy_s": predicted.pipeline.get("compute_busy_s", [predicted.compute_busy_s]),
+        "transfers": count, "transfer_bytes": nbytes,
+    }
+    return report, result.graph
+
+
+def render_place(r: dict, console: Console) -> None:
+    from rich.table import Table
+
+    from flint.render import fmt_bytes, fmt_seconds
+
+    t = Table(title=f"flint place --algorithm {r['algorithm']}: {r['nodes']} nodes on "
+                    f"{r['devices']} x {r['hardware']}", show_header=False)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    t.add_row("algorithm", r["algorithm"])
+    t.add_row("devices", f"{r['devices']} devices")
+    t.add_row("placement time", f"{r['placement_time_s']:.3f} s")
+    t.add_row("predicted step time", f"{r['step_time_s'] * 1e3:.1f} ms")
+    t.add_row("memory limit per device", f"{r['memory_limit_bytes'] / 2**30:.2f} GiB")
+    t.add_row("cross-device transfers", f"{r['transfers']} values, {fmt_bytes(r['transfer_bytes'])}")
+    console.print(t)
+    d = Table(title="per device")
+    for name in ("device", "nodes", "memory bound (GiB)", "cost-model peak (GiB)", "busy"):
+        d.add_column(name, justify="right")
+    peaks = r["cost_model_per_device_bytes"] or [None] * r["devices"]
+    busy = r["per_device_busy_s"]
+    for i in range(r["devices"]):
+        d.add_row(str(i), f"{r['per_device_nodes'][i]} nodes",
+                  f"{r['per_device_bytes'][i] / 2**30:.2f} GiB",
+                  f"{peaks[i] / 2**30:.2f} GiB" if peaks[i] is not None else "-",
+                  fmt_seconds(busy[i]) if i < len(busy) else "-")
+    console.print(d)
