@@ -77,7 +77,7 @@ def sweep(
 
         from flint.sweep import run_sweep
         from flint.sweep_report import pareto_front, render_front, write_outputs
-        from flint.sweep_space import SearchSpace
+        from flint.sweep_space import Config, SearchSpace
 
         flags = {"model": model, "global_batch": global_batch, "budget": budget, "seed": seed,
                  "devices": devices and _ints(devices, "devices"), "tp": tp and _ints(tp, "tp"),
@@ -102,10 +102,7 @@ def sweep(
                 what = (f"{row['step_time_s'] * 1e3:9.1f} ms/step {row['memory_gib']:6.1f} GiB"
                         f"{' OOM' if row['oom'] else ''}" if row["status"] == "ok"
                         else f"{row['status']}: {row.get('error', '')}")
-                from flint.sweep_space import Config
-
-                label = Config(**{**{k: row[k] for k in Config.__dataclass_fields__},
-                                  "what_if": tuple(sorted(row["what_if"].items()))}).label()
+                label = Config.from_json(row).label()
                 progress.console.print(f"[{count}/{total}] {row['time_s']:7.2f} s "
                                        f"{'(extracted) ' if kind == 'extract' else ''}"
                                        f"{label}: {what}", highlight=False)

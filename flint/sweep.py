@@ -45,13 +45,13 @@ def extract_program(program: dict) -> WorkloadGraph:
 
 @dataclass
 class Evaluator:
-    """Graphs by program (disk cache) and pipelined graphs by pipeline shape (memory)."""
+    """Graphs by program (disk cache); pipelined graphs and their memory analysis by
+    pipeline shape (in memory: both depend on the graph only, not on the hardware)."""
 
     directory: Path
     extract: Callable[[dict], WorkloadGraph] = extract_program
     graphs: dict = field(default_factory=dict)
     pipelined: dict = field(default_factory=dict)
-    memory: dict = field(default_factory=dict)
 
     def graph(self, cfg: Config) -> tuple[WorkloadGraph, bool]:
         key = cfg.program_key()
@@ -66,35 +66,33 @@ class Evaluator:
         else:
             graph = WorkloadGraph.load(path)
         self.graphs = {key: graph}      # one program at a time: configs come grouped
-        self.pipelined, self.memory = {}, {}
+        self.pipelined = {}
         return graph, extracted
 
-    def pipeline(self, cfg: Config, graph: WorkloadGraph) -> WorkloadGraph:
-        if cfg.pp == 1 and cfg.microbatches == 1:
-            return graph
+    def pipeline(self, cfg: Config, graph: WorkloadGraph):
+        """(the graph the configuration runs, its memory analysis)."""
+        from flint.hardware_models.memory import estimate_memory
         from flint.passes.pipeline import PipelineParallel
 
         shape = (cfg.pp, cfg.microbatches, cfg.schedule, cfg.virtual, cfg.pipeline_split,
                  cfg.hardware if cfg.pipeline_split == "time" else "")
         if shape not in self.pipelined:
-            self.pipelined[shape] = PipelineParallel(
+            piped = graph if cfg.pp == 1 and cfg.microbatches == 1 else PipelineParallel(
                 stages=cfg.pp, microbatches=cfg.microbatches, schedule=cfg.schedule,
                 virtual=cfg.virtual, split=cfg.pipeline_split, hardware=shape[-1]).run(graph)
+            self.pipelined[shape] = (piped, estimate_memory(piped))
         return self.pipelined[shape]
 
     def evaluate(self, cfg: Config) -> dict:
         from flint.hardware_models.estimate import estimate
-        from flint.hardware_models.memory import estimate_memory
 
         t0 = time.perf_counter()
         row = {"key": cfg.key(), "program": cfg.program_key(), **cfg.to_json()}
         try:
             graph, extracted = self.graph(cfg)
             t1 = time.perf_counter()
-            piped = self.pipeline(cfg, graph)
-            if id(piped) not in self.memory:     # the graph's, whatever the hardware
-                self.memory = {id(piped): estimate_memory(piped)}
-            e = estimate(piped, cfg.hardware, cfg.overrides(), memory=self.memory[id(piped)])
+            piped, memory = self.pipeline(cfg, graph)
+            e = estimate(piped, cfg.hardware, cfg.overrides(), memory=memory)
         except FlintError as err:
             return {**row, "status": "invalid", "error": str(err),
                     "time_s": time.perf_counter() - t0, "extracted": False}

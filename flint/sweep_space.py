@@ -87,6 +87,12 @@ class Config:
         d["what_if"] = {k: v for k, v in self.what_if}
         return d
 
+    @classmethod
+    def from_json(cls, d: dict) -> "Config":
+        """The configuration of a `to_json` dict (or of a result row, which holds one)."""
+        return cls(**{**{k: d[k] for k in cls.__dataclass_fields__},
+                      "what_if": tuple(sorted(d["what_if"].items()))})
+
     def overrides(self) -> list[str]:
         return [f"{k}={v}" for k, v in self.what_if]
 

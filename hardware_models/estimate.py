@@ -80,7 +80,7 @@ def _per_device(graph: WorkloadGraph, tl: Timeline, durations: list[float]) -> d
     return {"devices": devices, "compute_busy_s": busy, "communication_busy_s": comm,
             "pipelined_s": window, "bubble_s": bubble,
             "bubble_fraction": sum(bubble) / devices / window if window else 0.0,
-            **{k: v for k, v in graph.meta.get("pipeline", {}).items()}}
+            **graph.meta.get("pipeline", {})}
 
 
 def node_durations(graph: WorkloadGraph, hardware: str | None = None, overrides=(),

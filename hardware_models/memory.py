@@ -82,17 +82,8 @@ def xla_memory_bytes(graph: WorkloadGraph) -> float | None:
     return float(m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"])
 
 
-_NBYTES: dict[str, int] = {}
-
-
 def _leaf_bytes(outputs: list[str]) -> list[int]:
-    out = []
-    for s in outputs:
-        n = _NBYTES.get(s)
-        if n is None:
-            n = _NBYTES[s] = parse_shape(s).nbytes
-        out.append(n)
-    return out
+    return [parse_shape(s).nbytes for s in outputs]
 
 
 def _peak_live(graph: WorkloadGraph) -> dict[int, tuple[float, int]]:

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from flint.cluster import Cluster
 from flint.errors import FlintError
 from flint.graph import Collective, Communicator, Node, NodeKind, WorkloadGraph
-from flint.hlo.shapes import parse_shape
+from flint.hlo.shapes import shapes_bytes
 from flint.passes.expand_loops import ExpandLoops
-from flint.passes.pipeline_stages import (SCHEDULES, assign_chunks, device_order,
-                                          layer_index, task_of)
+from flint.passes.pipeline_stages import (SCHEDULES, arguments_by_layer, assign_chunks,
+                                          device_order, layer_index, task_of)
 
 PIPE_AXIS = "pipe"
 
@@ -143,14 +143,20 @@ class _Builder:
         for t in self.members.get((phase, c), ()):
             self.emit_node(t, phase, mb, c)
 
+    def instance(self, i: int, phase: str, mb: int) -> int:
+        """Which microbatch's copy of node i a node of `phase` in microbatch `mb` reads:
+        its own for per-microbatch work, the last one once per step, 0 for once-per-step
+        nodes (they have one copy)."""
+        if self.tasks[i] not in "FB":
+            return 0
+        return mb if phase in "FB" else self.cfg.microbatches - 1
+
     def emit_node(self, t: int, phase: str, mb: int, c: int) -> None:
-        last_mb = self.cfg.microbatches - 1
         old = self.g.nodes[t]
         dev = self.device(t)
 
         def source(i):
-            k = mb if self.tasks[i] in "FB" and phase in "FB" else \
-                last_mb if self.tasks[i] in "FB" else 0
+            k = self.instance(i, phase, mb)
             if self.device(i) == dev:
                 return self.copy[(i, k)]
             return self.receive(i, k, dev)
@@ -159,9 +165,9 @@ class _Builder:
         node = copy.copy(old)
         node.id = len(self.nodes)
         node.inputs = inputs
-        node.control = sorted({self.copy[(i, mb if self.tasks[i] in "FB" else 0)]
-                               for i in old.control if self.device(i) == dev
-                               and (i, mb if self.tasks[i] in "FB" else 0) in self.copy})
+        control = ((i, self.instance(i, phase, mb)) for i in old.control
+                   if self.device(i) == dev)
+        node.control = sorted({self.copy[key] for key in control if key in self.copy})
         node.meta = dict(old.meta, device=dev, chunk=c, task=phase, template=t)
         if phase in "FB":
             node.meta["microbatch"] = mb
@@ -187,7 +193,7 @@ class _Builder:
 
     def p2p(self, kind: NodeKind, old: Node, inputs, src: int, dst: int, mb: int,
             c: int) -> int:
-        nbytes = sum(parse_shape(s).nbytes for s in old.outputs)
+        nbytes = shapes_bytes(old.outputs)
         comm = self.pairs.get((src, dst))
         if comm is None:
             comm = self.pairs[(src, dst)] = len(self.comms)
@@ -217,7 +223,7 @@ class _Builder:
             meta["placement"] = {"devices": self.p}
         else:
             meta["pipeline"] = {"stages": self.p, "microbatches": cfg.microbatches,
-                            "schedule": cfg.schedule, "virtual": cfg.virtual,
+                                "schedule": cfg.schedule, "virtual": cfg.virtual,
                                 "split": cfg.split, "template_nodes": len(g.nodes)}
         if "model_flops_per_device" in meta:   # per device of the whole (p x) cluster
             meta["model_flops_per_device"] *= cfg.microbatches / self.p
@@ -238,12 +244,8 @@ def _arguments_by_device(graph: WorkloadGraph, chunk: list[int], p: int) -> list
         li = layer_index(n.meta.get("layer"))
         if li is not None:
             layer_chunk.setdefault(li, chunk[n.id])
-    per = [0.0] * p
-    for name, nbytes in graph.meta.get("arguments", ()):
-        li = layer_index(name)
-        if li is not None and li in layer_chunk:
-            per[layer_chunk[li] % p] += nbytes
-        else:
-            for d in range(p):
-                per[d] += nbytes / p
+    owned, rest = arguments_by_layer(graph)
+    per = [rest / p] * p
+    for li, nbytes in owned.items():
+        per[layer_chunk[li] % p] += nbytes
     return per

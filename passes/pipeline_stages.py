@@ -17,7 +17,7 @@ import re
 
 from flint.errors import FlintError
 from flint.graph import WorkloadGraph
-from flint.hlo.shapes import parse_shape
+from flint.hlo.shapes import shapes_bytes
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 SPLITS = ("layers", "time")
@@ -30,6 +30,21 @@ def layer_index(text) -> int | None:
         return None
     m = _LAYER.search(str(text))
     return int(m.group(1)) if m else None
+
+
+def arguments_by_layer(graph: WorkloadGraph) -> tuple[dict[int, float], float]:
+    """Argument bytes (parameters, optimizer state) by the index of the layer the graph
+    runs that they are named after, and the bytes of every other argument."""
+    layers = {layer_index(n.meta.get("layer")) for n in graph.nodes} - {None}
+    owned: dict[int, float] = {}
+    rest = 0.0
+    for name, nbytes in graph.meta.get("arguments", ()):
+        li = layer_index(name)
+        if li in layers:
+            owned[li] = owned.get(li, 0.0) + nbytes
+        else:
+            rest += nbytes
+    return owned, rest
 
 
 def task_of(graph: WorkloadGraph) -> list[str]:
@@ -169,7 +184,6 @@ def _chunks_by_time(graph, tasks, chunks, durations, tolerance=0.15) -> list[int
                 time.append(time[-1] + weight[label])
             else:
                 time.append(time[-1])
-        time = [time[j] for j in range(len(time))]
         cost = [0.0] * (len(ids) + 1)
     else:
         time = [0.0]
@@ -211,7 +225,7 @@ def _crossing_bytes(graph, ids) -> list[float]:
             if d in pos:
                 last_use[d] = k
     ends = [0.0] * (len(ids) + 1)
-    size = [sum(parse_shape(s).nbytes for s in graph.nodes[i].outputs) for i in ids]
+    size = [shapes_bytes(graph.nodes[i].outputs) for i in ids]
     live, out = 0.0, [0.0] * (len(ids) + 1)
     for k, i in enumerate(ids):
         live -= ends[k]

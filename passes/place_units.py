@@ -6,14 +6,14 @@ import numpy as np
 
 from flint.errors import FlintError
 from flint.graph import WorkloadGraph
-from flint.hlo.shapes import parse_shape
-from flint.passes.pipeline_stages import layer_index
+from flint.hlo.shapes import shapes_bytes
+from flint.passes.pipeline_stages import arguments_by_layer, layer_index
 
 _MAX_BUCKETS = 16384          # schedule positions per memory bucket grow beyond this
 
 
 def output_bytes(graph: WorkloadGraph) -> list[float]:
-    return [float(sum(parse_shape(s).nbytes for s in n.outputs)) for n in graph.nodes]
+    return [float(shapes_bytes(n.outputs)) for n in graph.nodes]
 
 
 def _label_key(meta: dict):
@@ -93,15 +93,9 @@ def argument_bytes(graph: WorkloadGraph) -> tuple[dict[int, float], float]:
         li = layer_index(node.meta.get("layer"))
         if li is not None:
             first.setdefault(li, node.id)
-    owned: dict[int, float] = {}
-    spread = 0.0
+    by_layer, spread = arguments_by_layer(graph)
+    owned = {first[li]: nbytes for li, nbytes in by_layer.items()}
     arguments = meta.get("arguments", ())
-    for name, nbytes in arguments:
-        li = layer_index(name)
-        if li is not None and li in first:
-            owned[first[li]] = owned.get(first[li], 0.0) + nbytes
-        else:
-            spread += nbytes
     aliased = set(meta.get("aliased_arguments", ()))
     aliased_bytes = sum(b for i, (_, b) in enumerate(arguments) if i in aliased)
     return owned, spread + max(float(meta.get("output_bytes", 0)) - aliased_bytes, 0.0)

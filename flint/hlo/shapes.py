@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from flint.errors import FlintError
 
@@ -36,7 +37,7 @@ class Shape:
     def num_elements(self) -> int:
         return math.prod(self.dims)
 
-    @property
+    @cached_property     # shapes are cached and immutable: size each once
     def nbytes(self) -> int:
         if self.is_tuple:
             return sum(e.nbytes for e in self.elements)
@@ -67,6 +68,11 @@ def parse_shape(text: str) -> Shape:
     shape, end = _parse(text.strip(), 0)
     _CACHE[text] = shape
     return shape
+
+
+def shapes_bytes(texts) -> int:
+    """Total bytes of a list of shape strings (a node's outputs)."""
+    return sum(parse_shape(t).nbytes for t in texts)
 
 
 def _parse(s: str, i: int) -> tuple[Shape, int]:
