@@ -216,7 +216,8 @@ class SearchSpace:
                 return None, f"{pp}x{pt['virtual']} virtual stages exceed the layers"
         elif pt["virtual"] != 1:
             return None, f"virtual stages need the interleaved schedule, not {pt['schedule']}"
-        if pp == 1 and pt["schedule"] != AXES["schedule"][0] and len(self.axes["schedule"]) > 1:
+        plain = [s for s in self.axes["schedule"] if s != "interleaved"]
+        if pp == 1 and pt["schedule"] != plain[0]:   # one pp=1 run, whatever the schedules
             return None, "pipeline schedules only differ when pp > 1"
         if pt["sp"] and tp == 1:
             return None, "sequence parallelism needs tp > 1"

@@ -139,3 +139,11 @@ def test_cli_sweep_and_bad_input(tmp_path):
     bad.write_text("devices: [4\n")
     r = run_flint("sweep", str(bad), "--out", str(tmp_path / "x"))
     assert r.returncode == 2 and "not valid YAML" in r.stderr
+
+
+def test_pp1_runs_once_whatever_the_schedules():
+    for schedules in (["gpipe", "interleaved"], ["interleaved", "1f1b"], ["1f1b", "gpipe"]):
+        configs, _ = SearchSpace.from_dict({**TINY, "devices": [8], "tp": [1], "pp": [1, 2],
+                                           "schedule": schedules, "virtual": [1, 2],
+                                           "what_if": [{}]}).expand()
+        assert sum(c.pp == 1 for c in configs) == 1, schedules
