@@ -264,5 +264,7 @@ if __name__ == "__main__":
     _main()
 
 
-# Registers `flint validate`, `calibrate`, `export`, `import`, `sweep` (and others) on `app`.
-from flint import cli_export, cli_place, cli_sweep, cli_validate  # noqa: E402,F401
+# Registers `flint validate`, `calibrate`, `export`, `import`, `sweep`, `replay`, `rescale`,
+# `anonymize` (and others) on `app`.
+from flint import (cli_anonymize, cli_export, cli_place, cli_replay,  # noqa: E402,F401
+                   cli_rescale, cli_sweep, cli_validate)

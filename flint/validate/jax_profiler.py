@@ -5,6 +5,9 @@ XLA tags every op event with `hlo_module`, `hlo_op` and the execution's `run_id`
 (`device_ordinal` on host devices; on GPUs and TPUs the device is the event's process).
 A step is one `run_id` of the module (or one `group_id` step marker when run ids are absent);
 its time is the slowest device's span from its first op to its last.
+
+A trace of a `flint replay` program has `flint_replay_names.json` in its log directory: the
+replay's instruction names -> the graph's node names, so the trace joins the source graph.
 """
 from __future__ import annotations
 
@@ -52,9 +55,32 @@ def is_jax_profile(events: list[dict]) -> bool:
     return any(isinstance(e.get("args"), dict) and "hlo_op" in e["args"] for e in events[:200000])
 
 
+def replay_names(trace_file: Path, given: Path) -> dict | None:
+    """The names map a replay wrote at the top of its log directory, if this trace has one:
+    searched from the trace file's directory up to the directory the user gave (or up to
+    the log directory of jax.profiler's `plugins/profile/<run>/` layout)."""
+    from flint.io import read_json
+    from flint.replay import NAMES_FILE
+
+    chain = [trace_file.parent, *trace_file.parent.parents]
+    top = chain.index(given) + 1 if given in chain else 4
+    for directory in chain[:top]:
+        if (directory / NAMES_FILE).is_file():
+            names = read_json(directory / NAMES_FILE)
+            if not isinstance(names, dict) or not isinstance(names.get("ops"), dict):
+                raise FlintError(f"{directory / NAMES_FILE} is not a replay names map")
+            return names
+    return None
+
+
 def read_jax_profile(path, module: str | None = None, events=None) -> MeasuredTrace:
     """`events`: the file's trace events when the caller has already read them."""
-    path = find_profile_file(Path(path))
+    given = Path(path)
+    path = find_profile_file(given)
+    names = replay_names(path, given)
+    rename = names["ops"] if names else {}
+    if names and module is None:
+        module = names.get("module")
     if events is None:
         events = load_trace_events(path)
     ops = [e for e in events if e.get("ph") == "X" and isinstance(e.get("args"), dict)
@@ -84,7 +110,8 @@ def read_jax_profile(path, module: str | None = None, events=None) -> MeasuredTr
         lo_hi = spans[step].setdefault(device, [start, start + dur])
         lo_hi[0], lo_hi[1] = min(lo_hi[0], start), max(lo_hi[1], start + dur)
         d = per_op[step][device]
-        d[a["hlo_op"]] = d.get(a["hlo_op"], 0.0) + dur
+        op = rename.get(a["hlo_op"], a["hlo_op"])
+        d[op] = d.get(op, 0.0) + dur
     order = sorted(spans, key=lambda s: min(v[0] for v in spans[s].values()))
     steps = [MeasuredStep(k + 1, max(hi - lo for lo, hi in spans[s].values()),
                           {dev: dict(ops_) for dev, ops_ in sorted(per_op[s].items())})

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def profile_zoo_step(model: str, devices: int, mesh: str, log_dir, steps: int = 5,
-                     **build_options):
-    """(WorkloadGraph of the step, directory of the JAX profiler trace of `steps` runs)."""
+def compile_zoo_step(model: str, devices: int, mesh: str, **build_options):
+    """(WorkloadGraph, run(args) -> new args, args): the step compiled for the host devices,
+    its graph, and zero-filled arguments already run once (first-touch allocations done)."""
     import jax
     import jax.numpy as jnp
 
@@ -30,17 +30,27 @@ def profile_zoo_step(model: str, devices: int, mesh: str, log_dir, steps: int = 
     args = jax.tree.map(lambda sds, sharding: jax.device_put(jnp.zeros(sds.shape, sds.dtype),
                                                              sharding),
                         w.args, run.input_shardings[0])
-    out = run(*args)                      # one untraced run: first-touch allocations
-    jax.block_until_ready(out)
-    args = (out[0], out[1], args[2])
+
+    def run_step(args):
+        out = run(*args)
+        jax.block_until_ready(out)
+        return (out[0], out[1], args[2])  # new params and optimizer state, same batch
+
+    return graph, run_step, run_step(args)
+
+
+def profile_zoo_step(model: str, devices: int, mesh: str, log_dir, steps: int = 5,
+                     **build_options):
+    """(WorkloadGraph of the step, directory of the JAX profiler trace of `steps` runs)."""
+    import jax
+
+    graph, step, args = compile_zoo_step(model, devices, mesh, **build_options)
     log_dir = Path(log_dir)
     jax.profiler.start_trace(str(log_dir))
     try:
         for i in range(steps):
             with jax.profiler.StepTraceAnnotation("train", step_num=i):
-                out = run(*args)
-                jax.block_until_ready(out)
-            args = (out[0], out[1], args[2])
+                args = step(args)
     finally:
         jax.profiler.stop_trace()
     return graph, log_dir
