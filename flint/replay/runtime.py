@@ -194,8 +194,9 @@ def _work_dtype(dtype):
 
 
 def _fit(flat, count):
-    """A flat array of `count` elements from `flat`: summed down (a reduction reads all of
-    it) or repeated up (a broadcast)."""
+    """A flat array of `count` elements from `flat`: summed down when larger (a reduction
+    reads all of it); when smaller (an index, a scale, a broadcast row) its sum is
+    broadcast, which the compiler fuses into the op instead of materializing a copy."""
     import jax.numpy as jnp
 
     n = flat.shape[0]
@@ -204,8 +205,7 @@ def _fit(flat, count):
     if n > count:
         q = n // count
         return flat[:q * count].reshape(count, q).sum(axis=1)
-    reps = -(-count // n)
-    return jnp.broadcast_to(flat[None, :], (reps, n)).reshape(-1)[:count]
+    return jnp.broadcast_to(flat.sum(), (count,))
 
 
 def _conform(y, shape):
@@ -284,31 +284,19 @@ def _emit_collective(op, xs, seed):
         if len(op["out"]) != group:
             return [y[i] for i in range(group)]
         return [_conform(y[i], s) for i, s in enumerate(op["out"])]
-    if kind == "all-reduce" and len(xs) > 1 and len({x.dtype for x in xs}) == 1:
-        # XLA's variadic all-reduce is one collective; so is one over the operands laid
-        # end to end (JAX would emit one per operand).
-        y = lax.psum(jnp.concatenate([x.reshape(-1) for x in xs]), axes)
-        sizes = [x.size for x in xs]
-        starts = [sum(sizes[:i]) for i in range(len(xs))]
-        return [_conform(y[a:a + n], s) for a, n, s in zip(starts, sizes, op["out"])]
     outs = []
-    for i, x in enumerate(xs):
+    for x in xs:
+        # Gathered and scattered data move as flat buffers: the same bytes, and no layout
+        # change for the compiler to insert (gathering a minor dimension costs a transpose).
         wire = x.astype("int8") if x.dtype == bool else x
-        wire = wire.reshape(1) if wire.ndim == 0 and kind != "all-reduce" else wire
-        out_dims = op["out"][i][1] if i < len(op["out"]) else None
         if kind == "all-reduce":
             y = lax.psum(wire, axes)
         elif kind == "all-gather":
-            d = _changed_axis(wire.shape, out_dims, group, grows=True)
-            y = lax.all_gather(wire, axes, axis=d, tiled=True)
+            y = lax.all_gather(wire.reshape(-1), axes, axis=0, tiled=True)
         elif kind == "reduce-scatter":
-            d = _changed_axis(wire.shape, out_dims, group, grows=False)
-            if d is None:
-                wire, d = _divisible(wire, group)
-            y = lax.psum_scatter(wire, axes, scatter_dimension=d, tiled=True)
+            y = lax.psum_scatter(_divisible(wire, group), axes, scatter_dimension=0, tiled=True)
         elif kind == "all-to-all":
-            wire, d = _divisible(wire, group)
-            y = lax.all_to_all(wire, axes, d, d, tiled=True)
+            y = lax.all_to_all(_divisible(wire, group), axes, 0, 0, tiled=True)
         else:
             y = lax.ppermute(wire, tuple(op["axes"]), perm=[tuple(p) for p in op["pairs"]])
         outs.append(y)
@@ -316,25 +304,13 @@ def _emit_collective(op, xs, seed):
     return [_conform(outs[min(i, len(outs) - 1)], s) for i, s in enumerate(shapes)]
 
 
-def _changed_axis(shape, out_dims, group, grows):
-    """The dimension a gather grows (or a scatter shrinks) by `group`, from the shapes."""
-    if out_dims is not None and len(out_dims) == len(shape):
-        for d, (a, b) in enumerate(zip(shape, out_dims)):
-            if (b == a * group) if grows else (a == b * group):
-                return d
-    return 0 if grows and shape else None
-
-
 def _divisible(x, group):
-    """(x, d): a dimension d divisible by the group; else x flattened and cut to a multiple."""
-    for d, size in enumerate(x.shape):
-        if size % group == 0:
-            return x, d
+    """`x` flat, cut (or padded by repetition) to a multiple of the group size."""
     flat = x.reshape(-1)
     keep = max(group, flat.shape[0] // group * group)
     if flat.shape[0] < keep:
         flat = _fit(flat, keep)
-    return flat[:keep], 0
+    return flat[:keep]
 
 
 def _emit_nop(op, xs, seed):
