@@ -108,3 +108,15 @@ def parse_mesh(text: str | dict | None, devices: int) -> tuple[tuple[str, int], 
     mesh = tuple((n, s) for (n, _), s in zip(items, sizes))
     validate_mesh(mesh, devices)
     return mesh
+
+
+def prime_factors(n: int) -> list[int]:
+    """Prime factors in ascending order, with repeats (12 -> [2, 2, 3]); [] for 1. Mesh axes
+    split into them to name groups that run along part of an axis."""
+    out, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    return out + ([n] if n > 1 else [])

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from flint.cluster import prime_factors
 from flint.errors import FlintError
 
 
@@ -102,23 +103,13 @@ def _radices(values: np.ndarray, size: int):
     """[(radix, spanned)] major to minor: prime digits of the axis such that `values`
     (one group's coordinates along it) are every combination of the spanned digits."""
     distinct = np.unique(values)
-    for order in _orderings(_primes(size)):
+    for order in _orderings(prime_factors(size)):
         weights = [math.prod(order[i + 1:]) for i in range(len(order))]
         spanned = [len(np.unique(distinct // w % r)) for r, w in zip(order, weights)]
         if all(k in (1, r) for k, r in zip(spanned, order)) and \
                 len(distinct) == math.prod(k for k in spanned):
             return [(r, k > 1) for r, k in zip(order, spanned)]
     return None
-
-
-def _primes(n: int) -> list[int]:
-    out, p = [], 2
-    while p * p <= n:
-        while n % p == 0:
-            out.append(p)
-            n //= p
-        p += 1
-    return out + ([n] if n > 1 else [])
 
 
 def _orderings(items: list[int]):

@@ -4,7 +4,8 @@ On this machine's host CPU devices, one process compiles the model's training st
 its graph from that executable, and compiles the graph's replay. It then times the two in
 alternating rounds (so drift and other load hit both alike), and profiles both with
 jax.profiler: each trace is validated against the graph (`flint validate`'s join and step
-error), and the replay's per-node times are compared with the original's.
+error, with the stock cpu spec and with the spec calibrated on the original's trace), and
+the replay's per-node times are compared with the original's.
 
     python scripts/bench_replay.py                      # gpt2-small shape, 2 layers, 8 devices
     python scripts/bench_replay.py --rounds 9 --json
@@ -43,7 +44,9 @@ def main() -> int:
     from flint.hardware_models.spec import load_spec
     from flint.replay import load_replay, replay_program
     from flint.validate.live import compile_zoo_step
-    from flint.validate.workflow import open_input, run_validate
+    from flint.validate.calibrate import model_for
+    from flint.validate.compare import validate
+    from flint.validate.workflow import open_input, run_calibrate, run_validate
 
     prepare_environment()
     import jax
@@ -77,12 +80,18 @@ def main() -> int:
             jax.profiler.stop_trace()
         replay.profile(out / "replay", a.profile_steps + 1, warmup=0)
     spec = load_spec("cpu")
+    inputs = {name: open_input(str(out / name), graph, "cpu") for name in ("original", "replay")}
+    # The cost model calibrated on the real step's trace, then asked about each trace.
+    calibrated = model_for(run_calibrate([inputs["original"]], spec).calibration.apply(spec),
+                           graph)
     checks = {}
-    for name in ("original", "replay"):
-        inp = open_input(str(out / name), graph, "cpu")
+    for name, inp in inputs.items():
         v = run_validate(inp, spec)
+        c = validate(graph, inp.trace.select(), calibrated)
         checks[name] = {"join_share": v.join_share, "measured_step_s": v.measured_step_s,
                         "predicted_step_s": v.predicted_step_s, "step_error": v.step_error,
+                        "calibrated_predicted_step_s": c.predicted_step_s,
+                        "calibrated_step_error": c.step_error,
                         "op_times": inp.trace.select().op_times()}
     node_error = _node_error(checks["original"].pop("op_times"), checks["replay"].pop("op_times"))
     o, r = statistics.median(original_s), statistics.median(replay_s)
@@ -107,8 +116,11 @@ def main() -> int:
                   f"{checks['replay'][key] * 1e3:.1f} ms", "")
     t.add_row("trace time joined to graph nodes", f"{checks['original']['join_share']:.1%}",
               f"{checks['replay']['join_share']:.1%}", "")
-    t.add_row("validate step error (estimate vs trace)", f"{checks['original']['step_error']:+.1%}",
+    t.add_row("step error, cpu spec", f"{checks['original']['step_error']:+.1%}",
               f"{checks['replay']['step_error']:+.1%}", "")
+    t.add_row("step error, spec calibrated on the original",
+              f"{checks['original']['calibrated_step_error']:+.1%}",
+              f"{checks['replay']['calibrated_step_error']:+.1%}", "")
     Console().print(t)
     print(f"per-node time, replay vs original: {node_error['weighted_abs_error']:.1%} "
           f"time-weighted mean abs error over {node_error['nodes']} nodes "

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+from flint.cluster import prime_factors
 from flint.errors import FlintError
 from flint.graph import NodeKind, WorkloadGraph
 from flint.hlo.shapes import DTYPE_BITS, parse_shape
@@ -235,20 +236,10 @@ def replay_mesh(mesh) -> list[list]:
     part of an axis (e.g. every other fsdp rank) become groups over named sub-axes."""
     out = []
     for name, size in mesh:
-        factors = _prime_factors(size)
+        factors = prime_factors(size)
         out += [[name, size]] if len(factors) <= 1 else \
             [[f"{name}_{i}", p] for i, p in enumerate(factors)]
     return out
-
-
-def _prime_factors(n: int) -> list[int]:
-    out, p = [], 2
-    while p * p <= n:
-        while n % p == 0:
-            out.append(p)
-            n //= p
-        p += 1
-    return out + ([n] if n > 1 else [])
 
 
 def sub_axes_of(comm, mesh, sub) -> list[str] | None:
