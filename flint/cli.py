@@ -230,6 +230,17 @@ def _check_output_dir(out: str) -> None:
         raise FlintError(f"output directory {parent!r} does not exist")
 
 
+def report_out(report: dict, as_json: bool, render, wrote: str | None = None) -> None:
+    """A command's report: JSON on stdout, or `render(report, console)` and a note of the
+    file written on stderr."""
+    if as_json:
+        print(json.dumps(report, sort_keys=True, indent=1))
+        return
+    render(report, Console())
+    if wrote:
+        err.print(wrote)
+
+
 def _run(fn) -> None:
     code = 0
     try:

@@ -2,13 +2,12 @@
 source locations and layer paths gone, shapes optionally perturbed, and the estimate kept."""
 from __future__ import annotations
 
-import json
 import os
 
 import typer
 from rich.console import Console
 
-from flint.cli import _check_output_dir, _run, app, err
+from flint.cli import _check_output_dir, _run, app, report_out
 from flint.errors import FlintError
 
 
@@ -29,11 +28,7 @@ def anonymize_command(
     def go():
         report, anonymized = anonymize_report(graph_file, out, perturb, seed, hardware_name)
         anonymized.save(out)
-        if as_json:
-            print(json.dumps(report, sort_keys=True, indent=1))
-        else:
-            render_anonymize(report, Console())
-            err.print(f"wrote {out}")
+        report_out(report, as_json, render_anonymize, f"wrote {out}")
 
     _run(go)
 

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from flint.cli import _run, app, err
+from flint.cli import _run, app, err, report_out
 from flint.errors import FlintError
 
 FORMATS = ("chakra", "json", "perfetto")
@@ -156,14 +156,8 @@ def import_(
         graph = import_chakra(source, rank, comm_groups)
         if out:
             graph.save(out)
-        summary = graph.summary()
-        if as_json:
-            print(json.dumps(summary, sort_keys=True, indent=1))
-        else:
-            from flint.render import render_summary
+        from flint.render import render_summary
 
-            render_summary(summary, Console())
-            if out:
-                err.print(f"wrote {out}")
+        report_out(graph.summary(), as_json, render_summary, out and f"wrote {out}")
 
     _run(go)

@@ -2,13 +2,12 @@
 over memory-limited devices, and the placed step's predicted time."""
 from __future__ import annotations
 
-import json
 from typing import Optional
 
 import typer
 from rich.console import Console
 
-from flint.cli import _check_output_dir, _run, app, err
+from flint.cli import _check_output_dir, _run, app, report_out
 from flint.errors import FlintError
 
 
@@ -32,12 +31,7 @@ def place_command(
                                       hardware_name, out)
         if out:
             placed.save(out)
-        if as_json:
-            print(json.dumps(report, sort_keys=True, indent=1))
-        else:
-            render_place(report, Console())
-            if out:
-                err.print(f"wrote {out}")
+        report_out(report, as_json, render_place, out and f"wrote {out}")
 
     _run(go)
 

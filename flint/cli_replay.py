@@ -2,7 +2,6 @@
 that replays its compute and collectives, with its own `--steps` timing loop."""
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 
@@ -10,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from flint.cli import _check_output_dir, _run, app, err
+from flint.cli import _check_output_dir, _run, app, report_out
 
 
 @app.command(name="replay")
@@ -32,39 +31,24 @@ def replay_command(
 
         _check_output_dir(out)
         spec = replay_spec(prepared(load_any_graph(graph_file)))
-        write_atomic(out, program_from_spec(spec, os.path.basename(graph_file)))
-        os.chmod(out, 0o755 & ~_umask())
-        summary = summarize(spec, out)
-        if as_json:
-            print(json.dumps(summary, sort_keys=True, indent=1))
-        else:
-            render(summary, Console())
-            err.print(f"wrote {out}; run: python {out} --steps 10")
+        write_atomic(out, program_from_spec(spec, os.path.basename(graph_file)), mode=0o777)
+        report_out(summarize(spec, out), as_json, render,
+                   f"wrote {out}; run: python {out} --steps 10")
 
     _run(go)
 
 
-def _umask() -> int:
-    from flint.io import current_umask
-
-    return current_umask()
-
-
 def summarize(spec: dict, out: str) -> dict:
+    from flint.replay.spec import nbytes
+
     ops = Counter(op["op"] for op in spec["ops"])
     colls = Counter(op["type"] for op in spec["ops"] if op["op"] == "coll")
     return {"out": out, "devices": spec["devices"], "mesh": spec["graph_mesh"],
             "ops": len(spec["ops"]), "gemms": ops["gemm"], "memory_bound_ops": ops["ew"],
             "collectives": dict(sorted(colls.items())),
             "persistent_buffers": len(spec["buffers"]),
-            "persistent_buffer_bytes_per_device": sum(_bytes(s) for s in spec["buffers"]),
+            "persistent_buffer_bytes_per_device": sum(nbytes(s) for s in spec["buffers"]),
             "approximations": spec["approximations"]}
-
-
-def _bytes(shape) -> int:
-    from flint.replay.spec import _nbytes
-
-    return _nbytes(shape)
 
 
 def render(s: dict, console: Console) -> None:

@@ -2,13 +2,12 @@
 cluster size without re-extracting it (passes.rescale), and what that changed."""
 from __future__ import annotations
 
-import json
 from typing import Optional
 
 import typer
 from rich.console import Console
 
-from flint.cli import _check_output_dir, _run, app, err
+from flint.cli import _check_output_dir, _run, app, report_out
 
 
 @app.command(name="rescale")
@@ -43,11 +42,7 @@ def rescale_command(
         report = rescale_report(graph, rescaled, hardware_name)
         rescaled.save(out)
         report.update(graph=str(graph_file), out=str(out))
-        if as_json:
-            print(json.dumps(report, sort_keys=True, indent=1))
-        else:
-            render_rescale(report, Console())
-            err.print(f"wrote {out}")
+        report_out(report, as_json, render_rescale, f"wrote {out}")
 
     _run(go)
 

@@ -9,8 +9,9 @@ from pathlib import Path
 from flint.errors import FlintError
 
 
-def write_atomic(path, data: str | bytes) -> None:
-    """Write to a temporary file beside `path`, then rename it into place."""
+def write_atomic(path, data: str | bytes, mode: int = 0o666) -> None:
+    """Write to a temporary file beside `path`, then rename it into place with `mode` less
+    the umask (0o777 for a program)."""
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
@@ -19,7 +20,7 @@ def write_atomic(path, data: str | bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
-        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; outputs are ordinary files
+        os.chmod(tmp, mode & ~current_umask())  # mkstemp makes 0600; outputs are ordinary files
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

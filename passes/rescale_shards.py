@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from flint.errors import FlintError
 from flint.graph import Node, WorkloadGraph
-from flint.hlo.shapes import Shape, parse_shape
+from flint.hlo.shapes import Shape, parse_shape, shapes_bytes
 
 
 def _key(dims) -> tuple[int, ...]:
@@ -172,5 +172,5 @@ def nbytes(text: str) -> int:
 
 
 def _ratio(old: list[str], new: list[str]) -> float:
-    before = sum(nbytes(t) for t in old)
-    return sum(nbytes(t) for t in new) / before if before else 1.0
+    before = shapes_bytes(old)
+    return shapes_bytes(new) / before if before else 1.0

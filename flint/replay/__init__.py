@@ -14,11 +14,11 @@ import json
 from pathlib import Path
 
 from flint.graph import WorkloadGraph
+from flint.replay.runtime import NAMES_FILE
 from flint.replay.spec import prepared, replay_spec
 
 __all__ = ["replay_spec", "replay_program", "program_from_spec", "load_replay", "NAMES_FILE"]
 
-NAMES_FILE = "flint_replay_names.json"
 _RUNTIME = Path(__file__).with_name("runtime.py")
 
 

@@ -61,7 +61,6 @@ class Replay:
                               f"{len(found)} {found[0].platform} device(s); replay on host CPU "
                               f"devices with JAX_PLATFORMS=cpu")
         self.mesh = Mesh(np.array(found[:spec["devices"]]).reshape(sizes), names)
-        self.axes = names
         sharded = NamedSharding(self.mesh, PartitionSpec(names))
         self.buffers = [jax.jit(_filler(s, spec["devices"]), out_shardings=sharded)()
                         for s in spec["buffers"]]
@@ -150,7 +149,8 @@ class Replay:
             ids = inside.get(callee)
             if name not in own and ids:
                 own[name] = max(sorted(set(ids)), key=ids.count)
-        top = {k: v for k, v in own.items() if where[k] not in set(calls.values())}
+        fused = set(calls.values())      # called computations: not instructions a trace names
+        top = {k: v for k, v in own.items() if where[k] not in fused}
         return {"module": module, "ops": {k: node_name[v] for k, v in sorted(top.items())}}
 
 

@@ -28,7 +28,7 @@ import math
 from flint.cluster import prime_factors
 from flint.errors import FlintError
 from flint.graph import NodeKind, WorkloadGraph
-from flint.hlo.shapes import DTYPE_BITS, parse_shape
+from flint.hlo.shapes import DTYPE_BITS, Shape, parse_shape
 
 FORMAT = "flint.replay"
 VERSION = 1
@@ -85,8 +85,8 @@ def _elements(shape: list) -> int:
     return math.prod(shape[1])
 
 
-def _nbytes(shape: list) -> int:
-    return (_elements(shape) * DTYPE_BITS[shape[0]] + 7) // 8
+def nbytes(shape: list) -> int:
+    return Shape(shape[0], tuple(shape[1])).nbytes
 
 
 class _SpecBuilder:
@@ -108,11 +108,11 @@ class _SpecBuilder:
         key = (shape[0], tuple(shape[1]))
         ids = self.by_shape.setdefault(key, [])
         use = self.uses[key] = self.uses.get(key, -1) + 1
-        if not ids or self.buffer_bytes + _nbytes(shape) <= self.budget:
+        if not ids or self.buffer_bytes + nbytes(shape) <= self.budget:
             if use >= len(ids):
                 ids.append(len(self.buffers))
                 self.buffers.append(shape)
-                self.buffer_bytes += _nbytes(shape)
+                self.buffer_bytes += nbytes(shape)
         return [-1, ids[use % len(ids)]]
 
     def note(self, what: str) -> None:
@@ -123,11 +123,11 @@ class _SpecBuilder:
         sources = [src or self.buffer(shape)
                    for src, shape in zip(self.match(n, operands), operands)]
         base = {"id": n.id, "name": n.name, "in": sources, "shapes": operands,
-                "out": self.outputs[n.id], "deps": sorted(set(n.inputs) | set(n.control))}
+                "out": self.outputs[n.id]}
         if n.kind == NodeKind.RECV:
             return {**base, "op": "nop", "in": [], "shapes": []}
         if n.collective is not None:
-            return {**base, **self.collective(n, operands, sources)}
+            return {**base, **self.collective(n, operands)}
         if n.op_class in GEMM_CLASSES:
             gemm = self.gemm(n, operands)
             if gemm is not None:
@@ -141,22 +141,15 @@ class _SpecBuilder:
         used: set[tuple[int, int]] = set()
         sources = []
         for shape in operands:
-            found = None
-            for exact in (True, False):
-                for i in n.inputs:
-                    for k, s in enumerate(self.outputs[i]):
-                        same = s == shape if exact else \
-                            (s[0] == shape[0] and _elements(s) == _elements(shape))
-                        if same and (i, k) not in used:
-                            found = [i, k]
-                            break
-                    if found:
-                        break
-                if found:
-                    break
+            candidates = [(i, k, s) for i in n.inputs for k, s in enumerate(self.outputs[i])
+                          if (i, k) not in used]
+            exact = [(i, k) for i, k, s in candidates if s == shape]
+            same_size = [(i, k) for i, k, s in candidates
+                         if s[0] == shape[0] and _elements(s) == _elements(shape)]
+            found = (exact or same_size or [None])[0]
             if found:
-                used.add(tuple(found))
-            sources.append(found)
+                used.add(found)
+            sources.append(list(found) if found else None)
         return sources
 
     def gemm(self, n, operands: list) -> dict | None:
@@ -186,7 +179,7 @@ class _SpecBuilder:
         return {"op": "ew", "out": out, "read_bytes": int(n.bytes_read),
                 "tanh": bool(n.transcendentals >= 0.5 * e_out)}
 
-    def collective(self, n, operands: list, sources: list) -> dict:
+    def collective(self, n, operands: list) -> dict:
         c = n.collective
         comm = self.graph.communicator(n)
         kind = c.type if c.type in COLLECTIVE_TYPES else "all-reduce"
@@ -199,7 +192,7 @@ class _SpecBuilder:
             d["pairs"] = comm.groups().tolist()
         else:
             if comm.id not in self.axes:
-                self.axes[comm.id] = sub_axes_of(comm, self.graph.cluster.mesh, self.mesh)
+                self.axes[comm.id] = sub_axes_of(comm, self.mesh)
             if self.axes[comm.id] is None:
                 self.note("collective whose groups no set of mesh sub-axes forms "
                           "(replayed over every device)")
@@ -242,7 +235,7 @@ def replay_mesh(mesh) -> list[list]:
     return out
 
 
-def sub_axes_of(comm, mesh, sub) -> list[str] | None:
+def sub_axes_of(comm, sub) -> list[str] | None:
     """The sub-axes of `replay_mesh` whose groups are exactly `comm`'s, or None."""
     import itertools
 
