@@ -1,67 +1,71 @@
-"""Roofline time of one compute or memory node.
+"""Time of one compute or memory node: the kernel model of kernels.py on the spec's figures.
 
-time = max(flops / (peak(dtype) x eff_flops), bytes / (hbm_bandwidth x eff_bytes)) + launch
+time = floor + max(compute time, bytes / (HBM bandwidth x hbm_fraction))
 
-Tensor-core peaks apply to GEMM, convolution and attention nodes at their operand dtype
-(f32 GEMMs run as TF32 on GPUs, XLA's default precision there); other arithmetic runs on
-the vector units at the FP32 peak. Efficiencies grow with the size of the work,
-eff(w) = max_eff x w / (w + half_work): small kernels cannot fill the machine. The defaults
-below are modelling assumptions, not hardware figures: `flint calibrate` replaces them
-with values fitted to real traces (stored under `efficiency:` in a spec YAML).
+Tensor-core work (GEMM, convolution, attention) runs at the operand dtype's dense peak
+(f32 GEMMs run as TF32 on GPUs, XLA's default precision there) times the achievable
+fraction for its kernel family, quantized into tiles and waves over the SMs; other
+arithmetic runs on the vector units at the FP32 peak. `flint calibrate` replaces the
+fractions and the floor with values fitted to real traces (under `efficiency:` in a spec).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from flint.graph import Node
+from flint.hardware_models import kernels
 from flint.hardware_models.spec import HardwareSpec
 
 TENSOR_CLASSES = ("gemm", "conv", "attention")
-DEFAULT_EFFICIENCY = {
-    # class: (max efficiency, work at which half of it is reached: FLOP or bytes).
-    # Large dense bf16 GEMMs reach about 70-75% of the dense tensor peak with cuBLAS on
-    # H100/A100 (vendor GEMM benchmarks); a 1024^3 GEMM reaches well under a third.
-    "gemm": (0.75, 4e9),
-    "conv": (0.65, 4e9),
-    "attention": (0.60, 4e9),
-    "vector": (0.50, 1e8),
-    # Compiler-generated fusions (strided, broadcast-heavy, reductions) sustain well below
-    # the copy bandwidth: 65% of HBM peak for large kernels, half of that near 1 MB. (The
-    # MaxText H100 profile in shared/traces shows 2.1-2.5 TB/s above 100 MB and ~4 us at
-    # 1 MB; these defaults were read off it, calibration refits them per machine.)
-    "memory": (0.65, 1e6),
-}
-# Shortest kernel on the device's timeline (launch itself is hidden by asynchronous launch
-# and command buffers): GPU kernels of a few KB take 1.4-2 us in the same profile.
-LAUNCH_OVERHEAD_S = {"gpu": 1.5e-6, "tpu": 1e-6, "cpu": 1e-6}
+TRANSCENDENTAL_FLOPS = 4.0   # SFU ops: ~4 FMA slots each (a quarter-rate unit per SM quad)
 
 
 @dataclass(frozen=True)
 class RooflineCompute:
     spec: HardwareSpec
-    efficiency: dict = field(default_factory=dict)
+    efficiency: dict = field(default_factory=dict)   # calibrated figures, over the spec's
 
-    def _eff(self, key: str, work: float) -> float:
-        cal = {**DEFAULT_EFFICIENCY, **self.spec.efficiency, **self.efficiency}.get(key)
-        max_eff, half = cal if isinstance(cal, (tuple, list)) else (cal["max"], cal["half"])
-        return max_eff * work / (work + half) if work > 0 else max_eff
+    def figure(self, name: str) -> float:
+        return kernels.figure(self.spec, name, self.efficiency)
 
     def launch_overhead(self) -> float:
-        cal = {**self.spec.efficiency, **self.efficiency}.get("launch")
-        return float(cal) if cal is not None else LAUNCH_OVERHEAD_S.get(self.spec.kind, 3e-6)
+        """The kernel floor in seconds (kept under its old name for library users)."""
+        return self.figure("kernel_floor")
 
     def bound(self, node: Node) -> tuple[float, float]:
         """(seconds if compute-bound, seconds if memory-bound) for one execution."""
-        if node.op_class in TENSOR_CLASSES:
-            peak = self.spec.peak(_tensor_dtype(node, self.spec.kind))
-            t_flops = node.flops / (peak * self._eff(node.op_class, node.flops)) if node.flops else 0
-        else:
-            work = node.flops + 4.0 * node.transcendentals  # SFU ops cost ~4 FMA slots
-            peak = self.spec.peak("f32")
-            t_flops = work / (peak * self._eff("vector", work)) if work else 0.0
+        t_flops = self.compute_time(node)
         moved = node.bytes_read + node.bytes_written
-        t_bytes = moved / (self.spec.hbm_bandwidth * self._eff("memory", moved)) if moved else 0
+        t_bytes = moved / (self.spec.hbm_bandwidth * self.figure("hbm_fraction")) if moved else 0.0
         return t_flops, t_bytes
+
+    def compute_time(self, node: Node) -> float:
+        if node.op_class in TENSOR_CLASSES and node.flops:
+            peak = self.spec.peak(tensor_dtype(node, self.spec.kind))
+            if node.op_class == "attention":
+                attn = node.meta.get("attention") if isinstance(node.meta.get("attention"),
+                                                                dict) else None
+                native = not (attn and attn.get("impl") == "flash2")
+                frac = self.figure("attention_fraction_native" if native
+                                   else "attention_fraction")
+                exp_rate = self.sms * kernels.SFU_EXP_PER_CLOCK_PER_SM * self.spec.clock
+                return kernels.attention_time(node.flops, attn, peak * frac, self.sms,
+                                              exp_rate, overlapped=native)
+            rate = peak * self.figure("gemm_fraction")
+            shape = kernels.gemm_shape(node.flops, node.outputs[0] if node.outputs else "")
+            if shape is None:
+                return node.flops / rate
+            if self.spec.kind == "tpu":
+                return kernels.tpu_matmul_time(shape, rate)
+            return kernels.gemm_time(shape, rate, self.sms)
+        work = node.flops + TRANSCENDENTAL_FLOPS * node.transcendentals
+        if not work:
+            return 0.0
+        return work / (self.spec.peak("f32") * self.figure("vector_fraction"))
+
+    @property
+    def sms(self) -> int:
+        return int(self.spec.cores) if self.spec.kind == "gpu" else 0
 
     def time(self, node: Node) -> float:
         recorded = node.meta.get("recorded_s")
@@ -71,7 +75,7 @@ class RooflineCompute:
         return max(t_flops, t_bytes) + self.launch_overhead()
 
 
-def _tensor_dtype(node: Node, kind: str) -> str:
+def tensor_dtype(node: Node, kind: str) -> str:
     dtype = node.operands[0].split("[", 1)[0] if node.operands else "bf16"
     if dtype == "f32" and kind == "gpu":
         return "tf32"

@@ -108,7 +108,9 @@ def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
     """Predict one step. `memory`: the graph's `estimate_memory` when already known (it
     depends on the graph only, so hardware what-ifs of one graph can share it)."""
     flat, durations, model = node_durations(graph, hardware, overrides, cost_model, algorithm)
-    tl = simulate(flat, durations)
+    tl = simulate(flat, durations, getattr(model, "overlap_slowdown", None))
+    # Compute stretched by overlapping communication counts as it ran.
+    durations = [f - s for s, f in zip(tl.start, tl.finish)]
     step = tl.step_time
     busy: dict[str, float] = defaultdict(float)
     by_class: dict[str, float] = defaultdict(float)

@@ -10,6 +10,9 @@ torus the in-slice part runs dimension by dimension, each over the links of that
 (both directions when the dimension wraps). `auto` takes the fastest, as NCCL's tuner does.
 Sizes follow nccl-tests: S is the all-reduce buffer, the all-gather output, the
 reduce-scatter input (its "size" column), so ring all-reduce time is 2(p-1)/p x S / busBW.
+On GPUs each phase is priced as NCCL's tuner prices it (nccl.py): base latency, per-step
+latency of the link class (NVLink, PCIe, network) and bandwidth of the protocol (LL, LL128,
+Simple), taking the fastest protocol unless one is given (as NCCL_PROTO does).
 """
 from __future__ import annotations
 
@@ -19,21 +22,27 @@ from dataclasses import field
 
 from flint.cluster import Cluster
 from flint.graph import Communicator, Node
+from flint.hardware_models import nccl
 from flint.hardware_models.spec import HardwareSpec
 from flint.hardware_models.topology import Placement, Topology, place, topology_for
 from flint.summary import collective_size_bytes
 
 ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "pat", "direct")
-# Bus bandwidth NCCL sustains as a share of the link rate, for large messages (modelling
-# defaults that calibration refits): nccl-tests on NVLink systems report roughly 80% of
-# the per-direction link bandwidth, InfiniBand NICs about 90% of line rate.
+PROTOCOLS = ("auto",) + nccl.PROTOCOLS
+# Bus bandwidth NCCL sustains as a share of the link rate, for large messages (calibration
+# refits them): nccl-tests all-reduce on DGX A100 reports ~230-240 GB/s bus bandwidth of the
+# 300 GB/s per-direction NVLink 3 rate, on DGX H100 ~360-370 GB/s (ring, no NVLS) of 450
+# GB/s: about 0.8; InfiniBand NDR/HDR NICs sustain about 90% of line rate in nccl-tests
+# multi-node runs (NVIDIA DGX SuperPOD reference architecture performance figures).
 DEFAULT_BUS_EFFICIENCY = {"scale_up": 0.80, "scale_out": 0.90}
 
 
 @dataclass(frozen=True)
 class Level:
     bandwidth: float     # bytes/s per device, one direction
-    latency: float       # seconds per step
+    latency: float       # seconds per step (TPU/CPU; a GPU what-if replaces NCCL's)
+    link: str = "nvlink"                 # NCCL latency class: nvlink | pci | net
+    hop_override: float | None = None    # an explicitly given per-step latency
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,7 @@ class NetworkModel:
     spec: HardwareSpec
     cluster: Cluster
     algorithm: str = "auto"
+    protocol: str = "auto"
     topology: Topology = field(init=False)
 
     def __post_init__(self):
@@ -53,14 +63,33 @@ class NetworkModel:
     @property
     def up(self) -> Level:
         bw = self.spec.scale_up_bandwidth or self.spec.nic_bandwidth
-        return Level(bw * self.bus_efficiency("scale_up"), self.spec.scale_up_latency)
+        return Level(bw * self.bus_efficiency("scale_up"), self.spec.scale_up_latency,
+                     self.spec.scale_up_link, self._given("scale_up_latency"))
 
     def out(self, leaves: int = 1) -> Level:
         """The scale-out level; past one leaf group the spine's oversubscription applies."""
         bw = self.spec.nic_bandwidth or self.spec.scale_up_bandwidth
         if leaves > 1:
             bw /= max(self.spec.oversubscription, 1.0)
-        return Level(bw * self.bus_efficiency("scale_out"), self.spec.nic_latency)
+        return Level(bw * self.bus_efficiency("scale_out"), self.spec.nic_latency, "net",
+                     self._given("nic_latency"))
+
+    def _given(self, name: str) -> float | None:
+        """A latency the spec (or a what-if) states; NCCL's constants apply otherwise."""
+        return getattr(self.spec, name) if name in self.spec.sources else None
+
+    @property
+    def nccl(self) -> bool:
+        return self.spec.kind == "gpu" and not self.topology.is_torus
+
+    def phase(self, bus_bytes: float, steps: int, level: Level, algorithm: str = "ring",
+              nodes: int = 1, all_reduce: bool = False) -> float:
+        """One algorithm phase: `bus_bytes` per rank over `steps` hops on `level`."""
+        if not self.nccl:
+            return bus_bytes / level.bandwidth + steps * level.latency
+        return nccl.collective_time(bus_bytes, steps, level.bandwidth, level.link, algorithm,
+                                    nccl.architecture(self.spec.name), nodes, all_reduce,
+                                    self.protocol, level.hop_override)
 
     @property
     def torus_link(self) -> Level:
@@ -92,39 +121,41 @@ class NetworkModel:
         flat = up if k == 1 else out  # a flat ring is as fast as its slowest link
         if k == 1 and self.topology.is_torus:
             return self._torus_options(kind, s, pl)
+        log_p = math.ceil(math.log2(p))
         if kind == "all-reduce":
-            opts = {"ring": 2 * (p - 1) / p * s / flat.bandwidth + 2 * (p - 1) * flat.latency,
-                    "tree": 2 * s / flat.bandwidth + 2 * math.ceil(math.log2(p)) * flat.latency}
+            opts = {"ring": self.phase(2 * (p - 1) / p * s, 2 * (p - 1), flat, "ring", k, True)}
+            if k > 1 or not self.nccl:
+                # NCCL's trees span nodes (a chain inside each); inside one NVLink domain
+                # its tuner runs rings.
+                opts["tree"] = self.phase(2 * s, 2 * log_p, flat, "tree", k, True)
             if k > 1 and m > 1:
                 opts["hierarchical"] = (2 * self._intra("reduce-scatter", s, pl)
-                                        + 2 * (k - 1) / k * (s / m) / out.bandwidth
-                                        + 2 * (k - 1) * out.latency)
+                                        + self.phase(2 * (k - 1) / k * (s / m), 2 * (k - 1),
+                                                     out, "ring", k, True))
             return opts
         if kind in ("all-gather", "reduce-scatter"):
-            opts = {"ring": (p - 1) / p * s / flat.bandwidth + (p - 1) * flat.latency}
+            opts = {"ring": self.phase((p - 1) / p * s, p - 1, flat, "ring", k)}
             if k > 1 and m == 1:
                 # PAT (Parallel Aggregated Trees; Jeaugey, arXiv:2506.20252, NCCL >= 2.23):
                 # one rank per node, the ring's bandwidth with a logarithmic number of steps.
-                opts["pat"] = ((p - 1) / p * s / flat.bandwidth
-                               + math.ceil(math.log2(p)) * flat.latency)
+                opts["pat"] = self.phase((p - 1) / p * s, log_p, flat, "ring", k)
             if k > 1 and m > 1:
                 opts["hierarchical"] = (self._intra(kind, s, pl)
-                                        + (k - 1) / k * (s / m) / out.bandwidth
-                                        + (k - 1) * out.latency)
+                                        + self.phase((k - 1) / k * (s / m), k - 1, out, "ring", k))
             return opts
         if kind in ("all-to-all", "ragged-all-to-all"):
             intra = (m - 1) / p * s / up.bandwidth
             inter = (p - m) / p * s / out.bandwidth if k > 1 else 0.0
-            return {"direct": max(intra, inter) + (p - 1) * flat.latency}
+            return {"direct": max(intra, inter) + self.phase(0.0, p - 1, flat, "ring", k)}
         # collective-broadcast and anything else: a pipelined chain
-        return {"ring": s / flat.bandwidth + math.ceil(math.log2(p)) * flat.latency}
+        return {"ring": self.phase(s, log_p, flat, "ring", k)}
 
     def _intra(self, kind: str, s: float, pl: Placement) -> float:
         """Reduce-scatter or all-gather of S among the m ranks of one domain."""
         m = pl.per_domain
         if self.topology.is_torus:
             return self._torus_phase(s, pl.grid, m)
-        return (m - 1) / m * s / self.up.bandwidth + (m - 1) * self.up.latency
+        return self.phase((m - 1) / m * s, m - 1, self.up)
 
     def _torus_phase(self, s: float, grid, m: int) -> float:
         """One reduce-scatter (or all-gather) pass over a torus sub-grid, dimension by
@@ -161,4 +192,4 @@ class NetworkModel:
         domain = self.topology.scale_up_domain
         crosses = bool(len(pairs)) and bool(((pairs[:, 0] // domain) != (pairs[:, 1] // domain)).any())
         level = self.out() if crosses else (self.torus_link if self.topology.is_torus else self.up)
-        return s / level.bandwidth + level.latency
+        return self.phase(s, 1, level)

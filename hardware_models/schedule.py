@@ -6,6 +6,12 @@ its start and runs on its own stream, overlapping the work the compiler placed i
 window; whoever consumes its result waits for it. Loops are expanded first so that every
 instance is placed.
 
+Communication and computation that overlap on one GPU slow each other (NCCL's kernels hold
+SMs and move bytes through HBM; Echo, arXiv 2412.12487, measures this): with a
+`slowdown(compute node, collective node)` factor, a compute node that runs while async
+communication is in flight on its device progresses at 1/factor of its speed until that
+communication ends.
+
 Multi-device (MPMD) graphs, made by the pipeline and placement passes, tag nodes with
 `meta["device"]`: each device then has its own set of streams, and a RECV that depends on
 a SEND starts with it (a rendezvous, as NCCL's send/recv are) rather than after it.
@@ -41,8 +47,9 @@ def stream_of(node) -> str:
     return "compute"
 
 
-def simulate(graph: WorkloadGraph, durations: list[float]) -> Timeline:
-    """Place every node of a loop-free graph; `durations[i]` is node i's time in seconds."""
+def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None) -> Timeline:
+    """Place every node of a loop-free graph; `durations[i]` is node i's time in seconds
+    when it runs alone; `slowdown(node, comm_node)` (>= 1) stretches overlapped compute."""
     if graph.loops:
         raise ValueError("simulate() needs a loop-free graph: run ExpandLoops first")
     n = len(graph.nodes)
@@ -53,6 +60,7 @@ def simulate(graph: WorkloadGraph, durations: list[float]) -> Timeline:
     last_on: dict[tuple, int] = {}
     why = [-1] * n                       # the node whose finish set this node's start
     last_compute: dict[int, int] = {}
+    in_flight: dict[int, list[int]] = defaultdict(list)   # device -> async comm nodes
     kinds = [node.kind for node in graph.nodes]
     for node in graph.nodes:
         i = node.id
@@ -71,7 +79,12 @@ def simulate(graph: WorkloadGraph, durations: list[float]) -> Timeline:
         elif start_at == issue and issue > ready and dev in last_compute:
             because = last_compute[dev]
         start[i] = start_at
-        finish[i] = start_at + durations[i]
+        d = durations[i]
+        if slowdown is not None and streams[i] == "compute" and in_flight[dev]:
+            d = _stretched(node, d, start_at, in_flight, dev, finish, graph, slowdown)
+        finish[i] = start_at + d
+        if streams[i] != "compute":
+            in_flight[dev].append(i)
         free[s] = finish[i]
         last_on[s] = i
         if streams[i] == "compute":
@@ -86,3 +99,19 @@ def simulate(graph: WorkloadGraph, durations: list[float]) -> Timeline:
             cur = why[cur]
         timeline.critical_path = path[::-1]
     return timeline
+
+
+def _stretched(node, d: float, t: float, in_flight: dict, dev: int, finish: list, graph,
+               slowdown) -> float:
+    """Duration of compute work `d` started at `t` beside the device's in-flight comms."""
+    live = [j for j in in_flight[dev] if finish[j] > t]
+    in_flight[dev] = live
+    if not live:
+        return d
+    window = max(finish[j] for j in live) - t
+    factor = max(slowdown(node, graph.nodes[j]) for j in live)
+    if factor <= 1.0:
+        return d
+    if d * factor <= window:
+        return d * factor
+    return window + (d - window / factor)

@@ -20,6 +20,14 @@ FIELDS = {
     "hbm_bandwidth": ("bandwidth", ("memory", "hbm_bandwidth")),
     "l2_cache": ("bytes", ("memory", "l2_cache")),
     "clock": ("frequency", ("compute", "clock")),
+    "cores": ("count", ("compute", "cores")),
+    # Kernel-model figures (kernels.py): achievable shares of the peaks, and the floor.
+    "gemm_fraction": ("ratio", ("compute", "gemm_fraction")),
+    "attention_fraction": ("ratio", ("compute", "attention_fraction")),
+    "attention_fraction_native": ("ratio", ("compute", "attention_fraction_native")),
+    "vector_fraction": ("ratio", ("compute", "vector_fraction")),
+    "kernel_floor": ("time", ("compute", "kernel_floor")),
+    "hbm_fraction": ("ratio", ("memory", "hbm_fraction")),
     "scale_up_bandwidth": ("bandwidth", ("interconnect", "scale_up", "bandwidth_per_direction")),
     "scale_up_latency": ("time", ("interconnect", "scale_up", "latency")),
     "nic_bandwidth": ("bandwidth", ("interconnect", "scale_out", "bandwidth_per_direction")),
@@ -31,7 +39,8 @@ FIELDS = {
 }
 # Figures that are words, not quantities: the fabric's name and a TPU slice shape
 # (`--set torus=4x4x8` picks the slice; the spec's `system.torus` is the largest one).
-TEXT_FIELDS = ("fabric", "torus")
+TEXT_FIELDS = ("fabric", "torus", "scale_up_link")
+SCALE_UP_LINKS = ("nvlink", "pci")
 # Latencies used when no public figure exists (documented modelling assumptions, replaced
 # by calibration): NCCL's base latency per step is a few microseconds on NVLink and
 # InfiniBand alike.
@@ -48,6 +57,13 @@ class HardwareSpec:
     hbm_bandwidth: float             # bytes/s
     l2_cache: float = 0.0
     clock: float = 0.0
+    cores: int = 0                   # SMs (GPU), TensorCores (TPU), cores (CPU)
+    gemm_fraction: float = 0.0       # 0 = not given: kernels.py documents the default
+    attention_fraction: float = 0.0
+    attention_fraction_native: float = 0.0
+    vector_fraction: float = 0.0
+    kernel_floor: float = 0.0
+    hbm_fraction: float = 0.0
     scale_up_bandwidth: float = 0.0  # bytes/s per device, one direction
     scale_up_latency: float = DEFAULT_LATENCY_S["scale_up_latency"]
     nic_bandwidth: float = 0.0       # bytes/s per device, one direction
@@ -57,6 +73,7 @@ class HardwareSpec:
     oversubscription: float = 1.0
     leaf_group: int = 0              # devices per non-blocking leaf group; 0 = whole fabric
     fabric: str = "fat-tree"
+    scale_up_link: str = "nvlink"    # nvlink | pci: which NCCL latency class the level has
     torus: str = ""                  # largest ICI slice, e.g. 16x16x24; "" if switched
     torus_slice: str = ""            # the slice a job uses (what-if); "" = most cubic fit
     sources: dict = field(default_factory=dict)
@@ -130,6 +147,7 @@ def spec_from_doc(doc: dict, where: str) -> HardwareSpec:
     spec = HardwareSpec(name=str(doc.get("name", Path(where).stem)), kind=str(doc.get("kind", "gpu")),
                         model=str(doc.get("model", "")), peak_flops=peaks,
                         fabric=str(system.get("fabric", "fat-tree")),
+                        scale_up_link=_scale_up_link(doc, where),
                         torus=str((system.get("torus") or {}).get("value", "")
                                   if isinstance(system.get("torus"), dict) else
                                   system.get("torus", "")),
@@ -137,6 +155,15 @@ def spec_from_doc(doc: dict, where: str) -> HardwareSpec:
     if spec.devices_per_node < 1 or spec.scale_up_domain < 1:
         raise FlintError(f"{where}: devices_per_node and scale_up_domain must be >= 1")
     return spec
+
+
+def _scale_up_link(doc: dict, where: str) -> str:
+    up = (doc.get("interconnect") or {}).get("scale_up") or {}
+    link = str(up.get("link", "nvlink")) if isinstance(up, dict) else "nvlink"
+    if link not in SCALE_UP_LINKS:
+        raise FlintError(f"{where}: interconnect.scale_up.link {link!r} is not one of "
+                         f"{', '.join(SCALE_UP_LINKS)}")
+    return link
 
 
 def apply_overrides(spec: HardwareSpec, overrides) -> HardwareSpec:
@@ -159,6 +186,11 @@ def apply_overrides(spec: HardwareSpec, overrides) -> HardwareSpec:
             v = parse_quantity(value, kind, key)
             changes[key] = int(v) if kind == "count" else v
         elif key == "fabric":
+            changes[key] = value
+        elif key == "scale_up_link":
+            if value not in SCALE_UP_LINKS:
+                raise FlintError(f"--set scale_up_link: {value!r} is not one of "
+                                 f"{', '.join(SCALE_UP_LINKS)}")
             changes[key] = value
         elif key == "torus":
             from flint.hardware_models.topology import parse_torus_shape

@@ -244,6 +244,13 @@ class _Lowering:
             kind_cfg = ins.backend_config.get("fusion_backend_config", {}).get("kind")
             if kind_cfg:
                 meta["fusion_kind"] = kind_cfg
+            called = ins.called("calls")
+            root = self.module.computations[called[0]].root if called else None
+            if (root is not None and meta["fusion_kind"] in ("kCustom", "__custom_fusion")
+                    and root.opcode == "custom-call"):
+                # A dynamic-slice ("address computation") fusion runs its root library call
+                # as the thunk, and profilers name the thunk after that root.
+                meta["wrapped_name"] = root.name
         if self.loop_stack:
             meta["loop"] = self.loop_stack[-1]
         collective = None

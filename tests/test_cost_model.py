@@ -100,7 +100,9 @@ def test_network_levels_and_algorithms(spec_path):
                 collective=Collective("all-reduce", 0, s, s, "bf16"))
     inside = _comm("[8,8]<=[64]", 64)          # model axis: one NVLink domain
     across = _comm("[8,8]<=[8,8]T(1,0)", 64)   # data axis: one rank per node
-    ring_inside = 2 * 7 / 8 * s / (400e9 * 0.8) + 2 * 7 * 2e-6  # 80% bus efficiency
+    # NCCL ring, Simple protocol at 1 GiB: base latency 8.4 us + 14 steps of the spec's
+    # stated 2 us + the bus bytes at 80% of the link (bus efficiency).
+    ring_inside = 8.4e-6 + 2 * 7 / 8 * s / (400e9 * 0.8) + 2 * 7 * 2e-6
     assert net.time(node, inside) == pytest.approx(ring_inside)
     assert net.placement(across).domains == 8
     assert net.time(node, across) > 5 * net.time(node, inside)  # NIC is 8x slower
@@ -294,3 +296,73 @@ def test_predicted_timeline_loads_in_perfetto_trace_processor(spec_path, tmp_pat
     assert sorted(r.name for r in rows) == sorted(n.name for n in est.timeline.graph.nodes)
     assert sum(r.dur for r in rows) == pytest.approx(
         sum(f - s for s, f in zip(est.timeline.start, est.timeline.finish)) * 1e9, rel=1e-3)
+
+
+def test_nccl_protocols_by_size():
+    """Small messages take LL (latency), large ones Simple (bandwidth), as NCCL's tuner does;
+    a forced protocol (NCCL_PROTO) is priced as that protocol."""
+    from flint.hardware_models import nccl
+
+    h100 = load_spec("h100-sxm")
+    net = NetworkModel(h100, Cluster(8, (("data", 8),)))
+    comm = _comm("[1,8]<=[8]", 8)
+
+    def ar(size, **kw):
+        node = Node(0, "ar", NodeKind.COLLECTIVE, "all-reduce", "collective",
+                    collective=Collective("all-reduce", 0, size, size, "bf16"))
+        return dataclasses.replace(net, **kw).time(node, comm) if kw else net.time(node, comm)
+
+    bus = 450e9 * 0.8
+    # 8 bytes: LL's base 6.6 us + 14 NVLink steps of 0.6 us (+ nothing to move)
+    assert ar(8) == pytest.approx(6.6e-6 + 14 * 0.6e-6 + 2 * 7 / 8 * 8 / min(141e9, bus / 4))
+    big = 1 << 30
+    assert ar(big) == pytest.approx(8.4e-6 + 14 * 3.4e-6 + 2 * 7 / 8 * big / bus)
+    assert ar(big, protocol="LL") == pytest.approx(6.6e-6 + 14 * 0.6e-6
+                                                   + 2 * 7 / 8 * big / min(141e9, bus / 4))
+    assert nccl.architecture("a100-40gb-sxm") == "ampere"
+
+
+def test_gemm_tiles_and_waves():
+    """Wave quantization: a GEMM whose tiles just overflow one wave takes two; large GEMMs
+    approach the spec's achievable share of peak."""
+    from flint.hardware_models import kernels
+    from flint.hardware_models.compute import RooflineCompute
+
+    h100 = load_spec("h100-sxm")
+    roof = RooflineCompute(h100)
+
+    def gemm(m, n, k):
+        return Node(0, "g", NodeKind.COMPUTE, "dot", "gemm", flops=2.0 * m * n * k,
+                    operands=[f"bf16[{m},{k}]", f"bf16[{k},{n}]"], outputs=[f"bf16[{m},{n}]"])
+
+    rate = 989.4e12 * 0.75
+    big = gemm(16384, 16384, 16384)
+    assert roof.compute_time(big) == pytest.approx(big.flops / rate * (1 + 2 * 64 / 16384),
+                                                   rel=0.02)
+    # 132 tiles of 128x256 fill one wave exactly; 133 would need two waves of every shape
+    one_wave = kernels.GemmShape(1, 128 * 12, 256 * 11, 4096)
+    assert kernels.gemm_time(one_wave, rate, 132) == pytest.approx(
+        2.0 * 128 * 12 * 256 * 11 * 4096 / rate * (4096 / 64 + 2) / (4096 / 64), rel=1e-6)
+    # a small GEMM cannot fill the machine: far below the large-GEMM share
+    small = gemm(256, 256, 256)
+    assert small.flops / roof.compute_time(small) < 0.1 * rate
+    assert roof.time(small) >= h100.kernel_floor
+
+
+def test_overlap_slows_compute_on_gpus(spec_path):
+    from flint.hardware_models.cost_model import interference
+
+    h100 = load_spec("h100-sxm")
+    model = default_cost_model(WorkloadGraph(cluster=Cluster(8, (("data", 8),))), "h100-sxm")
+    gemm = Node(0, "g", NodeKind.COMPUTE, "dot", "gemm", flops=2.0 * 8192 ** 3,
+                operands=["bf16[8192,8192]"], outputs=["bf16[8192,8192]"],
+                bytes_read=2 * 2 * 8192 ** 2, bytes_written=2 * 8192 ** 2)
+    copy = Node(1, "c", NodeKind.MEMORY, "copy", "data_movement", bytes_read=1e9, bytes_written=1e9)
+    ag = Node(2, "ag", NodeKind.COLLECTIVE, "all-gather", "collective",
+              collective=Collective("all-gather", 0, 1e8, 8e8, "bf16"))
+    assert model.overlap_slowdown(gemm, ag) == pytest.approx(1 / (1 - 16 / 132))
+    wire = 450e9 * 0.8
+    assert model.overlap_slowdown(copy, ag) == pytest.approx(
+        1 / (1 - 2 * wire / (h100.hbm_bandwidth * h100.hbm_fraction)))
+    tpu = default_cost_model(WorkloadGraph(cluster=Cluster(8, (("data", 8),))), "tpu-v5p")
+    assert interference(tpu.spec, tpu.compute, tpu.network, gemm, ag) == 1.0

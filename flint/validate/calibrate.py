@@ -1,21 +1,28 @@
-"""Fit the cost model's efficiencies to measured traces, and write a calibrated spec.
+"""Fit the cost model's figures to measured traces, and write a calibrated spec.
 
-Compute: under the roofline with eff(w) = max x w / (w + half), one execution takes
-t = (w + half) / (peak x max) + launch in the work w (FLOP for GEMM / conv / attention,
-bytes for memory-bound ops, vector FLOP otherwise). Per class, (max, half) minimise the
-mean absolute log error over a bounded grid; the launch floor is just under the
-10th percentile of kernel times.
-Collectives: per network level, the bus efficiency that makes the bandwidth term match
-the fastest measured instance (kernel times include waiting for peers; the fastest is the
-transfer). A level measured far below its link rate (< 25%) is not an efficiency but a
-different machine (a PCIe box under an NVLink spec): that is written as the level's
-effective bandwidth, a hardware figure, which does not transfer to other hardware.
+Every fitted parameter is a physical figure of the kernel and network models, so that it can
+be carried to other hardware by a stated rule:
+- `kernel_floor` (seconds): the shortest kernels' time, just under the 10th percentile of
+  kernel times;
+- `gemm_fraction`, `attention_fraction`(+`_native`), `hbm_fraction`, `vector_fraction`: the
+  achievable share of the peak per op class, chosen on a grid to minimise the mean absolute
+  log error of that class's ops (time is inversely proportional to the share);
+- `bus_scale_up` / `bus_scale_out`: the bus efficiency of a network level, from the fastest
+  instance of each collective (kernel times include waiting for peers; the fastest is the
+  transfer). A level measured far below its link rate (< 25%) is not an efficiency but a
+  different machine (a PCIe box under an NVLink spec): that is written as the level's
+  effective bandwidth, a hardware figure, which does not transfer to other hardware.
+Transfer rule (`Calibration.apply(other_spec, with_hardware=False)`): what a calibration
+learns is how this software stack does relative to the public figures of the traced GPU;
+each fitted figure is carried as its ratio to the traced spec's own figure, times the other
+spec's figure (capped at 1 for shares of a peak). Effective hardware figures do not carry.
 """
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field, replace
 
+from flint.hardware_models import kernels
 from flint.hardware_models.compute import TENSOR_CLASSES, RooflineCompute
 from flint.hardware_models.cost_model import DefaultCostModel
 from flint.hardware_models.network import DEFAULT_BUS_EFFICIENCY, NetworkModel
@@ -48,6 +55,7 @@ class Calibration:
     hardware: dict = field(default_factory=dict)     # NAME -> SI value (B/s, FLOP/s)
     notes: list = field(default_factory=list)
     points: dict = field(default_factory=dict)       # class -> samples used
+    reference: dict = field(default_factory=dict)    # the traced spec's own figure per key
 
     def hardware_text(self, name: str) -> str:
         """A hardware figure with its unit, as a spec YAML or `--set` writes it."""
@@ -58,33 +66,51 @@ class Calibration:
         """The calibrated spec. `with_hardware=False` is for other hardware: efficiencies
         (how well software uses a machine) carry over; figures of the traced machine
         (effective links and peaks) do not."""
-        base = _with_figures(spec, self.hardware) if with_hardware else spec
-        return replace(base, efficiency={**spec.efficiency, **self.efficiency})
+        if with_hardware:
+            base = _with_figures(spec, self.hardware)
+            return replace(base, efficiency={**spec.efficiency, **self.efficiency})
+        return replace(spec, efficiency={**spec.efficiency, **self.carried_to(spec)})
+
+    def carried_to(self, spec: HardwareSpec) -> dict:
+        """The fitted figures carried to `spec` by the transfer rule (module docstring)."""
+        out = {}
+        for key, value in self.efficiency.items():
+            ref = self.reference.get(key)
+            if not ref or not isinstance(value, (int, float)):
+                continue
+            target = reference_figure(spec, key) * float(value) / ref
+            out[key] = min(target, 1.0) if key != "kernel_floor" else target
+        return out
 
 
-def _fit_curve(xs: list[float], ts: list[float], launch: float) -> tuple[float, float]:
-    """(max, half in seconds-at-peak) minimising the mean |log(predicted / measured)| of
-    t = (x + half) / max + launch over a bounded grid. The absolute log error is the
-    per-op error users read, is robust to stray points, and a bounded grid cannot run off
-    to non-physical efficiencies."""
+def reference_figure(spec: HardwareSpec, key: str) -> float:
+    """The uncalibrated figure of `spec` that a fitted `key` replaces."""
+    if key.startswith("bus_"):
+        return float(DEFAULT_BUS_EFFICIENCY[key[4:]])
+    return kernels.figure(spec, key)
+
+
+def _fit_share(compute_s: list[float], other_s: list[float], measured: list[float],
+               floor: float, default: float) -> float:
+    """The share of peak minimising the mean |log(predicted / measured)| of
+    t = floor + max(compute_s x default / share, other_s) over a bounded grid: the absolute
+    log error is the per-op error users read, is robust to stray points, and a bounded grid
+    cannot run off to non-physical shares."""
     import numpy as np
 
-    x, t = np.asarray(xs), np.asarray(ts)
-    w = np.full(len(t), 1.0 / len(t))
-    maxes = np.geomspace(IMPLAUSIBLE_COMPUTE, 1.0, 60)[:, None, None]
-    halves = np.concatenate([[0.0], np.geomspace(1e-8, 1e-2, 60)])[None, :, None]
-    pred = (x[None, None, :] + halves) / maxes + launch
-    loss = (w * np.abs(np.log(pred / t))).sum(axis=2)
-    i, j = np.unravel_index(int(np.argmin(loss)), loss.shape)
-    return float(maxes[i, 0, 0]), float(halves[0, j, 0])
+    c, o, t = np.asarray(compute_s), np.asarray(other_s), np.asarray(measured)
+    shares = np.geomspace(IMPLAUSIBLE_COMPUTE, 1.0, 120)[:, None]
+    pred = floor + np.maximum(c[None, :] * default / shares, o[None, :])
+    loss = np.abs(np.log(pred / t)).mean(axis=1)
+    return float(shares[int(np.argmin(loss)), 0])
 
 
 def fit_compute(samples: list[ComputeSample], spec: HardwareSpec, cal: Calibration) -> None:
     roof = RooflineCompute(spec)
-    default_launch = roof.launch_overhead()
+    default_floor = roof.launch_overhead()
     if len(samples) >= MIN_POINTS:
         spec = _effective_machine(samples, spec, roof, cal)
-        roof = RooflineCompute(spec)
+        roof = RooflineCompute(spec, {k: v for k, v in cal.efficiency.items()})
     kept = []
     for s in samples:
         pred = roof.time(s.node)
@@ -95,33 +121,36 @@ def fit_compute(samples: list[ComputeSample], spec: HardwareSpec, cal: Calibrati
                          f"{GROSS_OUTLIER:g}x were not fitted (outliers)")
     if len(kept) < MIN_POINTS:
         if samples:
-            cal.notes.append("too few compute ops to fit: compute efficiencies unchanged")
+            cal.notes.append("too few compute ops to fit: compute figures unchanged")
         return
     times = sorted(s.seconds for s in kept)
-    launch = times[max(0, int(0.1 * len(times)) - 1)] * 0.9
-    launch = min(launch, 4 * default_launch)
-    cal.efficiency["launch"] = launch
-    groups: dict[str, list[tuple[float, float]]] = {}
+    floor = min(times[max(0, int(0.1 * len(times)) - 1)] * 0.9, 4 * default_floor)
+    cal.efficiency["kernel_floor"] = float(f"{floor:.4g}")
+    cal.reference["kernel_floor"] = reference_figure(spec, "kernel_floor")
+    groups: dict[str, list[tuple[float, float, float]]] = {}
     for s in kept:
-        n = s.node
-        if n.op_class in TENSOR_CLASSES:
-            key, x = n.op_class, n.flops / spec.peak(_dtype(n, spec))
+        t_flops, t_bytes = roof.bound(s.node)
+        if s.node.op_class in TENSOR_CLASSES and t_flops >= t_bytes:
+            key, c, o = kernels.CLASS_FIGURE[s.node.op_class], t_flops, t_bytes
+        elif t_bytes >= t_flops:
+            key, c, o = "hbm_fraction", t_bytes, t_flops
         else:
-            t_flops, t_bytes = roof.bound(n)
-            if t_bytes >= t_flops:
-                key, x = "memory", (n.bytes_read + n.bytes_written) / spec.hbm_bandwidth
-            else:
-                key, x = "vector", (n.flops + 4.0 * n.transcendentals) / spec.peak("f32")
-        if x > 0:
-            groups.setdefault(key, []).append((x, s.seconds))
+            key, c, o = "vector_fraction", t_flops, t_bytes
+        if c > 0:
+            groups.setdefault(key, []).append((c, o, s.seconds))
     for key, pts in sorted(groups.items()):
         cal.points[key] = len(pts)
         if len(pts) < MIN_POINTS or key in cal.efficiency:   # set with the machine figures
             continue
-        max_eff, half_s = _fit_curve([p[0] for p in pts], [p[1] for p in pts], launch)
-        ref = spec.hbm_bandwidth if key == "memory" else (
-            spec.peak("f32") if key == "vector" else spec.peak("bf16"))
-        cal.efficiency[key] = {"max": float(f"{max_eff:.4g}"), "half": float(f"{half_s * ref:.4g}")}
+        default = roof.figure(key)
+        share = _fit_share([p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts],
+                           floor, default)
+        cal.efficiency[key] = float(f"{share:.4g}")
+        cal.reference[key] = reference_figure(spec, key)
+        if key == "attention_fraction":     # one fit for both kernel families seen here
+            cal.efficiency["attention_fraction_native"] = cal.efficiency[key]
+            cal.reference["attention_fraction_native"] = reference_figure(
+                spec, "attention_fraction_native")
 
 
 def _effective_machine(samples, spec: HardwareSpec, roof, cal: Calibration) -> HardwareSpec:
@@ -131,6 +160,8 @@ def _effective_machine(samples, spec: HardwareSpec, roof, cal: Calibration) -> H
     ops achieved in total (so their summed time, hence the step, is matched), recorded as
     hardware figures of this machine with efficiency 1 against them."""
     launch = roof.launch_overhead()
+    gemm_share = roof.figure("gemm_fraction")
+    hbm_share = roof.figure("hbm_fraction")
     tensor_work, tensor_t, bytes_moved, memory_t = 0.0, 0.0, 0.0, 0.0
     tensor_pred, memory_pred = 0.0, 0.0
     for s in samples:
@@ -138,21 +169,21 @@ def _effective_machine(samples, spec: HardwareSpec, roof, cal: Calibration) -> H
         busy = max(s.seconds - launch, 0.0)
         if s.node.op_class in TENSOR_CLASSES and t_flops > 0:
             tensor_work += s.node.flops / spec.peak(_dtype(s.node, spec))   # s at peak
-            tensor_t, tensor_pred = tensor_t + busy, tensor_pred + t_flops
+            tensor_t, tensor_pred = tensor_t + busy, tensor_pred + t_flops * gemm_share
         elif t_bytes >= t_flops and t_bytes > 0:
             bytes_moved += s.node.bytes_read + s.node.bytes_written
-            memory_t, memory_pred = memory_t + busy, memory_pred + t_bytes
+            memory_t, memory_pred = memory_t + busy, memory_pred + t_bytes * hbm_share
     figures = {}
     slow_tensor = tensor_pred > 0 and tensor_t * IMPLAUSIBLE_COMPUTE > tensor_pred
     slow_memory = memory_pred > 0 and memory_t * IMPLAUSIBLE_COMPUTE > memory_pred
     if slow_tensor:
         factor = tensor_t / tensor_work          # achieved = peak / factor
         figures.update({f"peak_{d}": v / factor for d, v in spec.peak_flops.items()})
-        for key in TENSOR_CLASSES:
-            cal.efficiency[key] = {"max": 1.0, "half": 0.0}
+        for key in ("gemm_fraction", "attention_fraction", "attention_fraction_native"):
+            cal.efficiency[key] = 1.0
     if slow_memory:
         figures["hbm_bandwidth"] = bytes_moved / memory_t
-        cal.efficiency["memory"] = {"max": 1.0, "half": 0.0}
+        cal.efficiency["hbm_fraction"] = 1.0
     if not figures:
         return spec
     cal.hardware.update(figures)
@@ -176,9 +207,9 @@ def _with_figures(spec: HardwareSpec, figures: dict) -> HardwareSpec:
 
 
 def _dtype(node, spec: HardwareSpec) -> str:
-    from flint.hardware_models.compute import _tensor_dtype
+    from flint.hardware_models.compute import tensor_dtype
 
-    return _tensor_dtype(node, spec.kind)
+    return tensor_dtype(node, spec.kind)
 
 
 def fit_collectives(samples: list[CollectiveSample], spec: HardwareSpec,
@@ -201,6 +232,7 @@ def fit_collectives(samples: list[CollectiveSample], spec: HardwareSpec,
         eff = statistics.median(effs)
         if eff >= IMPLAUSIBLE_BUS:
             cal.efficiency[f"bus_{level}"] = round(min(eff, 1.0), 4)
+            cal.reference[f"bus_{level}"] = reference_figure(spec, f"bus_{level}")
             continue
         field_name = "scale_up_bandwidth" if level == "scale_up" else "nic_bandwidth"
         link = getattr(spec, field_name)

@@ -65,15 +65,15 @@ def render_calibration(report, console: Console) -> None:
     e = Table(title="Calibrated parameters")
     e.add_column("parameter")
     e.add_column("value", justify="right")
+    e.add_column("spec's own", justify="right")
     for k, v in sorted(cal.efficiency.items()):
-        if isinstance(v, dict):
-            e.add_row(k, f"max {v['max']:.4g}, half-efficiency work {v['half']:.4g}")
-        elif k == "launch":
-            e.add_row("kernel floor", fmt_seconds(v))
+        ref = cal.reference.get(k)
+        if k == "kernel_floor":
+            e.add_row(k, fmt_seconds(v), fmt_seconds(ref) if ref else "")
         else:
-            e.add_row(k, f"{v:.4g}")
+            e.add_row(k, f"{v:.4g} (share)", f"{ref:.4g}" if ref else "")
     for k in sorted(cal.hardware):
-        e.add_row(k, f"{cal.hardware_text(k)} (effective, this machine)")
+        e.add_row(k, f"{cal.hardware_text(k)} (effective, this machine)", "")
     console.print(e)
     for note in cal.notes:
         console.print(f"note: {note}", highlight=False)

@@ -1,0 +1,177 @@
+"""How long one GPU kernel runs, from the device's published architecture.
+
+A node's time is   floor + max(compute time, memory time)
+
+- GEMMs (and convolutions) run as CTA tiles spread over the SMs: a kernel takes as many
+  waves as ceil(tiles / SMs), each wave as long as one tile's main loop (its K steps plus
+  the pipeline's fill and drain) at the SM's share of the achievable tensor rate. cuBLAS
+  picks the tile shape; the model takes the fastest of the shapes cuBLAS/CUTLASS ship for
+  large bf16 GEMMs. Small and skinny GEMMs lose to quantization exactly as they do on the
+  device; large ones approach the achievable fraction of peak that public cuBLAS figures
+  show (`gemm_fraction` in the spec).
+- Fused (flash) attention runs one CTA per (batch, head, 128-row block of queries), again
+  in waves over the SMs, at the achievable fraction of the tensor peak that the fused
+  kernel family reaches (`attention_fraction`: FlashAttention-2-class portable kernels;
+  `attention_fraction_native`: the architecture's own, FlashAttention-3 / cuDNN on Hopper).
+- Memory-bound work moves its bytes at the achievable share of HBM bandwidth that public
+  stream benchmarks reach (`hbm_fraction`).
+- Other arithmetic runs on the FP32 vector units; an FP32 peak counts an FMA as two FLOPs
+  and elementwise work issues one FLOP per lane and cycle, so it reaches at most half of it.
+- Every kernel pays a floor: the time from the start of a grid to the end of its last block
+  for a kernel that does almost nothing (`kernel_floor`). XLA on GPU launches through
+  command buffers (CUDA graphs), so host launch overhead is not on the device timeline.
+
+TPUs: the matrix unit works on 128 x 128 (v4/v5) tiles; dimensions pad to the tile and
+there is no wave model (one or two TensorCores per chip). Host CPUs: the plain roofline.
+
+Each figure comes from the spec (with its source); the defaults below apply where a spec
+does not give one and are documented modelling assumptions.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from flint.hardware_models.spec import HardwareSpec
+
+# CTA tiles (rows x columns of C) of cuBLAS/CUTLASS kernels for 16-bit GEMMs on Ampere and
+# Hopper: 128x256 and 256x128 are the large-GEMM defaults (CUTLASS profiler's default
+# sm80/sm90 bf16 configurations), 128x128 the general fallback, 64x128 the small-M one.
+# A 64-row tile runs one warpgroup MMA instead of two: half the data reuse per loaded byte,
+# which the model charges as 3/4 of the large tiles' rate (ratio of their arithmetic
+# intensities, 64*128/(64+128) vs 128*128/(128+128)).
+TILES = ((128, 256, 1.0), (256, 128, 1.0), (128, 128, 1.0), (64, 128, 0.75))
+TILE_K = 64                     # K elements per main-loop step (CUTLASS default for 16-bit)
+PIPELINE_STEPS = 2              # prologue fill + epilogue, in main-loop steps
+ATTENTION_BLOCK_ROWS = 128      # query rows per CTA in FlashAttention-2/3 and cuDNN kernels
+TPU_MXU = 128                   # systolic array edge on TPU v4/v5e/v5p (Google Cloud TPU docs)
+# Exponentials per clock per SM on the special-function units (CUDA C++ Programming Guide,
+# 'Arithmetic Instructions' throughput table: 16 results/clock/SM for exp2 and friends on
+# compute capability 8.x and 9.x; the FlashAttention-3 paper quotes 3.9 TFLOP/s of special
+# functions for H100 SXM5 = 132 SMs x 16 x 1.83 GHz).
+SFU_EXP_PER_CLOCK_PER_SM = 16
+
+# Where a spec gives no figure (a modelling assumption, replaced by the spec's sourced
+# figure or by calibration): see each GPU spec for the published values.
+DEFAULT_FIGURES = {
+    "gemm_fraction": 0.75,
+    "attention_fraction": 0.45,
+    "attention_fraction_native": 0.45,
+    "hbm_fraction": 0.85,
+    "vector_fraction": 0.5,
+    "kernel_floor": 1.5e-6,
+}
+DEFAULT_FLOOR_S = {"gpu": 1.5e-6, "tpu": 1e-6, "cpu": 1e-6}
+# The calibratable figures, by op class they govern.
+CLASS_FIGURE = {"gemm": "gemm_fraction", "conv": "gemm_fraction",
+                "attention": "attention_fraction", "memory": "hbm_fraction",
+                "vector": "vector_fraction"}
+
+
+def figure(spec: HardwareSpec, name: str, calibrated: dict | None = None) -> float:
+    """A kernel figure: calibrated, else the spec's, else the documented default."""
+    for source in (calibrated or {}, spec.efficiency):
+        if name in source:
+            return float(source[name])
+    value = getattr(spec, name, None)
+    if value:
+        return float(value)
+    if name == "kernel_floor":
+        return DEFAULT_FLOOR_S.get(spec.kind, 1.5e-6)
+    if name == "attention_fraction_native":
+        return figure(spec, "attention_fraction", calibrated)
+    return DEFAULT_FIGURES[name]
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    batch: int
+    m: int
+    n: int
+    k: int
+
+
+def gemm_shape(flops: float, output: str) -> GemmShape | None:
+    """(batch, M, N, K) from a GEMM's FLOPs and its output shape `bf16[b,...,m,n]`."""
+    dims = _dims(output)
+    if not dims or flops <= 0:
+        return None
+    if len(dims) == 1:
+        dims = [1, dims[0]]
+    batch = math.prod(dims[:-2]) if len(dims) > 2 else 1
+    m, n = dims[-2], dims[-1]
+    elems = batch * m * n
+    if elems <= 0:
+        return None
+    k = max(1, round(flops / (2.0 * elems)))
+    return GemmShape(batch, m, n, k)
+
+
+def gemm_time(shape: GemmShape, rate: float, sms: int) -> float:
+    """Seconds for the GEMM's main loops at `rate` FLOP/s over `sms` SMs (no floor)."""
+    if sms <= 0:
+        return 2.0 * shape.batch * shape.m * shape.n * shape.k / rate
+    per_sm = rate / sms
+    k_steps = math.ceil(shape.k / TILE_K) + PIPELINE_STEPS
+    best = math.inf
+    for rows, cols, tile_eff in TILES:
+        tiles = shape.batch * math.ceil(shape.m / rows) * math.ceil(shape.n / cols)
+        waves = math.ceil(tiles / sms)
+        step = 2.0 * rows * cols * TILE_K / (per_sm * tile_eff)
+        best = min(best, waves * k_steps * step)
+    return best
+
+
+def tpu_matmul_time(shape: GemmShape, rate: float, mxu: int = TPU_MXU) -> float:
+    padded = [math.ceil(d / mxu) * mxu for d in (shape.m, shape.n, shape.k)]
+    return 2.0 * shape.batch * math.prod(padded) / rate
+
+
+def attention_time(flops: float, attn: dict | None, rate: float, sms: int,
+                   exp_rate: float = 0.0, overlapped: bool = True) -> float:
+    """Fused (flash) attention: one CTA per (batch, head, block of 128 query rows) walks the
+    key/value blocks it needs (all of them, or those up to its diagonal when causal), plus
+    the pipeline's fill and drain; CTAs run in waves over the SMs. A block is two GEMMs
+    (QK^T, PV; five in the backward pass) at `rate` and one exponential per score on the
+    special-function units at `exp_rate` (whole GPU): FlashAttention-2 runs them one after
+    the other, FlashAttention-3 and cuDNN overlap them (`overlapped`). `rate` is the tensor
+    rate the kernel family reaches at head dim 128 on long sequences with the exponentials
+    included, the published figure; the GEMM-only rate is recovered from it."""
+    if not attn or sms <= 0:
+        return flops / rate
+    try:
+        batch, heads = int(attn["batch"]), int(attn["heads"])
+        seq_q, seq_kv, dim = int(attn["seq_q"]), int(attn["seq_kv"]), int(attn["head_dim"])
+    except (KeyError, TypeError, ValueError):
+        return flops / rate
+    if min(batch, heads, seq_q, seq_kv, dim) <= 0:
+        return flops / rate
+    rows = cols = ATTENTION_BLOCK_ROWS
+    q_blocks, kv_blocks = math.ceil(seq_q / rows), math.ceil(seq_kv / cols)
+    if attn.get("causal"):
+        visits = sum(min(kv_blocks, math.ceil(min((i + 1) * rows, seq_q) * seq_kv / seq_q / cols))
+                     for i in range(q_blocks))
+    else:
+        visits = q_blocks * kv_blocks
+    gemms = 5 if attn.get("backward") else 2
+    per_sm, exp_sm = rate / sms, exp_rate / sms
+    block_mm = 2.0 * gemms * rows * cols * dim
+    block_exp = rows * cols / exp_sm if exp_sm else 0.0
+    ref_mm, ref_exp = 2.0 * 2 * rows * cols * 128, block_exp      # the published anchor
+    mm_rate = per_sm
+    if exp_sm and not overlapped:
+        # rate is the anchor's effective rate, exponentials included: take them out
+        mm_rate = ref_mm / max(ref_mm / per_sm - ref_exp, 0.25 * ref_mm / per_sm)
+    t_block = (max(block_mm / mm_rate, block_exp) if overlapped
+               else block_mm / mm_rate + block_exp)
+    ctas = batch * heads * q_blocks
+    per_cta = (visits / q_blocks + PIPELINE_STEPS) * t_block
+    return math.ceil(ctas / sms) * per_cta
+
+
+def _dims(shape: str) -> list[int]:
+    inner = shape.split("[", 1)[1].split("]", 1)[0] if "[" in shape else ""
+    try:
+        return [int(d) for d in inner.split(",") if d.strip()]
+    except ValueError:
+        return []
