@@ -64,6 +64,8 @@ def interference(spec: HardwareSpec, compute, network, node: Node, comm: Node) -
     move collectives with DMA engines."""
     if spec.kind != "gpu" or not spec.cores or not hasattr(compute, "bound"):
         return 1.0
+    if not (node.flops or node.bytes_read or node.bytes_written):
+        return 1.0      # an imported node with only a recorded duration: already as it ran
     t_flops, t_bytes = compute.bound(node)
     if t_flops >= t_bytes:
         return 1.0 / (1.0 - min(NCCL_CHANNELS / spec.cores, MAX_SHARE))
