@@ -4,7 +4,7 @@ Every GPU kernel launched in the chosen ProfilerStep is joined to the aten opera
 launched it (flint.validate.kineto_kernels); each GEMM and attention execution becomes the
 Flint node the torch front end builds for that op (flint.validate.kernel_nodes), and the
 default cost model's compute half predicts its time. Measured is the kernel's duration on
-the GPU timeline (cuBLAS's 4-byte workspace memset before each GEMM is listed apart).
+the GPU timeline (the 4-byte memset cuBLAS launches before each GEMM here is listed apart).
 Errors are per kernel, predicted / measured - 1; medians are over kernels.
 
     python scripts/compare_tracelens.py [--step 6] [--hardware h100-sxm] [--json] [--plot out.png]
@@ -41,7 +41,7 @@ def build_report(path, step: int | None, hardware: str) -> dict:
         rows.append({"class": ex.op_class, "op": ex.op.name, "shape": _shape_label(node),
                      "operands": node.operands, "flops": node.flops,
                      "measured_us": ex.measured_s * 1e6, "predicted_us": model.time(node) * 1e6,
-                     "workspace_us": sum(k.duration_s for k in ex.other) * 1e6})
+                     "memset_us": sum(k.duration_s for k in ex.other) * 1e6})
     groups = _groups(rows)
     summary = {cls: _errors([r for r in rows if r["class"] == cls]) for cls in ("gemm", "attention")}
     summary["overall"] = _errors(rows)
@@ -55,8 +55,8 @@ def build_report(path, step: int | None, hardware: str) -> dict:
         "unmodelled_ops": sorted(unmodelled),
         "other_kernels": len(others),
         "other_kernels_ms": round(sum(k.duration_s for k in others) * 1e3, 4),
-        "workspace_memsets": sum(len(ex.other) for ex in execs),
-        "workspace_memsets_ms": round(sum(r["workspace_us"] for r in rows) * 1e-3, 4),
+        "gemm_memsets": sum(len(ex.other) for ex in execs),
+        "gemm_memsets_ms": round(sum(r["memset_us"] for r in rows) * 1e-3, 4),
         "groups": groups, "summary": summary,
         "kernels": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
                      if k in ("class", "op", "shape", "measured_us", "predicted_us")}
@@ -123,9 +123,9 @@ def render(report: dict, console) -> None:
                   f"kernels, {report['kernels_total_ms']:.2f} ms summed; unlinked kernels: "
                   f"{report['unlinked_kernels']}; ops not modelled: {len(report['unmodelled_ops'])}")
     console.print(f"other kernels (elementwise, norms, copies; not compared here): "
-                  f"{report['other_kernels']}, {report['other_kernels_ms']:.2f} ms; cuBLAS "
-                  f"workspace memsets: {report['workspace_memsets']}, "
-                  f"{report['workspace_memsets_ms']:.3f} ms")
+                  f"{report['other_kernels']}, {report['other_kernels_ms']:.2f} ms; memsets "
+                  f"inside GEMM ops: {report['gemm_memsets']}, "
+                  f"{report['gemm_memsets_ms']:.3f} ms")
     for cls, s in report["summary"].items():
         if not s["kernels"]:
             continue

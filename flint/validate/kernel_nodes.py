@@ -44,7 +44,7 @@ class OpExecution:
     op: CpuOp
     op_class: str                    # gemm | attention
     kernels: tuple[GpuKernel, ...]   # compute kernels ("kernel" category)
-    other: tuple[GpuKernel, ...]     # memsets / memcpys it also launched (cuBLAS workspace)
+    other: tuple[GpuKernel, ...]     # memsets / memcpys it also launched
 
     @property
     def measured_s(self) -> float:
