@@ -1,4 +1,4 @@
-"""Predicted vs measured GEMM and flash-attention kernels of the shared TraceLens Qwen trace (1x H100).
+"""Predicted vs measured GEMM and flash-attention kernels of the TraceLens Qwen trace (1x H100).
 
 Every GPU kernel launched in the chosen ProfilerStep is joined to the aten operator that
 launched it (flint.validate.kineto_kernels); each GEMM and attention execution becomes the
@@ -43,7 +43,8 @@ def build_report(path, step: int | None, hardware: str) -> dict:
                      "measured_us": ex.measured_s * 1e6, "predicted_us": model.time(node) * 1e6,
                      "memset_us": sum(k.duration_s for k in ex.other) * 1e6})
     groups = _groups(rows)
-    summary = {cls: _errors([r for r in rows if r["class"] == cls]) for cls in ("gemm", "attention")}
+    summary = {cls: _errors([r for r in rows if r["class"] == cls])
+               for cls in ("gemm", "attention")}
     summary["overall"] = _errors(rows)
     gpu = [k for k in found.kernels if k.category == "kernel"]
     return {
@@ -121,7 +122,8 @@ def render(report: dict, console) -> None:
     console.print(t)
     console.print(f"step GPU span {report['gpu_span_ms']:.2f} ms; {report['kernels_in_step']} "
                   f"kernels, {report['kernels_total_ms']:.2f} ms summed; unlinked kernels: "
-                  f"{report['unlinked_kernels']}; ops not modelled: {len(report['unmodelled_ops'])}")
+                  f"{report['unlinked_kernels']}; GEMM/attention ops not modelled (shapes "
+                  f"not recorded): {len(report['unmodelled_ops'])}")
     console.print(f"other kernels (elementwise, norms, copies; not compared here): "
                   f"{report['other_kernels']}, {report['other_kernels_ms']:.2f} ms; memsets "
                   f"inside GEMM ops: {report['gemm_memsets']}, "

@@ -45,6 +45,7 @@ class OpExecution:
     op_class: str                    # gemm | attention
     kernels: tuple[GpuKernel, ...]   # compute kernels ("kernel" category)
     other: tuple[GpuKernel, ...]     # memsets / memcpys it also launched
+    phase: str = "forward"           # backward when autograd's engine ran it
 
     @property
     def measured_s(self) -> float:
@@ -76,16 +77,24 @@ def executions(kernels) -> tuple[list[OpExecution], list[GpuKernel]]:
                 others.append(k)
             continue
         op, cls = m
-        entry = found.setdefault(op.index, (op, cls, [], []))
+        entry = found.setdefault(op.index, (op, cls, [], [], _phase(k, op)))
         (entry[2] if k.category == "kernel" else entry[3]).append(k)
-    out = [OpExecution(op, cls, tuple(ks), tuple(rest))
-           for op, cls, ks, rest in sorted(found.values(), key=lambda v: v[0].start_us) if ks]
+    out = [OpExecution(op, cls, tuple(ks), tuple(rest), phase)
+           for op, cls, ks, rest, phase in sorted(found.values(), key=lambda v: v[0].start_us)
+           if ks]
     return out, others
 
 
 def execution_node(ex: OpExecution, node_id: int = 0) -> Node | None:
     """The Flint node of one execution; None when its shapes or arguments are not recorded
-    in a form torch accepts (the caller counts those)."""
+    in a form torch's meta kernels accept (the caller counts those)."""
+    try:
+        return _node(ex, node_id)
+    except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError):
+        return None           # shapes torch rejects: inconsistent or corrupt records
+
+
+def _node(ex: OpExecution, node_id: int) -> Node | None:
     short = _short(ex.op.name)
     overload = getattr(torch.ops.aten, short).default
     schema = overload._schema
@@ -93,10 +102,7 @@ def execution_node(ex: OpExecution, node_id: int = 0) -> Node | None:
     if parsed is None:
         return None
     args, kwargs = parsed
-    try:
-        out = overload(*args, **kwargs)   # meta tensors: shapes only, nothing runs
-    except (RuntimeError, TypeError, ValueError, NotImplementedError):
-        return None
+    out = overload(*args, **kwargs)       # meta tensors: shapes only, nothing runs
     named = {**{a.name: v for a, v in zip(schema.arguments, args)}, **kwargs}
     cost_args = list(args)
     if short in SEQ_MAJOR:               # [B, S, H, D] -> [B, H, S, D] for the cost rules
@@ -104,13 +110,12 @@ def execution_node(ex: OpExecution, node_id: int = 0) -> Node | None:
     flops, trans = ac.cost(short, cost_args, named, out)
     ins = ac.tensors(list(args))
     outs = ac.tensors(out)
-    meta = {"aten": ex.op.name, "phase": "forward", "kernel": ex.kernels[0].name,
+    meta = {"aten": ex.op.name, "phase": ex.phase, "kernel": ex.kernels[0].name,
             "kernels": len(ex.kernels)}
     if ex.op_class == "gemm":
         meta["gemm"] = _gemm_dims(short, args, outs[0])
     else:
         meta["attention"] = _attention_meta(short, cost_args, named)
-        meta["attention"]["backward"] = short.endswith("_backward")
         meta["causal_recorded"] = _recorded(ex.op, schema, "is_causal")
     return Node(node_id, f"{short}.{ex.op.index}", NodeKind.COMPUTE, short, ex.op_class,
                 flops=flops, transcendentals=trans,
@@ -118,6 +123,13 @@ def execution_node(ex: OpExecution, node_id: int = 0) -> Node | None:
                 bytes_written=float(sum(ac.nbytes(t) for t in outs)),
                 outputs=[shape_str(t) for t in outs], operands=[shape_str(t) for t in ins],
                 meta=meta)
+
+
+def _phase(kernel: GpuKernel, op: CpuOp) -> str:
+    """Autograd runs backward ops inside `autograd::engine::evaluate_function: ...Backward`."""
+    backward = op.name.endswith("_backward") or any(
+        o.name.startswith("autograd::engine::evaluate_function") for o in kernel.stack)
+    return "backward" if backward else "forward"
 
 
 def _short(name: str) -> str:
@@ -180,5 +192,5 @@ def _attention_meta(short: str, args: list, named: dict) -> dict:
     q, k = (args[1], args[2]) if short.endswith("_backward") else (args[0], args[1])
     return {"batch": int(q.shape[0]), "heads": int(q.shape[1]), "kv_heads": int(k.shape[1]),
             "seq_q": int(q.shape[-2]), "seq_kv": int(k.shape[-2]), "head_dim": int(q.shape[-1]),
-            "causal": bool(named.get("is_causal", False)), "backward": False,
+            "causal": bool(named.get("is_causal", False)), "backward": short.endswith("_backward"),
             "dtype": DTYPES.get(q.dtype, str(q.dtype))}

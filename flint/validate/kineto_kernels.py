@@ -13,6 +13,7 @@ the kernel itself may run later, on the GPU's timeline.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 
 from flint.errors import FlintError
@@ -55,13 +56,10 @@ class StepKernels:
 def profiler_steps(events: list) -> dict[int, tuple[float, float]]:
     """ProfilerStep number -> its CPU span (start, end) in microseconds."""
     out = {}
-    for e in events:
-        name = str(e.get("name", ""))
-        if e.get("ph") == "X" and name.startswith(STEP) and e.get("cat") != "gpu_user_annotation":
-            try:
-                out[int(name[len(STEP):])] = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
-            except (KeyError, TypeError, ValueError):
-                continue
+    for e in filter(None, map(_complete, events)):
+        number = e["name"][len(STEP):]
+        if e["name"].startswith(STEP) and e["cat"] != "gpu_user_annotation" and number.isdigit():
+            out[int(number)] = (e["ts"], e["ts"] + e["dur"])
     return out
 
 
@@ -77,25 +75,21 @@ def step_kernels(events: list, step: int | None = None, path: str = "") -> StepK
         raise FlintError(f"{path}: no {STEP}{step} (the trace has steps "
                          f"{', '.join(map(str, sorted(steps)))})")
     lo, hi = steps[step]
-    xs = [e for e in events if e.get("ph") == "X" and isinstance(e.get("args") or {}, dict)]
-    launches = {}
-    for e in xs:
-        corr = (e.get("args") or {}).get("correlation")
-        if e.get("cat") in LAUNCH_CATEGORIES and corr is not None:
-            launches[corr] = e
-    stacks = _OpStacks([e for e in xs if e.get("cat") in OP_CATEGORIES
-                        and not str(e.get("name", "")).startswith(STEP)])
+    xs = [c for c in map(_complete, events) if c is not None]
+    launches = {e["correlation"]: e for e in xs
+                if e["cat"] in LAUNCH_CATEGORIES and e["correlation"] is not None}
+    stacks = _OpStacks([e for e in xs if e["cat"] in OP_CATEGORIES
+                        and not e["name"].startswith(STEP)])
     kernels, unlinked = [], 0
     for e in xs:
-        if e.get("cat") not in GPU_CATEGORIES:
+        if e["cat"] not in GPU_CATEGORIES:
             continue
-        launch = launches.get((e.get("args") or {}).get("correlation"))
-        if launch is None or not lo <= float(launch["ts"]) <= hi:
+        launch = launches.get(e["correlation"]) if e["correlation"] is not None else None
+        if launch is None or not lo <= launch["ts"] <= hi:
             continue        # launched before tracing started, or outside this step
         stack = stacks.stack(launch)
         unlinked += not stack
-        kernels.append(GpuKernel(str(e.get("name", "")), e["cat"], float(e["ts"]),
-                                 float(e.get("dur", 0.0)) * 1e-6, stack))
+        kernels.append(GpuKernel(e["name"], e["cat"], e["ts"], e["dur"] * 1e-6, stack))
     if not kernels:
         raise FlintError(f"{path}: {STEP}{step} launched no GPU kernels")
     kernels.sort(key=lambda k: (k.start_us, k.name))
@@ -108,7 +102,7 @@ class _OpStacks:
     else by time on the launch's thread."""
 
     def __init__(self, events: list):
-        ordered = sorted(events, key=lambda e: (str(e.get("tid")), float(e["ts"]), -float(e["dur"])))
+        ordered = sorted(events, key=lambda e: (str(e["tid"]), e["ts"], -e["dur"]))
         self.ops = [_cpu_op(i, e) for i, e in enumerate(ordered)]
         self.parent: list[int | None] = []
         self.by_external: dict = {}
@@ -120,16 +114,16 @@ class _OpStacks:
                 open_ops.pop()
             self.parent.append(open_ops[-1] if open_ops else None)
             open_ops.append(i)
-            ext = (e.get("args") or {}).get("External id")
-            if ext is not None and e.get("cat") == "cpu_op":
-                self.by_external.setdefault(ext, i)
+            if e["external"] is not None and e["cat"] == "cpu_op":
+                self.by_external.setdefault(e["external"], i)
             starts, idx = self.starts.setdefault(op.tid, ([], []))
             starts.append(op.start_us)
             idx.append(i)
 
     def stack(self, launch: dict) -> tuple[CpuOp, ...]:
-        ts, tid = float(launch["ts"]), launch.get("tid")
-        inner = self.by_external.get((launch.get("args") or {}).get("External id"))
+        ts, tid = launch["ts"], launch["tid"]
+        ext = launch["external"]
+        inner = self.by_external.get(ext) if ext is not None else None
         if inner is None or not _encloses(self.ops[inner], ts, tid):
             inner = self._innermost(ts, tid)
         out = []
@@ -148,19 +142,48 @@ class _OpStacks:
 
 
 def _cpu_op(index: int, e: dict) -> CpuOp:
-    args = e.get("args") or {}
-    dims = tuple(_shape(d) for d in args.get("Input Dims") or [])
-    types = tuple(str(t) for t in args.get("Input type") or [])
-    concrete = tuple(str(c) for c in args.get("Concrete Inputs") or [])
-    return CpuOp(index, str(e.get("name", "")), e.get("tid"), float(e["ts"]),
-                 float(e.get("dur", 0.0)), dims, types, concrete)
+    args = e["args"]
+    dims = tuple(_shape(d) for d in _listed(args.get("Input Dims")))
+    types = tuple(str(t) for t in _listed(args.get("Input type")))
+    concrete = tuple(str(c) for c in _listed(args.get("Concrete Inputs")))
+    return CpuOp(index, e["name"], e["tid"], e["ts"], e["dur"], dims, types, concrete)
+
+
+def _listed(value) -> list:
+    return value if isinstance(value, list) else []
 
 
 def _shape(d) -> tuple:
-    """A tensor's dims as a tuple of ints; a tensor list's as a tuple of those."""
+    """A tensor's dims as a tuple of ints; a tensor list's as a tuple of those; () for
+    anything else (such an argument then counts as not recorded)."""
     if isinstance(d, list):
-        return tuple(_shape(x) if isinstance(x, list) else int(x) for x in d)
+        out = tuple(_shape(x) if isinstance(x, list) else x for x in d)
+        if all(isinstance(x, tuple) or (isinstance(x, int) and x >= 0) for x in out):
+            return out
     return ()
+
+
+def _complete(e) -> dict | None:
+    """A complete ("X") event with the fields the join reads, checked and typed; None for
+    any other event or one whose fields are malformed (it is skipped)."""
+    if not isinstance(e, dict) or e.get("ph") != "X":
+        return None
+    args = e.get("args") if isinstance(e.get("args"), dict) else {}
+    try:
+        ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not (math.isfinite(ts) and math.isfinite(dur)) or dur < 0:
+        return None
+    return {"name": str(e.get("name", "")), "cat": str(e.get("cat", "")), "ts": ts, "dur": dur,
+            "tid": _ident(e.get("tid")), "args": args,
+            "correlation": _ident(args.get("correlation")),
+            "external": _ident(args.get("External id"))}
+
+
+def _ident(value):
+    """An id as recorded (int or str); None for anything else."""
+    return value if isinstance(value, (int, str)) and not isinstance(value, bool) else None
 
 
 def _end(op: CpuOp) -> float:
