@@ -36,8 +36,17 @@ class RooflineCompute:
         """(seconds if compute-bound, seconds if memory-bound) for one execution."""
         t_flops = self.compute_time(node)
         moved = node.bytes_read + node.bytes_written
-        t_bytes = moved / (self.spec.hbm_bandwidth * self.figure("hbm_fraction")) if moved else 0.0
-        return t_flops, t_bytes
+        return t_flops, moved / self.memory_bandwidth(node) if moved else 0.0
+
+    def memory_bandwidth(self, node: Node) -> float:
+        """Bytes/s a memory-bound node sustains: the stream share of HBM bandwidth, and for
+        compiler-generated GPU kernels (anything not from an ATen/library kernel) the
+        per-SM in-flight bound of kernels.GENERATED_BYTES_PER_SM_S."""
+        bw = self.spec.hbm_bandwidth * self.figure("hbm_fraction")
+        generated = "aten" not in node.meta and node.op_class not in TENSOR_CLASSES
+        if self.sms and generated and "hbm_fraction" not in self.efficiency:
+            bw = min(bw, self.sms * kernels.GENERATED_BYTES_PER_SM_S)
+        return bw
 
     def compute_time(self, node: Node) -> float:
         if node.op_class in TENSOR_CLASSES and node.flops:

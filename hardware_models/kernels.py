@@ -14,7 +14,10 @@ A node's time is   floor + max(compute time, memory time)
   kernel family reaches (`attention_fraction`: FlashAttention-2-class portable kernels;
   `attention_fraction_native`: the architecture's own, FlashAttention-3 / cuDNN on Hopper).
 - Memory-bound work moves its bytes at the achievable share of HBM bandwidth that public
-  stream benchmarks reach (`hbm_fraction`).
+  stream benchmarks reach (`hbm_fraction`). Compiler-generated kernels (XLA's fusion
+  emitters) keep fewer bytes in flight per SM than hand-vectorized ones, so by Little's law
+  they are also bounded by SMs x a per-SM sustained rate: enough on A100, the binding limit
+  on HBM3 parts whose bandwidth per SM is far higher.
 - Other arithmetic runs on the FP32 vector units; an FP32 peak counts an FMA as two FLOPs
   and elementwise work issues one FLOP per lane and cycle, so it reaches at most half of it.
 - Every kernel pays a floor: the time from the start of a grid to the end of its last block
@@ -50,6 +53,15 @@ TPU_MXU = 128                   # systolic array edge on TPU v4/v5e/v5p (Google 
 # compute capability 8.x and 9.x; the FlashAttention-3 paper quotes 3.9 TFLOP/s of special
 # functions for H100 SXM5 = 132 SMs x 16 x 1.83 GHz).
 SFU_EXP_PER_CLOCK_PER_SM = 16
+
+# Per-SM bandwidth that compiler-generated (not hand-vectorized) memory-bound kernels
+# sustain. llama.cpp issue #9817 (NVIDIA, 2024): vectorizing the loads of an HBM-bound
+# kernel made it 1.33x faster on H100 SXM (HBM3), 1.05x on A100 SXM and 1.01x on GDDR6
+# parts: the unvectorized kernel was latency-bound (too few bytes in flight) on H100 only.
+# Taking the vectorized kernel at the stream figure, 0.9 x 3.35 TB/s / 1.33 over 132 SMs
+# = 17.2 GB/s per SM. Rule for other GPUs: the same per SM (bytes in flight are bounded by
+# the SM's thread and register budget, alike on sm80/sm90; DRAM latency is alike too).
+GENERATED_BYTES_PER_SM_S = 17.2e9
 
 # Where a spec gives no figure (a modelling assumption, replaced by the spec's sourced
 # figure or by calibration): see each GPU spec for the published values.

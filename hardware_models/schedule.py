@@ -83,7 +83,7 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None) -> Tim
         if slowdown is not None and streams[i] == "compute" and in_flight[dev]:
             d = _stretched(node, d, start_at, in_flight, dev, finish, graph, slowdown)
         finish[i] = start_at + d
-        if streams[i] != "compute":
+        if streams[i] != "compute" and node.collective is not None:
             in_flight[dev].append(i)
         free[s] = finish[i]
         last_on[s] = i

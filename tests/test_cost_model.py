@@ -366,3 +366,18 @@ def test_overlap_slows_compute_on_gpus(spec_path):
         1 / (1 - 2 * wire / (h100.hbm_bandwidth * h100.hbm_fraction)))
     tpu = default_cost_model(WorkloadGraph(cluster=Cluster(8, (("data", 8),))), "tpu-v5p")
     assert interference(tpu.spec, tpu.compute, tpu.network, gemm, ag) == 1.0
+
+
+def test_generated_kernels_bandwidth_bound_by_bytes_in_flight():
+    """XLA fusions on H100 (HBM3) are bound by SMs x the per-SM in-flight rate; on A100 the
+    stream share of HBM binds first; ATen's vectorized kernels reach the stream share."""
+    from flint.hardware_models import kernels
+    from flint.hardware_models.compute import RooflineCompute
+
+    fusion = Node(0, "f", NodeKind.COMPUTE, "fusion", "elementwise", bytes_read=1e9,
+                  bytes_written=1e9)
+    aten = dataclasses.replace(fusion, meta={"aten": "aten::add"})
+    h100, a100 = RooflineCompute(load_spec("h100-sxm")), RooflineCompute(load_spec("a100-40gb-sxm"))
+    assert h100.memory_bandwidth(fusion) == pytest.approx(132 * kernels.GENERATED_BYTES_PER_SM_S)
+    assert h100.memory_bandwidth(aten) == pytest.approx(3.35e12 * 0.9)
+    assert a100.memory_bandwidth(fusion) == a100.memory_bandwidth(aten) == pytest.approx(1.555e12 * 0.88)

@@ -193,4 +193,7 @@ def _attention_meta(short: str, args: list, named: dict) -> dict:
     return {"batch": int(q.shape[0]), "heads": int(q.shape[1]), "kv_heads": int(k.shape[1]),
             "seq_q": int(q.shape[-2]), "seq_kv": int(k.shape[-2]), "head_dim": int(q.shape[-1]),
             "causal": bool(named.get("is_causal", False)), "backward": short.endswith("_backward"),
-            "dtype": DTYPES.get(q.dtype, str(q.dtype))}
+            "dtype": DTYPES.get(q.dtype, str(q.dtype)),
+            # PyTorch's flash and memory-efficient SDPA kernels are FlashAttention-2-class;
+            # only its cuDNN backend runs the architecture's own fused attention.
+            "impl": "native" if "cudnn" in short else "flash2"}
