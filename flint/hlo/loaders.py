@@ -11,7 +11,7 @@ from pathlib import Path
 
 from flint.errors import FlintError
 from flint.hlo.module import HloModule, parse_module
-from flint.hlo.proto_ids import MalformedProto, compact_instruction_ids, fields
+from flint.hlo.proto_ids import MalformedProto, compact_instruction_ids, hlo_module_of
 
 
 def load_hlo(path) -> HloModule:
@@ -32,7 +32,7 @@ def hlo_text_from_proto(data: bytes, where: str = "proto") -> str:
     """HLO text of a serialized HloModuleProto, or of the module inside an HloProto."""
     from jaxlib import _hlo
 
-    blob = _hlo_proto_module_field(data) or data
+    blob = hlo_module_of(data) or data
     invalid = f"{where} is neither HLO text nor a valid HloModuleProto/HloProto"
     try:
         blob = compact_instruction_ids(blob)
@@ -69,19 +69,6 @@ def _wrapped_names_comment(module) -> str:
             if root is not None and root.name != ins.name:
                 pairs.append(f"{ins.name}={root.name}")
     return f"\n{WRAPPED_NAMES_MARK} {' '.join(sorted(pairs))}\n" if pairs else ""
-
-
-def _hlo_proto_module_field(data: bytes) -> bytes | None:
-    """Field 1 (hlo_module) of an HloProto, read from the protobuf wire format; None when
-    `data` is not an HloProto (an HloModuleProto's field 1 is its name, which holds no
-    computations)."""
-    try:
-        inner = next((v for f, w, v, _, _ in fields(data) if f == 1 and w == 2), None)
-        if inner is not None and any(f == 3 and w == 2 for f, w, _, _, _ in fields(inner)):
-            return inner
-    except MalformedProto:
-        pass
-    return None
 
 
 def _decompress(data: bytes, path: Path) -> bytes:

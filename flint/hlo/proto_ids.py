@@ -3,136 +3,99 @@ memory proportional to its size.
 
 XLA numbers an instruction `computation id << 32 | local id` and, when it loads a proto,
 sizes each computation's instruction table by the largest local id it holds. Dumps from
-older XLA (nsys-jax archives among them) number instructions with one counter per module,
-so every computation, even a 3-instruction fusion, gets a table as long as the module's
-largest id: memory grows with computations x instructions (a 37k-instruction module with
-thousands of fusions needs tens of GB). Rewriting each computation's ids to
+older XLA (nsys-jax archives among them) number instructions with one counter for the
+whole module, so every computation, even a 3-instruction fusion, gets a table as long as
+the module's largest id: memory grows with computations x the largest id (a 40k-instruction
+module with thousands of fusions needs tens of GB). Rewriting each computation's ids to
 `computation id << 32 | position` before loading keeps every reference intact (operands,
-control predecessors, the root, the schedule all name instructions of their own
+control predecessors, the root and the schedule name instructions of their own
 computation) and makes the tables as long as the computations.
 
-Only the protobuf wire format is touched (field numbers from xla/service/hlo.proto);
-every other byte is copied as is.
+The protobuf runtime parses the messages with a schema of only the fields touched here
+(numbers from xla/service/hlo.proto); every other field is kept as an unknown field and
+written back unchanged.
 """
 from __future__ import annotations
 
-# xla/service/hlo.proto field numbers
-_MODULE_COMPUTATIONS, _MODULE_SCHEDULE = 3, 7
-_COMP_INSTRUCTIONS, _COMP_ID, _COMP_ROOT_ID = 2, 5, 6
-_INS_ID, _INS_OPERAND_IDS, _INS_CONTROL_PREDECESSOR_IDS = 35, 36, 37
-_SCHEDULE_SEQUENCES, _MAP_KEY, _MAP_VALUE, _SEQUENCE_IDS = 1, 1, 2, 1
-_LEN, _VARINT = 2, 0
-_U64 = (1 << 64) - 1
+from functools import lru_cache
+
+_INT64, _MESSAGE = 3, 11            # FieldDescriptorProto types
+_OPTIONAL, _REPEATED = 1, 3         # FieldDescriptorProto labels
+_SCHEMA = {                         # message -> (field, number, type, label, message type)
+    "Instruction": [("id", 35, _INT64, _OPTIONAL, None),
+                    ("operand_ids", 36, _INT64, _REPEATED, None),
+                    ("control_predecessor_ids", 37, _INT64, _REPEATED, None)],
+    "Computation": [("instructions", 2, _MESSAGE, _REPEATED, "Instruction"),
+                    ("id", 5, _INT64, _OPTIONAL, None),
+                    ("root_id", 6, _INT64, _OPTIONAL, None)],
+    "Sequence": [("instruction_ids", 1, _INT64, _REPEATED, None)],
+    # map<int64, InstructionSequence> sequences = 1, read as its wire form: repeated entries
+    "SequenceEntry": [("key", 1, _INT64, _OPTIONAL, None),
+                      ("value", 2, _MESSAGE, _OPTIONAL, "Sequence")],
+    "Schedule": [("sequences", 1, _MESSAGE, _REPEATED, "SequenceEntry")],
+    "Module": [("computations", 3, _MESSAGE, _REPEATED, "Computation"),
+               ("schedule", 7, _MESSAGE, _OPTIONAL, "Schedule")],
+    "HloProto": [("hlo_module", 1, _MESSAGE, _OPTIONAL, "Module")],
+}
 
 
 class MalformedProto(ValueError):
     """The bytes are not a protobuf message (truncated, or of another format)."""
 
 
-def read_varint(b: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if i >= len(b) or shift > 63:
-            raise MalformedProto("truncated or over-long varint")
-        byte = b[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return value, i
+@lru_cache(maxsize=1)
+def _classes() -> dict:
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    package = "flint_hlo_ids"
+    f = descriptor_pb2.FileDescriptorProto(name="flint_hlo_ids.proto", package=package,
+                                           syntax="proto3")
+    for name, fields in _SCHEMA.items():
+        m = f.message_type.add(name=name)
+        for field, number, kind, label, type_name in fields:
+            d = m.field.add(name=field, number=number, type=kind, label=label)
+            if type_name:
+                d.type_name = f".{package}.{type_name}"
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(f)
+    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{name}"))
+            for name in _SCHEMA}
 
 
-def varint(value: int) -> bytes:
-    value &= _U64                      # negative int64s are ten-byte two's complement
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+def _parse(kind: str, data: bytes):
+    from google.protobuf.message import DecodeError
+
+    try:
+        return _classes()[kind].FromString(data)
+    except DecodeError as e:
+        raise MalformedProto(str(e) or "not a protobuf message") from None
 
 
-def fields(b: bytes):
-    """(field number, wire type, value, start, end) per field: value is an int for
-    varints and a bytes slice for length-delimited fields; [start, end) spans the field
-    with its tag."""
-    i, n = 0, len(b)
-    while i < n:
-        start = i
-        tag, i = read_varint(b, i)
-        number, wire = tag >> 3, tag & 7
-        if wire == _VARINT:
-            value, i = read_varint(b, i)
-        elif wire == _LEN:
-            size, i = read_varint(b, i)
-            if i + size > n:
-                raise MalformedProto("length-delimited field runs past the end")
-            value, i = b[i:i + size], i + size
-        elif wire in (1, 5):
-            i += 8 if wire == 1 else 4
-            if i > n:
-                raise MalformedProto("fixed-width field runs past the end")
-            value = None
-        else:
-            raise MalformedProto(f"wire type {wire} is not protobuf")
-        yield number, wire, value, start, i
+def hlo_module_of(data: bytes) -> bytes | None:
+    """The hlo_module (field 1) of an HloProto; None when `data` is not one (an
+    HloModuleProto's field 1 is its name, which holds no computations)."""
+    try:
+        proto = _parse("HloProto", data)
+    except MalformedProto:
+        return None
+    if not proto.HasField("hlo_module") or not proto.hlo_module.computations:
+        return None
+    return proto.hlo_module.SerializeToString(deterministic=True)
 
 
-def _tag(number: int, wire: int) -> bytes:
-    return varint(number << 3 | wire)
-
-
-def _len_field(number: int, payload: bytes) -> bytes:
-    return _tag(number, _LEN) + varint(len(payload)) + payload
-
-
-def _ints(wire: int, value) -> list[int]:
-    """The int64s of a repeated field occurrence, packed or not."""
-    if wire == _VARINT:
-        return [value]
-    out, i = [], 0
-    while i < len(value):
-        v, i = read_varint(value, i)
-        out.append(v)
-    return out
-
-
-def _remap_ints(number: int, wire: int, value, new_id: dict) -> bytes:
-    ids = [new_id.get(v, v) for v in _ints(wire, value)]
-    if wire == _VARINT:
-        return _tag(number, _VARINT) + varint(ids[0])
-    return _len_field(number, b"".join(varint(v) for v in ids))
-
-
-def _instruction_id(ins: bytes) -> int:
-    return next((v for f, w, v, _, _ in fields(ins) if f == _INS_ID and w == _VARINT), 0)
-
-
-def _rewrite(msg: bytes, edits: dict) -> bytes:
-    """`msg` with each field whose number is in `edits` replaced by edits[number](wire,
-    value) (bytes to write instead); other fields copied verbatim."""
-    out, last = [], 0
-    for number, wire, value, start, end in fields(msg):
-        edit = edits.get(number)
-        if edit is None:
-            continue
-        out.append(msg[last:start])
-        out.append(edit(wire, value))
-        last = end
-    out.append(msg[last:])
-    return b"".join(out)
+def wrap_in_hlo_proto(module: bytes) -> bytes:
+    """An HloProto holding `module` (the form XLA dumps and nsys-jax archives use)."""
+    proto = _classes()["HloProto"]()
+    proto.hlo_module.MergeFromString(module)
+    return proto.SerializeToString(deterministic=True)
 
 
 def table_entries(module: bytes) -> tuple[int, int]:
     """(instructions, instruction-table entries XLA allocates to load `module` as is)."""
     count = entries = 0
-    for number, wire, comp, _, _ in fields(module):
-        if number != _MODULE_COMPUTATIONS or wire != _LEN:
-            continue
-        ids = [_instruction_id(v) for f, w, v, _, _ in fields(comp)
-               if f == _COMP_INSTRUCTIONS and w == _LEN]
-        count += len(ids)
-        entries += max(((i & 0xFFFFFFFF) + 1 for i in ids), default=0)
+    for comp in _parse("Module", module).computations:
+        count += len(comp.instructions)
+        entries += max(((i.id & 0xFFFFFFFF) + 1 for i in comp.instructions), default=0)
     return count, entries
 
 
@@ -143,45 +106,30 @@ def compact_instruction_ids(module: bytes) -> bytes:
     count, entries = table_entries(module)
     if entries <= 2 * count + 1024:
         return module
-    by_computation: dict[int, dict[int, int]] = {}
-    rewritten = []
-    for number, wire, comp, start, end in fields(module):
-        if number != _MODULE_COMPUTATIONS or wire != _LEN:
-            continue
-        comp_id = next((v for f, w, v, _, _ in fields(comp) if f == _COMP_ID and w == _VARINT), 0)
-        old_ids = [_instruction_id(v) for f, w, v, _, _ in fields(comp)
-                   if f == _COMP_INSTRUCTIONS and w == _LEN]
-        new_id = {old: (comp_id << 32) | k for k, old in enumerate(old_ids)}
-        by_computation[comp_id] = new_id
-        remap = {n: (lambda w, v, n=n: _remap_ints(n, w, v, new_id))
-                 for n in (_INS_ID, _INS_OPERAND_IDS, _INS_CONTROL_PREDECESSOR_IDS)}
-        ins_edit = {_COMP_INSTRUCTIONS: lambda w, v: _len_field(
-            _COMP_INSTRUCTIONS, _with_id(_rewrite(v, remap), v, new_id)) if w == _LEN else b"",
-            _COMP_ROOT_ID: lambda w, v: _remap_ints(_COMP_ROOT_ID, w, v, new_id)}
-        rewritten.append((start, end, _len_field(_MODULE_COMPUTATIONS, _rewrite(comp, ins_edit))))
-    out, last = [], 0
-    for start, end, payload in rewritten:
-        out += [module[last:start], payload]
-        last = end
-    out.append(module[last:])
-    body = b"".join(out)
-    return _rewrite(body, {_MODULE_SCHEDULE: lambda w, v: _len_field(
-        _MODULE_SCHEDULE, _schedule(v, by_computation))})
+    return renumber_instructions(module, lambda comp_id, old_ids: [
+        (comp_id << 32) | k for k in range(len(old_ids))])
 
 
-def _with_id(rewritten: bytes, original: bytes, new_id: dict) -> bytes:
-    """proto3 leaves id 0 out of the wire: an instruction that had none gets its new one."""
-    if any(f == _INS_ID for f, _, _, _, _ in fields(original)):
-        return rewritten
-    return rewritten + _tag(_INS_ID, _VARINT) + varint(new_id.get(0, 0))
-
-
-def _schedule(schedule: bytes, by_computation: dict) -> bytes:
-    """HloScheduleProto: sequences is a map<computation id, InstructionSequence>."""
-    def entry(wire, value):
-        key = next((v for f, w, v, _, _ in fields(value) if f == _MAP_KEY and w == _VARINT), 0)
-        ids = by_computation.get(key, {})
-        seq = _rewrite(value, {_MAP_VALUE: lambda w, v: _len_field(_MAP_VALUE, _rewrite(
-            v, {_SEQUENCE_IDS: lambda w2, v2: _remap_ints(_SEQUENCE_IDS, w2, v2, ids)}))})
-        return _len_field(_SCHEDULE_SEQUENCES, seq)
-    return _rewrite(schedule, {_SCHEDULE_SEQUENCES: entry})
+def renumber_instructions(module: bytes, numbering) -> bytes:
+    """`module` with each computation's instruction ids replaced by
+    `numbering(computation id, [old ids in order])` and every reference (operands, control
+    predecessors, the root, the schedule) rewritten to match."""
+    proto = _parse("Module", module)
+    by_computation = {}
+    for comp in proto.computations:
+        old = [ins.id for ins in comp.instructions]
+        new_id = dict(zip(old, numbering(comp.id, old)))
+        by_computation[comp.id] = new_id
+        for ins in comp.instructions:
+            ins.id = new_id[ins.id]
+            if ins.operand_ids:
+                ins.operand_ids[:] = [new_id.get(i, i) for i in ins.operand_ids]
+            if ins.control_predecessor_ids:
+                ins.control_predecessor_ids[:] = [new_id.get(i, i)
+                                                  for i in ins.control_predecessor_ids]
+        comp.root_id = new_id.get(comp.root_id, comp.root_id)
+    for entry in proto.schedule.sequences:
+        new_id = by_computation.get(entry.key, {})
+        ids = entry.value.instruction_ids
+        ids[:] = [new_id.get(i, i) for i in ids]
+    return proto.SerializeToString(deterministic=True)
