@@ -64,8 +64,9 @@ def step_hlo(layers: int, fusions: int) -> str:
     groups = "replica_groups={{0,1,2,3}}"
     for layer in range(layers):
         last = layer == layers - 1
-        out.append(f"  %all-gather.{layer} = {w}{{1,0}} all-gather(%w), channel_id={2 * layer + 1}, "
-                   f"{groups}, dimensions={{0}}, use_global_device_ids=true")
+        out.append(f"  %all-gather.{layer} = {w}{{1,0}} all-gather(%w), "
+                   f"channel_id={2 * layer + 1}, {groups}, dimensions={{0}}, "
+                   f"use_global_device_ids=true")
         out.append(f"  %dot.{layer}.0 = {act}{{1,0}} dot(%{prev}, %all-gather.{layer}), "
                    f"lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}")
         prev = f"dot.{layer}.0"
@@ -111,12 +112,8 @@ def thunk_times(text: str, seed: int) -> list[tuple[str, int]]:
     out = []
     for line in entry.splitlines()[3:-1]:
         name = line.strip().removeprefix("ROOT ").split(" = ")[0].lstrip("%")
-        if name.startswith(("all-gather", "reduce-scatter")):
-            nbytes = H * H * BF16
-        elif name.startswith("dot"):
-            nbytes = 3 * T * H * BF16
-        else:
-            nbytes = 3 * T * H * BF16
+        collective = name.startswith(("all-gather", "reduce-scatter"))
+        nbytes = H * H * BF16 if collective else 3 * T * H * BF16
         out.append((name, int((nbytes / 2.5e12 + 3e-6) * 1e9 * rng.uniform(0.9, 1.2))))
     return out
 
@@ -190,7 +187,8 @@ import lzma, sys, time, zipfile
 from jaxlib import _hlo
 from flint.hlo.proto_ids import hlo_module_of
 z = zipfile.ZipFile(sys.argv[1])
-name = next(n for n in z.namelist() if n.endswith('after_optimizations.hlo.pb.xz') and 'step_fn' in n)
+name = next(n for n in z.namelist()
+            if n.endswith('after_optimizations.hlo.pb.xz') and 'step_fn' in n)
 blob = hlo_module_of(lzma.decompress(z.read(name)))
 t = time.time()
 try:
