@@ -28,6 +28,12 @@ _PROGRAM = re.compile(r"program_id=(\d+)")
 _COLUMNS = ["Name", "Projected Start", "Projected Duration", "TID", "RangeId", "ParentId"]
 
 
+def _columns(present: list[str]) -> list[str]:
+    """The columns read (only those used: a long trace has millions of rows); PID when
+    there, to tell processes apart in a merged archive."""
+    return _COLUMNS + [c for c in ("PID",) if c in present]
+
+
 @dataclass
 class ModuleRun:
     device: str                      # launcher thread id, prefixed by the archive in a run
@@ -71,8 +77,8 @@ class _Archive:
             raise FlintError(f"{path} has no trace.parquet: not an nsys-jax archive")
         import pyarrow.parquet as pq
 
-        df = self.read(parquet, lambda b: pq.read_table(io.BytesIO(b),
-                                                         columns=_COLUMNS).to_pandas())
+        df = self.read(parquet, lambda b: pq.read_table(io.BytesIO(b), columns=_columns(
+            pq.ParquetFile(io.BytesIO(b)).schema_arrow.names)).to_pandas())
         names = df["Name"].fillna("")
         self.modules = df[names.str.startswith("TSL:XlaModule")].copy()
         self.modules["module"] = self.modules["Name"].str.extract(_MODULE, expand=False)
@@ -103,13 +109,19 @@ class _Archive:
         compiled more than once (same name, several program ids) is taken at its busiest."""
         mods = self.modules[self.modules["module"] == module]
         if mods.empty:
-            raise FlintError(f"{self.path} has no executions of module {module!r}")
+            have = ", ".join(sorted(self.modules["module"].dropna().unique()))
+            raise FlintError(f"{self.path} has no executions of module {module!r} "
+                             f"(it has: {have or 'none'})")
         program = None
         if mods["program"].notna().any():
             program = mods.groupby("program")["Projected Duration"].sum().idxmax()
             mods = mods[mods["program"] == program]
-        runs = {rid: ModuleRun(f"{prefix}{int(tid)}", int(start), int(dur)) for rid, tid, start, dur
-                in zip(mods["RangeId"], mods["TID"], mods["Projected Start"],
+        devices = [f"{prefix}{int(t)}" for t in mods["TID"]]
+        if "PID" in mods and mods["PID"].nunique() > 1:   # a merged archive: processes'
+            devices = [f"{prefix}{int(p)}:{int(t)}"        # thread ids may coincide
+                       for p, t in zip(mods["PID"], mods["TID"])]
+        runs = {rid: ModuleRun(dev, int(start), int(dur)) for rid, dev, start, dur
+                in zip(mods["RangeId"], devices, mods["Projected Start"],
                        mods["Projected Duration"])}
         thunks = self.thunks
         parent_of = dict(zip(thunks["RangeId"], thunks["ParentId"]))
