@@ -199,8 +199,8 @@ except MemoryError as e:
 """
 
 
-def measured(cmd: list[str], cap_bytes: int) -> tuple[int, float, float, str]:
-    """(exit code, peak RSS in bytes, wall s, stdout) of `cmd` run under RLIMIT_AS."""
+def measured(cmd: list[str], cap_bytes: int) -> tuple[int, float, float, str, str]:
+    """(exit code, peak RSS in bytes, wall s, stdout, stderr) of `cmd` under RLIMIT_AS."""
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (cap_bytes, cap_bytes))
 
@@ -211,8 +211,8 @@ def measured(cmd: list[str], cap_bytes: int) -> tuple[int, float, float, str]:
         wall = time.time() - t
         out.seek(0)
         err.seek(0)
-        text = out.read().decode() + err.read().decode()
-    return os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024, wall, text
+        stdout, stderr = out.read().decode(), err.read().decode()
+    return os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024, wall, stdout, stderr
 
 
 def main() -> None:
@@ -226,10 +226,17 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="keep the archives in this directory")
     ap.add_argument("--skip-before", action="store_true")
     a = ap.parse_args()
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        run(a, Path(a.out))
+    else:
+        with tempfile.TemporaryDirectory(prefix="flint-bench-") as tmp:
+            run(a, Path(tmp))
+
+
+def run(a, out: Path) -> None:
     from flint.hlo.proto_ids import hlo_module_of, table_entries
 
-    out = Path(a.out or tempfile.mkdtemp(prefix="flint-bench-"))
-    out.mkdir(parents=True, exist_ok=True)
     t = time.time()
     paths, proto = write_archives(out, a.layers, a.fusions, a.processes, a.steps,
                                   a.id_stride)
@@ -239,16 +246,16 @@ def main() -> None:
           f"{entries / 1e6:.1f} M entries (compacted: {count / 1e6:.3f} M)")
     cap = int(a.cap_gb * 2**30)
     if not a.skip_before:
-        code, rss, wall, text = measured([sys.executable, "-c", BEFORE, str(paths[0])], cap)
+        code, rss, wall, text, _ = measured([sys.executable, "-c", BEFORE, str(paths[0])], cap)
         print(f"before (jaxlib on the ids as dumped, cap {a.cap_gb:g} GiB): "
-              f"{text.strip().splitlines()[-1] if text.strip() else f'exit {code}'}; "
+              f"{text.strip() or f'exit {code}'}; "
               f"peak RSS {rss / 2**30:.2f} GiB, wall {wall:.1f} s")
     cmd = [sys.executable, "-m", "flint.cli", "validate", "--json"]
     for p in paths:
         cmd += ["--trace", str(p)]
-    code, rss, wall, text = measured(cmd, cap)
+    code, rss, wall, text, err = measured(cmd, cap)
     if code != 0:
-        print(f"after: flint validate failed (exit {code}): {text.strip()[-400:]}")
+        print(f"after: flint validate failed (exit {code}): {err.strip()[-400:]}")
         sys.exit(1)
     d = json.loads(text[text.index("{"):text.rindex("}") + 1])
     print(f"after (flint validate, {len(paths)} archives, cap {a.cap_gb:g} GiB): peak RSS "
