@@ -32,20 +32,19 @@ def hlo_text_from_proto(data: bytes, where: str = "proto") -> str:
     """HLO text of a serialized HloModuleProto, or of the module inside an HloProto."""
     from jaxlib import _hlo
 
-    blob = hlo_module_of(data) or data
     invalid = f"{where} is neither HLO text nor a valid HloModuleProto/HloProto"
+    blob = data
     try:
-        blob = compact_instruction_ids(blob)
+        blob = compact_instruction_ids(hlo_module_of(data) or data)
+        module = _hlo.HloModule.from_serialized_hlo_module_proto(blob)
+        return module.to_string() + _wrapped_names_comment(module)
     except MalformedProto as e:
         raise FlintError(f"{invalid} (not protobuf: {e})") from None
-    try:
-        module = _hlo.HloModule.from_serialized_hlo_module_proto(blob)
     except MemoryError:
         raise FlintError(f"{where}: out of memory loading the HLO module "
                          f"({len(blob) / 1e6:.1f} MB proto)") from None
     except Exception as e:  # noqa: BLE001 - the private loader raises bare runtime errors
         raise FlintError(f"{invalid} (XLA: {_first_line(e)})") from None
-    return module.to_string() + _wrapped_names_comment(module)
 
 
 def _first_line(e: Exception) -> str:
