@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Optional
 
 import typer
@@ -33,11 +34,22 @@ def _graph(graph_path: Optional[str], model: Optional[str], devices: int, mesh: 
     return None
 
 
+def warn_if_other_gpu(trace, spec) -> None:
+    """One line on stderr when the trace's recorded GPU is not the spec's."""
+    from flint.validate.trace_gpu import gpu_mismatch
+
+    line = gpu_mismatch(trace.hardware, trace.hardware_memory_bytes, spec)
+    if line:
+        print(f"{line} ({trace.path})", file=sys.stderr, flush=True)
+
+
 @app.command()
 def validate(
     graph: Optional[str] = typer.Argument(None, help="a saved graph (flint extract --out); "
                                           "omit for an nsys-jax archive, which ships its HLO"),
-    trace: str = typer.Option(..., help="nsys-jax .zip, JAX profiler trace/log dir, xplane.pb"),
+    trace: list[str] = typer.Option(..., help="nsys-jax .zip, JAX profiler trace/log dir, "
+                                    "xplane.pb, Kineto JSON; repeat for the per-process "
+                                    "nsys-jax archives of one multi-process run"),
     hardware: str = typer.Option("h100-sxm", help="spec name or calibrated .yaml"),
     set_: list[str] = typer.Option([], "--set", help="what-if, e.g. hbm_bandwidth=3TB/s"),
     steps: Optional[str] = typer.Option(None, help="step numbers, e.g. 2-5 (default: all "
@@ -45,9 +57,10 @@ def validate(
     exclude: list[str] = typer.Option([], help="op name (substring) left out of both sides, "
                                       "e.g. a known data-dependent outlier"),
     module: Optional[str] = typer.Option(None, help="XLA module in the trace (default: the "
-                                         "busiest / jit_train_step)"),
+                                         "one with the most GPU time)"),
     model: Optional[str] = typer.Option(None, help="instead of GRAPH: extract this zoo model"),
-    devices: int = typer.Option(8, help="with --model: device count"),
+    devices: Optional[int] = typer.Option(None, help="device count of the run (default: "
+                                          "what the HLO and trace show; with --model: 8)"),
     mesh: Optional[str] = typer.Option(None, help="with --model: mesh"),
     target: str = typer.Option("cpu", help="with --model: compile target"),
     plot: Optional[str] = typer.Option(None, help="write a predicted-vs-measured PNG"),
@@ -62,8 +75,9 @@ def validate(
         spec = load_spec(hardware, set_)
         if plot:
             _check_output_dir(plot)
-        g = _graph(graph, model, devices, mesh, target)
-        inp = open_input(trace, g, spec.name, module)
+        g = _graph(graph, model, devices or 8, mesh, target)
+        inp = open_input(trace, g, spec.name, module, devices)
+        warn_if_other_gpu(inp.trace, spec)
         v = run_validate(inp, spec, steps, exclude)
         if plot:
             scatter_plot(v, plot)
@@ -102,6 +116,8 @@ def calibrate(
             raise FlintError(f"{len(graph)} --graph for {len(trace)} --trace")
         graphs = [WorkloadGraph.load(g) for g in graph] + [None] * (len(trace) - len(graph))
         inputs = [open_input(t, g, spec.name, module) for t, g in zip(trace, graphs)]
+        for inp in inputs:
+            warn_if_other_gpu(inp.trace, spec)
         report = run_calibrate(inputs, spec, fit_steps, check_steps, exclude)
         write_calibrated_spec(hardware, report.calibration, out, trace)
         if as_json:

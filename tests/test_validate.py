@@ -135,6 +135,9 @@ def test_cli_validate_and_calibrate(maxtext_archive, tmp_path):
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["join_share"] >= 0.95 and d["by_class"]["gemm"]["ops"] > 100
+    assert d["step_error"] is not None and d["op_abs_error_median"] is not None
+    buckets = {b["bucket"]: b for b in d["by_duration"]}      # kernel time per execution
+    assert buckets["<5 us"]["ops"] > 50 and buckets["100 us-1 ms"]["ops"] > 50
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     r = run_flint("calibrate", "--trace", str(maxtext_archive), "--hardware", "h100-sxm",
                   "--out", str(out), "--fit-steps", "2-3", "--check-steps", "4-5",

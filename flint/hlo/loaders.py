@@ -11,6 +11,7 @@ from pathlib import Path
 
 from flint.errors import FlintError
 from flint.hlo.module import HloModule, parse_module
+from flint.hlo.proto_ids import MalformedProto, compact_instruction_ids, hlo_module_of
 
 
 def load_hlo(path) -> HloModule:
@@ -31,17 +32,24 @@ def hlo_text_from_proto(data: bytes, where: str = "proto") -> str:
     """HLO text of a serialized HloModuleProto, or of the module inside an HloProto."""
     from jaxlib import _hlo
 
-    candidates = [data]
-    inner = _hlo_proto_module_field(data)
-    if inner is not None:
-        candidates.insert(0, inner)
-    for blob in candidates:
-        try:
-            module = _hlo.HloModule.from_serialized_hlo_module_proto(blob)
-        except Exception:  # noqa: BLE001 - the private loader raises bare runtime errors
-            continue
+    invalid = f"{where} is neither HLO text nor a valid HloModuleProto/HloProto"
+    blob = data
+    try:
+        blob = compact_instruction_ids(hlo_module_of(data) or data)
+        module = _hlo.HloModule.from_serialized_hlo_module_proto(blob)
         return module.to_string() + _wrapped_names_comment(module)
-    raise FlintError(f"{where} is neither HLO text nor a valid HloModuleProto/HloProto")
+    except MalformedProto as e:
+        raise FlintError(f"{invalid} (not protobuf: {e})") from None
+    except MemoryError:
+        raise FlintError(f"{where}: out of memory loading the HLO module "
+                         f"({len(blob) / 1e6:.1f} MB proto)") from None
+    except Exception as e:  # noqa: BLE001 - the private loader raises bare runtime errors
+        raise FlintError(f"{invalid} (XLA: {_first_line(e)})") from None
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
 
 
 WRAPPED_NAMES_MARK = "// flint-async-wrapped:"
@@ -60,42 +68,6 @@ def _wrapped_names_comment(module) -> str:
             if root is not None and root.name != ins.name:
                 pairs.append(f"{ins.name}={root.name}")
     return f"\n{WRAPPED_NAMES_MARK} {' '.join(sorted(pairs))}\n" if pairs else ""
-
-
-def _hlo_proto_module_field(data: bytes) -> bytes | None:
-    """Field 1 (hlo_module) of an HloProto, read from the protobuf wire format."""
-    try:
-        i = 0
-        while i < len(data):
-            tag, i = _varint(data, i)
-            field, wire = tag >> 3, tag & 7
-            if wire == 2:
-                n, i = _varint(data, i)
-                if field == 1:
-                    return data[i:i + n] if i + n <= len(data) else None
-                i += n
-            elif wire == 0:
-                _, i = _varint(data, i)
-            elif wire == 1:
-                i += 8
-            elif wire == 5:
-                i += 4
-            else:
-                return None
-    except IndexError:
-        return None
-    return None
-
-
-def _varint(b: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = b[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return value, i
 
 
 def _decompress(data: bytes, path: Path) -> bytes:

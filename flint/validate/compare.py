@@ -18,6 +18,10 @@ from flint.hardware_models.cost_model import CostModel
 from flint.hardware_models.estimate import estimate
 from flint.validate.measured import MeasuredTrace
 
+# Kernel-duration buckets of the per-op error report: (label, from s, to s).
+DURATION_BUCKETS = (("<5 us", 0.0, 5e-6), ("5-20 us", 5e-6, 20e-6), ("20-100 us", 20e-6, 100e-6),
+                    ("100 us-1 ms", 100e-6, 1e-3), (">1 ms", 1e-3, float("inf")))
+
 # Below this share of measured time joined, the trace is of another program.
 MIN_JOIN_SHARE = 0.5
 
@@ -28,6 +32,7 @@ class OpResult:
     op_class: str
     measured_s: float
     predicted_s: float
+    executions: int = 1                 # per step (loop bodies run several times)
 
     @property
     def error(self) -> float:
@@ -67,6 +72,20 @@ class Validation:
                         "median_abs_error": statistics.median(abs(o.error) for o in rows)}
         return out
 
+    def by_duration(self) -> list[dict]:
+        """Ops grouped by measured time per execution (a kernel's duration), shortest first:
+        where a model is wrong often depends on the kernel size more than on its class."""
+        out = []
+        for label, lo, hi in DURATION_BUCKETS:
+            rows = [o for o in self.ops if lo <= o.measured_s / o.executions < hi]
+            m, p = sum(o.measured_s for o in rows), sum(o.predicted_s for o in rows)
+            out.append({"bucket": label, "from_s": lo, "to_s": hi if hi != float("inf") else None,
+                        "ops": len(rows), "measured_s": m, "predicted_s": p,
+                        "ratio": p / m if m else None,
+                        "median_abs_error": (statistics.median(abs(o.error) for o in rows)
+                                             if rows else None)})
+        return out
+
     def biggest_misses(self, n: int = 10) -> list[OpResult]:
         return sorted(self.ops, key=lambda o: -abs(o.predicted_s - o.measured_s))[:n]
 
@@ -80,6 +99,7 @@ class Validation:
                 "op_abs_error_median": statistics.median(errs) if errs else None,
                 "op_abs_error_p90": percentile(errs, 0.9) if errs else None,
                 "by_class": self.by_class(),
+                "by_duration": self.by_duration(),
                 "biggest_misses": [o.__dict__ for o in self.biggest_misses()],
                 "unmatched": dict(sorted(self.unmatched.items(), key=lambda kv: -kv[1])[:20]),
                 "excluded": self.excluded}
@@ -125,8 +145,8 @@ def validate(graph: WorkloadGraph, trace: MeasuredTrace, model: CostModel,
     pred_excluded = sum(predicted[op] for op in excluded_names)
     measured_steps = [s.duration_s - max((s.op_time(d, excluded_names) for d in s.ops),
                                          default=0.0) for s in trace.steps]
-    ops = [OpResult(op, class_of(nodes[op]), t, predicted[op]) for op, t in joined.items()
-           if op not in excluded_names and t > 0]
+    ops = [OpResult(op, class_of(nodes[op]), t, predicted[op], max(1, int(nodes[op].repeat)))
+           for op, t in joined.items() if op not in excluded_names and t > 0]
     excluded = {op: {"measured_slowest_s": max(s.op_time(d, [op]) for s in trace.steps
                                                for d in s.ops),
                      "predicted_s": predicted[op]} for op in sorted(excluded_names)}

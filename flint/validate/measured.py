@@ -8,7 +8,7 @@ trace order; warm-up steps (autotuning, compilation) are dropped unless the user
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from flint.errors import FlintError
 
@@ -32,6 +32,7 @@ class MeasuredTrace:
     steps: list[MeasuredStep]
     hlo: bytes | None = None                      # optimized HLO, when the trace ships it
     hardware: str = ""                            # what the trace says it ran on
+    hardware_memory_bytes: float = 0.0            # that device's memory, when recorded
 
     def select(self, numbers=None) -> "MeasuredTrace":
         """Keep the given step numbers, or drop warm-up steps when none are given."""
@@ -43,7 +44,7 @@ class MeasuredTrace:
                                  f"no step {', '.join(map(str, missing))}")
         else:
             chosen = drop_warmup(self.steps)
-        return MeasuredTrace(self.path, self.kind, self.module, chosen, self.hlo, self.hardware)
+        return replace(self, steps=chosen)
 
     def step_time(self) -> float:
         return statistics.median(s.duration_s for s in self.steps)

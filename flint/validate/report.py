@@ -44,6 +44,7 @@ def render_validation(v: Validation, console: Console) -> None:
         c.add_row(cls, str(d["ops"]), fmt_seconds(d["measured_s"]), fmt_seconds(d["predicted_s"]),
                   f"{d['ratio']:.2f}x", f"{100 * d['median_abs_error']:.0f} %")
     console.print(c)
+    console.print(_duration_table(v))
     m = Table(title="Biggest misses")
     for col in ("op", "class", "measured", "predicted", "error"):
         m.add_column(col, justify="left" if col in ("op", "class") else "right")
@@ -58,6 +59,18 @@ def render_validation(v: Validation, console: Console) -> None:
         for op, s in sorted(v.unmatched.items(), key=lambda kv: -kv[1])[:10]:
             u.add_row(op, fmt_seconds(s))
         console.print(u)
+
+
+def _duration_table(v: Validation) -> Table:
+    t = Table(title="By kernel duration (measured, per execution)")
+    for col in ("duration", "ops", "measured", "predicted", "ratio", "median |op error|"):
+        t.add_column(col, justify="left" if col == "duration" else "right")
+    for d in v.by_duration():
+        t.add_row(d["bucket"], str(d["ops"]), fmt_seconds(d["measured_s"]),
+                  fmt_seconds(d["predicted_s"]),
+                  "-" if d["ratio"] is None else f"{d['ratio']:.2f}x",
+                  "-" if d["median_abs_error"] is None else f"{100 * d['median_abs_error']:.0f} %")
+    return t
 
 
 def render_calibration(report, console: Console) -> None:

@@ -10,6 +10,11 @@ from flint.errors import FlintError
 
 def read_trace_events(path, what: str = "trace") -> list[dict]:
     """The `traceEvents` list; an unreadable file is one FlintError naming `what` it is not."""
+    return read_trace_document(path, what)["traceEvents"]
+
+
+def read_trace_document(path, what: str = "trace") -> dict:
+    """The whole document (`traceEvents` and, in Kineto traces, `deviceProperties`)."""
     path = Path(path)
     if not path.is_file():
         raise FlintError(f"file not found: {path}")
@@ -22,4 +27,4 @@ def read_trace_events(path, what: str = "trace") -> list[dict]:
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise FlintError(f"{path} has no traceEvents: not a {what}")
-    return events
+    return data if isinstance(data, dict) else {"traceEvents": events}

@@ -21,15 +21,22 @@ class TraceInput:
     nccl: list = field(default_factory=list)
 
 
-def open_input(path: str, graph=None, hardware: str = "unknown", module=None) -> TraceInput:
-    if graph is not None and graph.meta.get("source") == "torch" and not Path(path).is_dir():
+def open_input(path, graph=None, hardware: str = "unknown", module=None,
+               devices: int | None = None) -> TraceInput:
+    """A trace (or the per-process nsys-jax archives of one run, as a list) with the graph
+    it is compared with: `graph`, or the one its HLO gives for `devices` devices."""
+    paths = list(path) if isinstance(path, (list, tuple)) else [path]
+    if len(paths) == 1:
+        path = paths[0]
+    if (graph is not None and graph.meta.get("source") == "torch" and len(paths) == 1
+            and not Path(path).is_dir()):
         from flint.validate.jax_profiler import load_trace_events
         from flint.validate.torch_profile import is_torch_cpu_trace, torch_cpu_steps
 
         events = load_trace_events(Path(path))
         if is_torch_cpu_trace(events):
             return TraceInput(torch_cpu_steps(events, graph, str(path)), graph)
-    trace = read_trace(path, module)
+    trace = read_trace(paths, module)
     if trace.kind == "kineto":
         nccl = samples_from_nccl(path)
         if graph is None and not nccl:
@@ -37,7 +44,7 @@ def open_input(path: str, graph=None, hardware: str = "unknown", module=None) ->
                              f"end; this one has no NCCL kernels with sizes to calibrate on")
         return TraceInput(trace, graph, nccl)
     if graph is None:
-        graph = graph_from_trace(trace, hardware)
+        graph = graph_from_trace(trace, hardware, devices)
     return TraceInput(trace, graph)
 
 
