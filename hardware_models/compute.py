@@ -65,7 +65,8 @@ class RooflineCompute:
             if shape is None:
                 return node.flops / rate
             if self.spec.kind == "tpu":
-                return kernels.tpu_matmul_time(shape, rate)
+                return kernels.tpu_matmul_time(shape, rate,
+                                               self.spec.matrix_unit or kernels.TPU_MXU)
             return kernels.gemm_time(shape, rate, self.sms)
         work = node.flops + TRANSCENDENTAL_FLOPS * node.transcendentals
         if not work:

@@ -47,7 +47,8 @@ TILES = ((128, 256, 1.0), (256, 128, 1.0), (128, 128, 1.0), (64, 128, 0.75))
 TILE_K = 64                     # K elements per main-loop step (CUTLASS default for 16-bit)
 PIPELINE_STEPS = 2              # prologue fill + epilogue, in main-loop steps
 ATTENTION_BLOCK_ROWS = 128      # query rows per CTA in FlashAttention-2/3 and cuDNN kernels
-TPU_MXU = 128                   # systolic array edge on TPU v4/v5e/v5p (Google Cloud TPU docs)
+TPU_MXU = 128                   # systolic array edge on TPU v4/v5e/v5p (Google Cloud TPU docs);
+                                # a spec's `matrix_unit` gives another (v6e: 256)
 # Exponentials per clock per SM on the special-function units (CUDA C++ Programming Guide,
 # 'Arithmetic Instructions' throughput table: 16 results/clock/SM for exp2 and friends on
 # compute capability 8.x and 9.x; the FlashAttention-3 paper quotes 3.9 TFLOP/s of special
@@ -71,7 +72,6 @@ DEFAULT_FIGURES = {
     "attention_fraction_native": 0.45,
     "hbm_fraction": 0.85,
     "vector_fraction": 0.5,
-    "kernel_floor": 1.5e-6,
 }
 DEFAULT_FLOOR_S = {"gpu": 1.5e-6, "tpu": 1e-6, "cpu": 1e-6}
 # The calibratable figures, by op class they govern.

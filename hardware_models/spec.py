@@ -21,6 +21,7 @@ FIELDS = {
     "l2_cache": ("bytes", ("memory", "l2_cache")),
     "clock": ("frequency", ("compute", "clock")),
     "cores": ("count", ("compute", "cores")),
+    "matrix_unit": ("count", ("compute", "matrix_unit")),   # TPU MXU edge (128 or 256)
     # Kernel-model figures (kernels.py): achievable shares of the peaks, and the floor.
     "gemm_fraction": ("ratio", ("compute", "gemm_fraction")),
     "attention_fraction": ("ratio", ("compute", "attention_fraction")),
@@ -58,6 +59,7 @@ class HardwareSpec:
     l2_cache: float = 0.0
     clock: float = 0.0
     cores: int = 0                   # SMs (GPU), TensorCores (TPU), cores (CPU)
+    matrix_unit: int = 0             # TPU systolic array edge; 0 = kernels.TPU_MXU
     gemm_fraction: float = 0.0       # 0 = not given: kernels.py documents the default
     attention_fraction: float = 0.0
     attention_fraction_native: float = 0.0
