@@ -12,7 +12,7 @@ from rich.console import Console
 
 from flint.errors import FlintError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Flint: training step -> workload graph of a cluster of any size.")
 err = Console(stderr=True)
 
@@ -224,10 +224,11 @@ def _dumper(dump_dir):
     return dump
 
 
-def _check_output_dir(out: str) -> None:
-    parent = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(parent):
-        raise FlintError(f"output directory {parent!r} does not exist")
+def _check_output_dir(out: str, what: str = "--out") -> None:
+    """An output FILE path: writable, not a directory (flint.guard.check_output_file)."""
+    from flint.guard import check_output_file
+
+    check_output_file(out, what)
 
 
 def report_out(report: dict, as_json: bool, render, wrote: str | None = None) -> None:
@@ -238,19 +239,15 @@ def report_out(report: dict, as_json: bool, render, wrote: str | None = None) ->
         return
     render(report, Console())
     if wrote:
-        err.print(wrote)
+        err.print(wrote, markup=False, highlight=False)
 
 
 def _run(fn) -> None:
-    code = 0
-    try:
-        fn()
-    except FlintError as e:
-        err.print(f"[bold red]flint: error:[/] {e}", highlight=False, soft_wrap=True)
-        code = e.exit_code
-    except KeyboardInterrupt:
-        code = 130
-    _exit(code)
+    """Every command's body runs here: one plain line and exit 2 for bad input, 130 for an
+    interrupt (flint.guard)."""
+    from flint.guard import run_command
+
+    _exit(run_command(fn))
 
 
 def _exit(code: int) -> None:
@@ -263,8 +260,27 @@ def _exit(code: int) -> None:
     raise typer.Exit(code)
 
 
-def main() -> None:
-    app()
+def main(argv: list[str] | None = None) -> None:
+    """The `flint` entry point (tests call it in-process with `argv`). A bad flag is one
+    line and exit 2, like every other bad input; help and --help print as usual."""
+    from typer import _click as click   # typer's own click, whose exceptions it raises
+
+    from flint.guard import INTERRUPTED_EXIT, error_line, install_signal_handlers, interrupted
+
+    install_signal_handlers()
+    try:
+        code = app(args=argv, prog_name="flint", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help() if e.ctx else str(e))
+        code = 0
+    except click.exceptions.UsageError as e:
+        where = f" (see: {e.ctx.command_path} --help)" if e.ctx else ""
+        error_line(e.format_message() + where)
+        code = 2
+    except KeyboardInterrupt:   # before a command's own handler
+        interrupted()
+        code = INTERRUPTED_EXIT
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
