@@ -15,6 +15,7 @@ from flint.errors import FlintError
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Flint: training step -> workload graph of a cluster of any size.")
 err = Console(stderr=True)
+REMAT_POLICIES = ("none", "full", "dots")
 
 
 @app.callback()
@@ -128,8 +129,15 @@ def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
     from flint.frontends.targets import prepare_environment, resolve_target
     from flint.passes import parse_pipeline, run_pipeline
 
+    from flint.cluster import check_device_count
+
     if framework not in ("jax", "torch"):
         raise FlintError(f"unknown --framework {framework!r}; use jax or torch")
+    check_device_count(devices)
+    if remat is not None and remat not in REMAT_POLICIES:
+        raise FlintError(f"unknown --remat {remat!r}; use {' | '.join(REMAT_POLICIES)}")
+    if devices_per_host is not None and devices_per_host < 1:
+        raise FlintError(f"--devices-per-host must be at least 1, not {devices_per_host}")
     prepare_environment()
     resolve_target(hardware_name)  # fail fast on bad flags, before JAX starts
     pipeline = parse_pipeline(passes)
@@ -277,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
         where = f" (see: {e.ctx.command_path} --help)" if e.ctx else ""
         error_line(e.format_message() + where)
         code = 2
-    except KeyboardInterrupt:   # before a command's own handler
+    except (KeyboardInterrupt, typer.Abort):   # before a command's own handler
         interrupted()
         code = INTERRUPTED_EXIT
     sys.exit(code if isinstance(code, int) else 0)
