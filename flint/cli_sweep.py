@@ -11,6 +11,8 @@ from rich.console import Console
 from flint.cli import _run, app, err
 from flint.errors import FlintError
 
+EXECUTORS = ("local", "ray")
+
 
 def _ints(text: str, name: str) -> list[int]:
     try:
@@ -77,8 +79,14 @@ def sweep(
 
         from flint.sweep import run_sweep
         from flint.sweep_report import pareto_front, render_front, write_outputs
+        from flint.guard import check_output_dir
         from flint.sweep_space import Config, SearchSpace
 
+        if executor not in EXECUTORS:
+            raise FlintError(f"unknown --executor {executor!r}; use {' | '.join(EXECUTORS)}")
+        if workers < 1:
+            raise FlintError(f"--workers must be at least 1, not {workers}")
+        check_output_dir(out)
         flags = {"model": model, "global_batch": global_batch, "budget": budget, "seed": seed,
                  "devices": devices and _ints(devices, "devices"), "tp": tp and _ints(tp, "tp"),
                  "pp": pp and _ints(pp, "pp"),

@@ -54,7 +54,9 @@ def validated(model: type[BaseModel], data: Any, where: str):
 def describe(e: ValidationError, model: type[BaseModel]) -> str:
     """The first problem of a ValidationError as words (and how many more there are)."""
     errors = e.errors(include_url=False)
-    first = errors[0]
+    # A union (one value or a list of them) reports every member's failure: the deepest
+    # one is the member the input was meant as.
+    first = max(errors, key=lambda err: len(err.get("loc", ())))
     loc = tuple(first.get("loc", ()))
     path = location(loc[:-1] if first["type"] == "extra_forbidden" else loc)
     if first["type"] == "extra_forbidden":
@@ -69,12 +71,12 @@ def describe(e: ValidationError, model: type[BaseModel]) -> str:
         value = _short(first.get("input"))
         msg = re.sub(r" or instance of \w+", "", first["msg"]).rstrip(".")
         text = f"{path or 'value'}: {msg}" + (f", got {value}" if value else "")
-    more = len(errors) - 1
+    more = len({location(tuple(err.get("loc", ()))[:1]) for err in errors}) - 1
     return text + (f" (and {more} more problem{'s' * (more > 1)})" if more else "")
 
 
-_UNION_TAG = re.compile(r"^(_\w+|str|int|float|bool|dict|list|tuple|none|literal\[.*|"
-                        r"(function|tagged|union|json)[-\w]*(\[.*)?)$")
+_UNION_TAG = re.compile(r"^(_\w+|str|int|float|bool|dict|list|tuple|none|constrained-\w+|"
+                        r"\w+\[.*\]|(function|tagged|union|json|literal)[-\w]*(\[.*)?)$")
 
 
 def location(loc: tuple) -> str:
