@@ -67,7 +67,24 @@ def read_nsys_jax(path, module: str = "jit_train_step") -> NsysJaxTrace:
         df = pq.read_table(io.BytesIO(z.read(parquet))).to_pandas()
     except Exception as e:  # noqa: BLE001 - corrupt members surface as many error types
         raise FlintError(f"{path} is corrupt: {type(e).__name__}: {e}") from None
-    names_col = df["Name"].fillna("")
+    missing = [c for c in _COLUMNS if c not in df.columns]
+    if missing:
+        raise FlintError(f"{path}: {parquet} lacks the column(s) {', '.join(missing)} "
+                         f"(not an nsys-jax trace table)")
+    try:
+        return NsysJaxTrace(str(path), module, hlo, _module_runs(df, module, path))
+    except (ValueError, TypeError, OverflowError) as e:
+        raise FlintError(f"{path}: malformed row in {parquet}: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
+
+
+# The trace table's columns Flint reads, in the order _module_runs expects the first three.
+_COLUMNS = ("Name", "Projected Start", "Projected Duration", "TID", "RangeId", "ParentId")
+
+
+def _module_runs(df, module: str, path) -> list[ModuleRun]:
+    df = df[list(_COLUMNS)]
+    names_col = df["Name"].fillna("").astype(str)
     mods = df[names_col.str.startswith("TSL:XlaModule") &
               names_col.str.contains(f"hlo_module={module}", regex=False)]
     if mods.empty:
@@ -75,6 +92,8 @@ def read_nsys_jax(path, module: str = "jit_train_step") -> NsysJaxTrace:
     runs = {}
     for row in mods.itertuples(index=False):
         runs[row.RangeId] = ModuleRun(int(row.TID), int(row._1), int(row._2))
+    if any(r.duration_ns < 0 for r in runs.values()):
+        raise ValueError("a negative module duration")
     thunks = df[names_col.str.startswith("TSL:Thunk")]
     parent_of = dict(zip(thunks["RangeId"], thunks["ParentId"]))
     has_child = set(thunks["ParentId"])
@@ -84,11 +103,11 @@ def read_nsys_jax(path, module: str = "jit_train_step") -> NsysJaxTrace:
         run, hops = parent_of.get(rid), 0
         while run is not None and run not in runs and hops < 16:
             run, hops = parent_of.get(run), hops + 1
-        m = _HLO_OP.search(name)
+        m = _HLO_OP.search(str(name))
         if run in runs and m:
             ops = runs[run].ops_ns
             ops[m.group(1)] = ops.get(m.group(1), 0) + int(dur)
-    return NsysJaxTrace(str(path), module, hlo, list(runs.values()))
+    return list(runs.values())
 
 
 def measured_from_nsys(trace: NsysJaxTrace) -> MeasuredTrace:
