@@ -273,9 +273,10 @@ def main(argv: list[str] | None = None) -> None:
     line and exit 2, like every other bad input; help and --help print as usual."""
     from typer import _click as click   # typer's own click, whose exceptions it raises
 
-    from flint.guard import INTERRUPTED_EXIT, error_line, install_signal_handlers, interrupted
+    from flint.guard import (INTERRUPTED_EXIT, error_line, install_signal_handlers, interrupted,
+                             restore_signal_handlers)
 
-    install_signal_handlers()
+    previous = install_signal_handlers()
     try:
         code = app(args=argv, prog_name="flint", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as e:
@@ -288,6 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     except (KeyboardInterrupt, typer.Abort):   # before a command's own handler
         interrupted()
         code = INTERRUPTED_EXIT
+    finally:
+        restore_signal_handlers(previous)
     sys.exit(code if isinstance(code, int) else 0)
 
 

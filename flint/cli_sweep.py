@@ -40,8 +40,8 @@ def _space_doc(space_file, flags: dict) -> dict:
         from flint.io import read_text
 
         try:
-            doc = yaml.safe_load(read_text(space_file)) or {}
-        except yaml.YAMLError as e:
+            doc = yaml.safe_load(read_text(space_file, limit=2**20)) or {}
+        except (yaml.YAMLError, RecursionError) as e:
             raise FlintError(f"{space_file} is not valid YAML: {str(e).splitlines()[0]}") from None
         if not isinstance(doc, dict):
             raise FlintError(f"{space_file} must hold a mapping of axes to values")

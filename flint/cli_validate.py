@@ -60,6 +60,10 @@ def validate(
         from flint.validate.workflow import open_input, run_validate
 
         spec = load_spec(hardware, set_)
+        if model:
+            from flint.cluster import check_device_count
+
+            check_device_count(devices)
         if plot:
             _check_output_dir(plot)
         g = _graph(graph, model, devices, mesh, target)

@@ -45,18 +45,19 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def install_signal_handlers() -> None:
-    """SIGTERM (and SIGINT, whoever changed it) -> KeyboardInterrupt in the main thread."""
+def install_signal_handlers() -> dict:
+    """SIGTERM (and SIGINT, whoever changed it) -> KeyboardInterrupt in the main thread;
+    returns the handlers it replaced."""
     if threading.current_thread() is not threading.main_thread():
-        return
-    signal.signal(signal.SIGINT, _raise_interrupt)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+        return {}
+    return {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
 def run_command(fn) -> int:
     """Run `fn()`; return the exit code after printing at most one line for a failure."""
+    previous = {}
     try:
-        install_signal_handlers()
+        previous = install_signal_handlers()
         fn()
         return 0
     except FlintError as e:
@@ -78,7 +79,16 @@ def run_command(fn) -> int:
         error_line(f"unexpected {type(e).__name__}: {first} (a bug in Flint: please report "
                    f"it with the command line)")
         return 2
+    finally:
+        restore_signal_handlers(previous)
     return INTERRUPTED_EXIT
+
+
+def restore_signal_handlers(previous: dict) -> None:
+    """In-process callers (tests) get their own handlers back."""
+    for signum, handler in previous.items():
+        if handler is not None:
+            signal.signal(signum, handler)
 
 
 def interrupted() -> None:

@@ -85,9 +85,11 @@ def load_spec(name_or_path: str, overrides=()) -> HardwareSpec:
     import yaml
 
     try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise FlintError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+        from flint.io import read_text
+
+        doc = yaml.safe_load(read_text(path, limit=2**20))
+    except (yaml.YAMLError, RecursionError) as e:
+        raise FlintError(f"{path}: not valid YAML: {(str(e) or 'nested too deeply').splitlines()[0]}") from None
     check_spec_doc(doc, str(path))
     return apply_overrides(spec_from_doc(doc, str(path)), overrides)
 

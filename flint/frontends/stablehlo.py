@@ -124,7 +124,8 @@ def _read(path_or_text) -> tuple[bytes, str, str | None]:
     """(module bytes, name for messages, file path or None)."""
     if isinstance(path_or_text, bytes):
         return path_or_text, "<bytes>", None
-    if isinstance(path_or_text, str) and ("\n" in path_or_text or "{" in path_or_text):
+    if isinstance(path_or_text, str) and not Path(path_or_text).is_file() and (
+            "\n" in path_or_text or "{" in path_or_text):   # an existing file wins: `a{b}.mlir`
         return path_or_text.encode(), "<string>", None
     path = Path(path_or_text)
     if not path.is_file():
