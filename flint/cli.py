@@ -81,8 +81,9 @@ def estimate(
     def go():
         from flint.cli_export import load_any_graph
 
-        for path in filter(None, (trace, plot)):
-            _check_output_dir(path)
+        for flag, path in (("--trace", trace), ("--plot", plot)):
+            if path:
+                _check_output_dir(path, flag)
         _estimate(load_any_graph(graph_file), hardware_name, set_, algorithm, trace,
                   as_json, plot)
 

@@ -65,7 +65,7 @@ def validate(
 
             check_device_count(devices)
         if plot:
-            _check_output_dir(plot)
+            _check_output_dir(plot, "--plot")
         g = _graph(graph, model, devices, mesh, target)
         inp = open_input(trace, g, spec.name, module)
         v = run_validate(inp, spec, steps, exclude)

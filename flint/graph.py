@@ -239,6 +239,8 @@ class WorkloadGraph:
         except (KeyError, TypeError, ValueError) as e:
             raise FlintError(f"{where}: corrupt workload graph: {type(e).__name__}: {e}") \
                 from None
+        except FlintError as e:   # the cluster's own checks (mesh against devices)
+            raise FlintError(f"{where}: cluster: {e}") from None
         g.check(where)
         return g
 

@@ -121,7 +121,13 @@ def check_output_file(path, what: str = "--out") -> None:
         raise FlintError(f"{what} {path!r} is a directory; give a file name")
     if os.path.lexists(path) and not os.path.isfile(path):
         raise FlintError(f"{what} {path!r} exists and is not a regular file")
+    _check_parent(path, what)
+
+
+def _check_parent(path: str, what: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        raise FlintError(f"{what} {path!r}: {parent!r} is a file, not a directory")
     if not os.path.isdir(parent):
         raise FlintError(f"output directory {parent!r} does not exist")
     _probe_writable(parent, what)
@@ -137,7 +143,4 @@ def check_output_dir(path, what: str = "--out") -> None:
     if os.path.isdir(path):
         _probe_writable(path, what)
         return
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise FlintError(f"output directory {parent!r} does not exist")
-    _probe_writable(parent, what)
+    _check_parent(path, what)
