@@ -113,7 +113,7 @@ def spec_from_doc(doc: dict, where: str) -> HardwareSpec:
         return parse_figure(node, figure_at(path), f"{where}: {'.'.join(path)}")
 
     peaks = {}
-    for dtype, _ in (doc.get("compute", {}).get("peak_flops") or {}).items():
+    for dtype, _ in ((doc.get("compute") or {}).get("peak_flops") or {}).items():
         if dtype not in DTYPES:
             raise FlintError(f"{where}: unknown dtype {dtype!r} in peak_flops "
                              f"(known: {', '.join(DTYPES)})")
@@ -134,6 +134,9 @@ def spec_from_doc(doc: dict, where: str) -> HardwareSpec:
                                   if isinstance(system.get("torus"), dict) else
                                   system.get("torus", "")),
                         sources=sources, efficiency=dict(doc.get("efficiency") or {}), **values)
+    if not (spec.scale_up_bandwidth or spec.nic_bandwidth):
+        raise FlintError(f"{where}: no link bandwidth: give interconnect.scale_up or "
+                         f"interconnect.scale_out bandwidth_per_direction")
     if spec.devices_per_node < 1 or spec.scale_up_domain < 1:
         raise FlintError(f"{where}: devices_per_node and scale_up_domain must be >= 1")
     return spec

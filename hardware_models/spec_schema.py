@@ -18,6 +18,7 @@ from typing import Annotated, Any, Optional, Union
 
 from pydantic import AfterValidator, ConfigDict, Field, create_model
 
+from flint.cluster import MAX_DEVICES
 from flint.errors import FlintError
 from flint.hardware_models.units import parse_quantity
 from flint.schema import Number, Str, Strict, validated
@@ -33,6 +34,7 @@ class Figure:
     positive: bool = True        # > 0 (a division by it follows); else >= 0
     integer: bool = False        # a count of things
     required: bool = False
+    maximum: float | None = None
 
 
 TEXT = "text"                    # a free string (names, the fabric)
@@ -44,7 +46,7 @@ LAYOUT: dict[str, Any] = {
     "compute": {
         "peak_flops": {dtype: Figure("flops") for dtype in DTYPES},
         "clock": Figure("frequency"),
-        "cores": Figure("count", integer=True),
+        "cores": Figure("count", integer=True, maximum=2**20),
     },
     "memory": {
         "hbm_capacity": Figure("bytes", required=True),
@@ -58,10 +60,11 @@ LAYOUT: dict[str, Any] = {
     },
     "system": {
         "name": TEXT, "fabric": TEXT, "torus": TEXT_FIGURE,
-        "devices_per_node": Figure("count", integer=True),
-        "scale_up_domain": Figure("count", integer=True),
-        "leaf_group": Figure("count", positive=False, integer=True),   # 0 = whole fabric
-        "oversubscription": Figure("ratio"),
+        "devices_per_node": Figure("count", integer=True, maximum=MAX_DEVICES),
+        "scale_up_domain": Figure("count", integer=True, maximum=MAX_DEVICES),
+        "leaf_group": Figure("count", positive=False, integer=True,   # 0 = whole fabric
+                             maximum=MAX_DEVICES),
+        "oversubscription": Figure("ratio", maximum=1000),
     },
     "efficiency": MAPPING,
     "calibration": MAPPING,
@@ -83,6 +86,8 @@ def check_value(value: float, rule: Figure, field: str) -> float:
         raise FlintError(f"{field}: {value:g} is not a whole number")
     if rule.positive and value <= 0:
         raise FlintError(f"{field}: must be more than zero")
+    if rule.maximum is not None and value > rule.maximum:
+        raise FlintError(f"{field}: {value:g} is more than {rule.maximum:g}")
     return int(value) if rule.integer else value
 
 
