@@ -34,7 +34,8 @@ def rescale_command(
 
         from flint.cluster import check_device_count
 
-        check_device_count(devices)
+        if devices > 0:       # (0 and below: the pass's own message)
+            check_device_count(devices)
         _check_output_dir(out)
         if hardware_name is not None:
             from flint.hardware_models.spec import load_spec
