@@ -275,11 +275,13 @@ def main(argv: list[str] | None = None) -> None:
     from typer import _click as click   # typer's own click, whose exceptions it raises
 
     from flint.guard import (INTERRUPTED_EXIT, error_line, install_signal_handlers, interrupted,
-                             restore_signal_handlers)
+                             interrupt_reported, restore_signal_handlers)
 
     previous = install_signal_handlers()
     try:
         code = app(args=argv, prog_name="flint", standalone_mode=False)
+        if code == INTERRUPTED_EXIT and not interrupt_reported():
+            interrupted()   # typer turns Ctrl-C while it parses into a silent exit 130
     except click.exceptions.NoArgsIsHelpError as e:
         click.echo(e.ctx.get_help() if e.ctx else str(e))
         code = 0

@@ -41,8 +41,35 @@ def os_error_message(e: OSError) -> str:
     return what
 
 
+def _dup_stderr():
+    try:
+        return os.dup(2)
+    except OSError:
+        return None
+
+
+_ORIGINAL_STDERR = _dup_stderr()
+
+
+_interrupt_seen = False
+_interrupt_reported = False
+
+
+def interrupt_reported() -> bool:
+    return _interrupt_reported
+
+
 def _raise_interrupt(signum, frame):
+    global _interrupt_seen
+    _interrupt_seen = True
     raise KeyboardInterrupt
+
+
+def raise_if_interrupted() -> None:
+    """An interrupt some library swallowed (a bare `except:` during an import, say) is
+    raised again here: writers call this before an output is renamed into place."""
+    if _interrupt_seen:
+        raise KeyboardInterrupt
 
 
 def install_signal_handlers() -> dict:
@@ -55,10 +82,13 @@ def install_signal_handlers() -> dict:
 
 def run_command(fn) -> int:
     """Run `fn()`; return the exit code after printing at most one line for a failure."""
+    global _interrupt_seen, _interrupt_reported
     previous = {}
+    _interrupt_seen = _interrupt_reported = False
     try:
         previous = install_signal_handlers()
         fn()
+        raise_if_interrupted()
         return 0
     except FlintError as e:
         error_line(str(e))
@@ -93,9 +123,19 @@ def restore_signal_handlers(previous: dict) -> None:
 
 def interrupted() -> None:
     """One line and exit 130. Once a native runtime (jaxlib, torch) is loaded the process
-    ends without interpreter teardown: unwinding it mid-initialisation can crash."""
-    sys.stderr.write("flint: interrupted\n")
-    sys.stderr.flush()
+    ends without interpreter teardown: unwinding it mid-initialisation can crash. The line
+    goes to the stderr the process started with (fd 2 may be captured at that moment)."""
+    global _interrupt_reported
+    _interrupt_reported = True
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    if _ORIGINAL_STDERR is not None and sys.stderr is sys.__stderr__:
+        os.write(_ORIGINAL_STDERR, b"flint: interrupted\n")
+    else:
+        sys.stderr.write("flint: interrupted\n")
+        sys.stderr.flush()
     if any(m in sys.modules for m in ("jaxlib", "torch")):
         sys.stdout.flush()
         os._exit(INTERRUPTED_EXIT)

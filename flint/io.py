@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 from flint.errors import FlintError
+from flint.guard import raise_if_interrupted
 
 # Largest JSON / YAML / text input read whole (graph JSON, specs, sweep spaces, names maps):
 # parsed JSON takes several times its text in memory, so this bounds memory too.
@@ -25,6 +26,7 @@ def write_atomic(path, data: str | bytes, mode: int = 0o666) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
         os.chmod(tmp, mode & ~current_umask())  # mkstemp makes 0600; outputs are ordinary files
+        raise_if_interrupted()
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

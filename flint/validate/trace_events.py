@@ -21,7 +21,7 @@ from flint.errors import FlintError
 from flint.schema import Int, NonNegInt, NonNegNumber, Number, Str, describe
 
 # Decompressed trace JSON Flint reads into memory (FLINT_MAX_TRACE_MB overrides it).
-MAX_TRACE_BYTES = int(os.environ.get("FLINT_MAX_TRACE_MB", "512")) * 2**20
+MAX_TRACE_BYTES = int(os.environ.get("FLINT_MAX_TRACE_MB", "256")) * 2**20
 _CHUNK = 1 << 20
 
 
