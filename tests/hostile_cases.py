@@ -484,6 +484,10 @@ def _flag_cases():
     for argv in argvs:
         yield (" ".join(argv).replace("{d}/", "")[:60], write_graph,
                lambda d, a=argv: [x.format(d=d) for x in a])
+    # a path with braces is a file, not module text
+    yield ("extract a{b}.mlir (a file with braces)",
+           lambda d: (d / "a{b}.mlir").write_text("garbage"),
+           lambda d: ["extract", str(d / "a{b}.mlir"), "-n", "8"])
 
 
 def _injection_cases():
