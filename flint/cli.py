@@ -195,7 +195,8 @@ def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
         if predicted is not None:
             render_estimate(predicted, Console())
         if out:
-            err.print(f"wrote {out} ({os.path.getsize(out) / 2**20:.2f} MiB)")
+            err.print(f"wrote {out} ({os.path.getsize(out) / 2**20:.2f} MiB)",
+                      markup=False)
 
 
 def _jax_graph(target, devices, mesh, hardware_name, model, scan, layers, seq_len,

@@ -129,6 +129,6 @@ def sweep(
                              sort_keys=True, indent=1))
         else:
             render_front(fronts, Console())
-            err.print("wrote " + ", ".join(paths.values()))
+            err.print("wrote " + ", ".join(paths.values()), markup=False)
 
     _run(go)

@@ -115,5 +115,6 @@ def calibrate(
                              indent=1, sort_keys=True))
         else:
             render_calibration(report, Console())
-            err.print(f"wrote {out} ({os.path.getsize(out)} B): use --hardware {out}")
+            err.print(f"wrote {out} ({os.path.getsize(out)} B): use --hardware {out}",
+                      markup=False)
     _run(go)

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from flint.errors import FlintError
-from flint.hardware_models.spec_schema import DTYPES, Figure, check_spec_doc, figure_at, parse_figure
+from flint.hardware_models.spec_schema import (DTYPES, Figure, check_spec_doc, figure_at,
+                                               parse_figure)
 
 SPECS_DIR = Path(__file__).parent / "specs"
 # Flat names for the figures that what-if overrides (and calibration) may set.
@@ -89,7 +90,8 @@ def load_spec(name_or_path: str, overrides=()) -> HardwareSpec:
 
         doc = yaml.safe_load(read_text(path, limit=2**20))
     except (yaml.YAMLError, RecursionError) as e:
-        raise FlintError(f"{path}: not valid YAML: {(str(e) or 'nested too deeply').splitlines()[0]}") from None
+        first = (str(e) or "nested too deeply").splitlines()[0]
+        raise FlintError(f"{path}: not valid YAML: {first}") from None
     check_spec_doc(doc, str(path))
     return apply_overrides(spec_from_doc(doc, str(path)), overrides)
 

@@ -124,3 +124,21 @@ def test_interrupted_export_leaves_nothing_and_exits_130(tmp_path, signum):
     assert p.returncode == 130, err
     assert err.strip().splitlines() == ["flint: interrupted"]
     assert sorted(x.name for x in tmp_path.iterdir()) == ["big.json"]
+
+
+def test_unwritable_output_directory_is_refused_before_work(tmp_path, monkeypatch):
+    """A read-only directory (simulated: the tests run as root, who may write anywhere)
+    is found by the probe before the graph is even read."""
+    import flint.guard
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    write_graph(tmp_path)
+    monkeypatch.setattr(flint.guard.tempfile, "mkstemp", refuse)
+    for argv in (["replay", str(tmp_path / "g.json"), "--out", str(tmp_path / "b.py")],
+                 ["extract", "-n", "8", "--out", str(tmp_path / "x.json")],
+                 ["export", str(tmp_path / "g.json"), "--out", str(tmp_path / "et")]):
+        code, _, err = run_cli(argv)
+        assert code == 2 and err.count("\n") == 1 and "cannot write in" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.json"]
