@@ -4,15 +4,14 @@
     step = flint.capture(devices=4096, mesh={"data": 512, "model": 8})(train_step)
     graph = step.workload(params, opt_state, batch)     # nothing runs
 
-JAX is imported lazily so that Flint can configure compile-only devices before JAX starts.
+Everything is imported lazily: JAX so that Flint can configure compile-only devices before
+JAX starts, the rest so that the `flint` command starts (and takes Ctrl-C) at once.
 """
-from flint.cluster import Cluster
-from flint.errors import FlintError
-from flint.graph import Collective, Communicator, Loop, Node, NodeKind, WorkloadGraph
-
 __version__ = "0.1.0"
 _LAZY = {"capture": "flint.frontends.jax", "extract": "flint.frontends.jax",
-         "Captured": "flint.frontends.jax"}
+         "Captured": "flint.frontends.jax", "Cluster": "flint.cluster",
+         "FlintError": "flint.errors", **{name: "flint.graph" for name in (
+             "Collective", "Communicator", "Loop", "Node", "NodeKind", "WorkloadGraph")}}
 __all__ = ["Cluster", "FlintError", "Collective", "Communicator", "Loop", "Node", "NodeKind",
            "WorkloadGraph", *_LAZY]
 

@@ -12,9 +12,10 @@ from rich.console import Console
 
 from flint.errors import FlintError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Flint: training step -> workload graph of a cluster of any size.")
 err = Console(stderr=True)
+REMAT_POLICIES = ("none", "full", "dots")
 
 
 @app.callback()
@@ -80,8 +81,9 @@ def estimate(
     def go():
         from flint.cli_export import load_any_graph
 
-        for path in filter(None, (trace, plot)):
-            _check_output_dir(path)
+        for flag, path in (("--trace", trace), ("--plot", plot)):
+            if path:
+                _check_output_dir(path, flag)
         _estimate(load_any_graph(graph_file), hardware_name, set_, algorithm, trace,
                   as_json, plot)
 
@@ -128,8 +130,15 @@ def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
     from flint.frontends.targets import prepare_environment, resolve_target
     from flint.passes import parse_pipeline, run_pipeline
 
+    from flint.cluster import check_device_count
+
     if framework not in ("jax", "torch"):
         raise FlintError(f"unknown --framework {framework!r}; use jax or torch")
+    check_device_count(devices)
+    if remat is not None and remat not in REMAT_POLICIES:
+        raise FlintError(f"unknown --remat {remat!r}; use {' | '.join(REMAT_POLICIES)}")
+    if devices_per_host is not None and devices_per_host < 1:
+        raise FlintError(f"--devices-per-host must be at least 1, not {devices_per_host}")
     prepare_environment()
     resolve_target(hardware_name)  # fail fast on bad flags, before JAX starts
     pipeline = parse_pipeline(passes)
@@ -186,7 +195,8 @@ def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
         if predicted is not None:
             render_estimate(predicted, Console())
         if out:
-            err.print(f"wrote {out} ({os.path.getsize(out) / 2**20:.2f} MiB)")
+            err.print(f"wrote {out} ({os.path.getsize(out) / 2**20:.2f} MiB)",
+                      markup=False)
 
 
 def _jax_graph(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
@@ -224,10 +234,11 @@ def _dumper(dump_dir):
     return dump
 
 
-def _check_output_dir(out: str) -> None:
-    parent = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(parent):
-        raise FlintError(f"output directory {parent!r} does not exist")
+def _check_output_dir(out: str, what: str = "--out") -> None:
+    """An output FILE path: writable, not a directory (flint.guard.check_output_file)."""
+    from flint.guard import check_output_file
+
+    check_output_file(out, what)
 
 
 def report_out(report: dict, as_json: bool, render, wrote: str | None = None) -> None:
@@ -238,19 +249,15 @@ def report_out(report: dict, as_json: bool, render, wrote: str | None = None) ->
         return
     render(report, Console())
     if wrote:
-        err.print(wrote)
+        err.print(wrote, markup=False, highlight=False)
 
 
 def _run(fn) -> None:
-    code = 0
-    try:
-        fn()
-    except FlintError as e:
-        err.print(f"[bold red]flint: error:[/] {e}", highlight=False, soft_wrap=True)
-        code = e.exit_code
-    except KeyboardInterrupt:
-        code = 130
-    _exit(code)
+    """Every command's body runs here: one plain line and exit 2 for bad input, 130 for an
+    interrupt (flint.guard)."""
+    from flint.guard import run_command
+
+    _exit(run_command(fn))
 
 
 def _exit(code: int) -> None:
@@ -263,8 +270,32 @@ def _exit(code: int) -> None:
     raise typer.Exit(code)
 
 
-def main() -> None:
-    app()
+def main(argv: list[str] | None = None) -> None:
+    """The `flint` entry point (tests call it in-process with `argv`). A bad flag is one
+    line and exit 2, like every other bad input; help and --help print as usual."""
+    from typer import _click as click   # typer's own click, whose exceptions it raises
+
+    from flint.guard import (INTERRUPTED_EXIT, error_line, install_signal_handlers, interrupted,
+                             interrupt_reported, restore_signal_handlers)
+
+    previous = install_signal_handlers()
+    try:
+        code = app(args=argv, prog_name="flint", standalone_mode=False)
+        if code == INTERRUPTED_EXIT and not interrupt_reported():
+            interrupted()   # typer turns Ctrl-C while it parses into a silent exit 130
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help() if e.ctx else str(e))
+        code = 0
+    except click.exceptions.UsageError as e:
+        where = f" (see: {e.ctx.command_path} --help)" if e.ctx else ""
+        error_line(e.format_message() + where)
+        code = 2
+    except (KeyboardInterrupt, typer.Abort):   # before a command's own handler
+        interrupted()
+        code = INTERRUPTED_EXIT
+    finally:
+        restore_signal_handlers(previous)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -12,6 +13,33 @@ from flint.cli import _run, app, err, report_out
 from flint.errors import FlintError
 
 FORMATS = ("chakra", "json", "perfetto")
+# File prefixes become file names and words in the generated run_astra_sim.sh: letters,
+# digits, '.', '_' and '-' only, starting with a letter or digit.
+PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def check_prefix(prefix: str) -> str:
+    if not PREFIX.match(prefix):
+        raise FlintError(f"--prefix {prefix!r}: use letters, digits, '.', '_' and '-' only "
+                         f"(starting with a letter or digit, at most 100 characters)")
+    return prefix
+
+
+def remove_stale_partials(out: str) -> None:
+    """`.NAME.*.partial` directories an export killed outright (SIGKILL, power loss) left
+    beside its output directory; an interrupted export removes its own."""
+    import shutil
+
+    target = Path(out).absolute()
+    for stale in target.parent.glob(f".{glob_escape(target.name)}.*.partial"):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def glob_escape(text: str) -> str:
+    import glob
+
+    return glob.escape(text)
 
 
 def load_any_graph(path: str, rank: Optional[int] = None, comm_groups: Optional[str] = None):
@@ -58,9 +86,23 @@ def export(
     """Write a workload graph as Chakra ETs (+ ASTRA-sim inputs), Flint JSON or a Perfetto
     timeline of the predicted step."""
     def go():
+        from flint.guard import check_output_dir
+
         if fmt not in FORMATS:
             raise FlintError(f"unknown --format {fmt!r}; use {' | '.join(FORMATS)}")
+        check_prefix(prefix)
+        if annotate not in ("rank0", "all", "none"):
+            raise FlintError(f"--annotate must be rank0, all or none, not {annotate!r}")
+        if workers < 1:
+            raise FlintError(f"--workers must be at least 1, not {workers}")
+        check_output_dir(out)
+        if hardware_name is not None or set_:
+            from flint.hardware_models.spec import load_spec
+
+            load_spec(hardware_name or "h100-sxm", set_)   # bad figures fail before the work
         graph = load_any_graph(graph_file)
+        if fmt == "chakra":
+            remove_stale_partials(out)
         if fmt == "chakra":
             report = _export_chakra(graph, out, hardware_name, set_, prefix, annotate, ranks,
                                     workers)
@@ -153,6 +195,10 @@ def import_(
     def go():
         from flint.frontends.chakra import import_chakra
 
+        if out:
+            from flint.cli import _check_output_dir
+
+            _check_output_dir(out)
         graph = import_chakra(source, rank, comm_groups)
         if out:
             graph.save(out)

@@ -42,8 +42,9 @@ def place_report(graph_file, algorithm, devices, memory_limit, hardware_name, ou
 
     if algorithm not in ALGORITHMS:
         raise FlintError(f"unknown --algorithm {algorithm!r}; use {' | '.join(ALGORITHMS)}")
-    if devices < 1:
-        raise FlintError(f"--devices must be at least 1, not {devices}")
+    from flint.cluster import check_device_count
+
+    check_device_count(devices)
     limit = 0.0
     if memory_limit is not None:
         from flint.hardware_models.units import parse_quantity

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flint.cli import _check_output_dir, _run, app, report_out
+from flint.errors import FlintError
 
 
 @app.command(name="replay")
@@ -30,6 +31,10 @@ def replay_command(
         from flint.replay.spec import prepared
 
         _check_output_dir(out)
+        name = os.path.basename(graph_file)
+        if any(ord(c) < 32 or ord(c) == 127 for c in name):
+            raise FlintError(f"graph file name {name!r} has control characters; rename it "
+                             f"(the name is written into the generated program)")
         spec = replay_spec(prepared(load_any_graph(graph_file)))
         write_atomic(out, program_from_spec(spec, os.path.basename(graph_file)), mode=0o777)
         report_out(summarize(spec, out), as_json, render,

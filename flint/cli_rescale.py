@@ -32,6 +32,10 @@ def rescale_command(
         from flint.cli_export import load_any_graph
         from flint.passes.rescale import Rescale
 
+        from flint.cluster import check_device_count
+
+        if devices > 0:       # (0 and below: the pass's own message)
+            check_device_count(devices)
         _check_output_dir(out)
         if hardware_name is not None:
             from flint.hardware_models.spec import load_spec

@@ -11,6 +11,8 @@ from rich.console import Console
 from flint.cli import _run, app, err
 from flint.errors import FlintError
 
+EXECUTORS = ("local", "ray")
+
 
 def _ints(text: str, name: str) -> list[int]:
     try:
@@ -38,8 +40,8 @@ def _space_doc(space_file, flags: dict) -> dict:
         from flint.io import read_text
 
         try:
-            doc = yaml.safe_load(read_text(space_file)) or {}
-        except yaml.YAMLError as e:
+            doc = yaml.safe_load(read_text(space_file, limit=2**20)) or {}
+        except (yaml.YAMLError, RecursionError) as e:
             raise FlintError(f"{space_file} is not valid YAML: {str(e).splitlines()[0]}") from None
         if not isinstance(doc, dict):
             raise FlintError(f"{space_file} must hold a mapping of axes to values")
@@ -77,8 +79,14 @@ def sweep(
 
         from flint.sweep import run_sweep
         from flint.sweep_report import pareto_front, render_front, write_outputs
+        from flint.guard import check_output_dir
         from flint.sweep_space import Config, SearchSpace
 
+        if executor not in EXECUTORS:
+            raise FlintError(f"unknown --executor {executor!r}; use {' | '.join(EXECUTORS)}")
+        if workers < 1:
+            raise FlintError(f"--workers must be at least 1, not {workers}")
+        check_output_dir(out)
         flags = {"model": model, "global_batch": global_batch, "budget": budget, "seed": seed,
                  "devices": devices and _ints(devices, "devices"), "tp": tp and _ints(tp, "tp"),
                  "pp": pp and _ints(pp, "pp"),
@@ -121,6 +129,6 @@ def sweep(
                              sort_keys=True, indent=1))
         else:
             render_front(fronts, Console())
-            err.print("wrote " + ", ".join(paths.values()))
+            err.print("wrote " + ", ".join(paths.values()), markup=False)
 
     _run(go)

@@ -9,11 +9,25 @@ from pathlib import Path
 from flint.errors import FlintError
 
 
-def default_zoo_mesh(devices: int) -> str:
-    """FSDP across hosts, 8-way tensor parallelism inside an 8-GPU host."""
-    if devices >= 8 and devices % 8 == 0:
-        return f"fsdp={devices // 8},model=8"
-    return f"fsdp={devices}"
+def default_zoo_mesh(devices: int, model: str | None = None) -> str:
+    """8-way tensor parallelism inside an 8-GPU host and FSDP across hosts; FSDP shards
+    d_model, so beyond d_model ways the rest of the devices become data-parallel replicas
+    of the FSDP group (hybrid sharding), which fits any power of two up to MAX_DEVICES."""
+    tp = 8 if devices >= 8 and devices % 8 == 0 else 1
+    rest = devices // tp
+    fsdp = math.gcd(rest, _d_model(model)) if rest > _d_model(model) else rest
+    axes = ([f"data={rest // fsdp}"] if fsdp < rest else []) + [f"fsdp={fsdp}"]
+    return ",".join(axes + ([f"model={tp}"] if tp > 1 else []))
+
+
+def _d_model(model: str | None) -> int:
+    """The zoo model's d_model (what FSDP shards); 4096 (llama3-8b's) when unknown."""
+    from flint.models import decoder, mlp
+
+    if model in mlp.ZOO:
+        return mlp.ZOO[model]["d"]
+    cfg = decoder.ZOO.get(model or "")
+    return int(getattr(cfg, "d_model", 0) or 4096)
 
 
 def captured_step(target, devices, mesh, hardware, model, scan, layers, seq_len,
@@ -25,7 +39,7 @@ def captured_step(target, devices, mesh, hardware, model, scan, layers, seq_len,
     if target is None:
         from flint.models.train import build
 
-        mesh_t = parse_mesh(mesh or default_zoo_mesh(devices), devices)
+        mesh_t = parse_mesh(mesh or default_zoo_mesh(devices, model), devices)
         w = build(model, mesh_t, batch_per_replica, seq_len, scan, remat, sequence_parallel,
                   layers)
         step = capture(w.step, devices=devices, mesh=dict(mesh_t), hardware=hardware,
@@ -124,7 +138,7 @@ def other_frontend_graph(target, framework, devices, mesh, hardware, model, laye
 
     if target is None:
         stage(f"tracing the torch twin of {model} for rank 0 of {devices} (fake tensors)")
-        graph = ft.zoo(model, devices, parse_mesh(mesh or default_zoo_mesh(devices), devices),
+        graph = ft.zoo(model, devices, parse_mesh(mesh or default_zoo_mesh(devices, model), devices),
                        batch_per_replica=batch_per_replica, seq_len=seq_len, layers=layers,
                        hardware=hardware, fuse=fuse, sequence_parallel=sequence_parallel)
         return graph, dict(graph.meta.pop("timings", {}))

@@ -73,8 +73,12 @@ def validate(
         from flint.validate.workflow import open_input, run_validate
 
         spec = load_spec(hardware, set_)
+        if devices is not None:
+            from flint.cluster import check_device_count
+
+            check_device_count(devices)
         if plot:
-            _check_output_dir(plot)
+            _check_output_dir(plot, "--plot")
         g = _graph(graph, model, devices or 8, mesh, target)
         inp = open_input(trace, g, spec.name, module, devices)
         warn_if_other_gpu(inp.trace, spec)
@@ -127,5 +131,6 @@ def calibrate(
                              indent=1, sort_keys=True))
         else:
             render_calibration(report, Console())
-            err.print(f"wrote {out} ({os.path.getsize(out)} B): use --hardware {out}")
+            err.print(f"wrote {out} ({os.path.getsize(out)} B): use --hardware {out}",
+                      markup=False)
     _run(go)

@@ -15,6 +15,20 @@ import numpy as np
 from flint.errors import FlintError
 
 _AXIS = re.compile(r"^[A-Za-z_]\w*$")
+# The largest cluster Flint builds: 2^17 devices, beyond today's largest training clusters
+# (~100k GPUs). Compile-only device objects and per-rank outputs grow with the count, so a
+# typo such as --devices 1000000000 is refused here instead of exhausting memory.
+MAX_DEVICES = 2**17
+
+
+def check_device_count(devices, what: str = "--devices") -> int:
+    if isinstance(devices, bool) or not isinstance(devices, int):
+        raise FlintError(f"{what} must be an integer, not {devices!r}")
+    if devices < 1:
+        raise FlintError(f"{what} must be at least 1, not {devices}")
+    if devices > MAX_DEVICES:
+        raise FlintError(f"{what} {devices} exceeds Flint's ceiling of {MAX_DEVICES} devices")
+    return devices
 
 
 @dataclass(frozen=True)
@@ -63,8 +77,7 @@ class Cluster:
 
 
 def validate_mesh(mesh: tuple[tuple[str, int], ...], devices: int) -> None:
-    if devices < 1:
-        raise FlintError(f"device count must be >= 1, got {devices}")
+    check_device_count(devices, "device count")
     names = [n for n, _ in mesh]
     if len(set(names)) != len(names):
         raise FlintError(f"mesh axis names repeat: {names}")

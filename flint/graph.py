@@ -221,32 +221,53 @@ class WorkloadGraph:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> "WorkloadGraph":
+    def from_json(cls, d: dict, where: str = "workload graph") -> "WorkloadGraph":
+        from flint.graph_schema import check_graph_json
+
         if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise FlintError("not a Flint workload graph (missing format 'flint.workload')")
+            raise FlintError(f"{where}: not a Flint workload graph (missing format "
+                             f"'flint.workload')")
         if d.get("version") != VERSION:
-            raise FlintError(f"workload graph version {d.get('version')} is not supported "
-                             f"(this Flint reads version {VERSION})")
+            raise FlintError(f"{where}: workload graph version {d.get('version')!r} is not "
+                             f"supported (this Flint reads version {VERSION})")
+        check_graph_json(d, where)
         try:
             g = cls(Cluster.from_json(d["cluster"]),
                     [Node.from_json(n) for n in d["nodes"]],
                     [Communicator.from_json(c) for c in d["communicators"]],
                     [Loop.from_json(lp) for lp in d.get("loops", [])], d.get("meta", {}))
         except (KeyError, TypeError, ValueError) as e:
-            raise FlintError(f"corrupt workload graph: {type(e).__name__}: {e}") from None
-        g.check()
+            raise FlintError(f"{where}: corrupt workload graph: {type(e).__name__}: {e}") \
+                from None
+        except FlintError as e:   # the cluster's own checks (mesh against devices)
+            raise FlintError(f"{where}: cluster: {e}") from None
+        g.check(where)
         return g
 
-    def check(self) -> None:
-        """Structural invariants: dense ids, deps point backwards, communicators exist."""
+    def check(self, where: str = "workload graph") -> None:
+        """Structural invariants: dense ids, deps point backwards, communicators exist and
+        their groups parse, loops lie inside the graph."""
+        bad = f"{where}: corrupt workload graph:"
         for i, n in enumerate(self.nodes):
             if n.id != i:
-                raise FlintError(f"corrupt workload graph: node {i} has id {n.id}")
+                raise FlintError(f"{bad} node {i} has id {n.id}")
             for d in n.inputs + n.control:
                 if not 0 <= d < i:
-                    raise FlintError(f"corrupt workload graph: node {i} depends on {d}")
+                    raise FlintError(f"{bad} node {i} depends on {d}")
             if n.collective and not 0 <= n.collective.communicator < len(self.communicators):
-                raise FlintError(f"corrupt workload graph: node {i} names a missing communicator")
+                raise FlintError(f"{bad} node {i} names a missing communicator")
+        for c in self.communicators:
+            try:
+                groups = c.groups()
+            except Exception as e:  # noqa: BLE001 - the parsers raise several types
+                raise FlintError(f"{bad} communicator {c.id} groups {c.spec[:40]!r} do not "
+                                 f"parse: {type(e).__name__}") from None
+            if groups.size and (groups.min() < 0 or groups.max() >= self.cluster.devices):
+                raise FlintError(f"{bad} communicator {c.id} names ranks outside the "
+                                 f"{self.cluster.devices} devices")
+        for lp in self.loops:
+            if not 0 <= lp.first <= lp.last < max(len(self.nodes), 1):
+                raise FlintError(f"{bad} loop {lp.id} spans nodes {lp.first}-{lp.last}")
 
     def save(self, path) -> None:
         from flint.io import write_atomic
@@ -257,7 +278,7 @@ class WorkloadGraph:
     def load(cls, path) -> "WorkloadGraph":
         from flint.io import read_json
 
-        return cls.from_json(read_json(path))
+        return cls.from_json(read_json(path), str(path))
 
 
 def dumps_json(obj) -> str:

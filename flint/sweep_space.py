@@ -16,10 +16,17 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import random
 from dataclasses import asdict, dataclass, field
+from typing import Literal, Union
 
+from pydantic import Field
+from typing_extensions import Annotated
+
+from flint.cluster import MAX_DEVICES
 from flint.errors import FlintError
+from flint.schema import Bool, Number, PositiveInt, Str, Strict, did_you_mean, validated
 
 # Axis -> default values. Scalars become one-element lists.
 AXES = {
@@ -30,6 +37,49 @@ AXES = {
 SETTINGS = {"model": "llama3-8b", "framework": "jax", "global_batch": 0, "seq_len": 0,
             "layers": 0, "budget": 0, "seed": 0, "pipeline_split": "layers",
             "max_microbatches": 64}
+# Bounds that keep a sweep finite: configurations before expansion, and each setting.
+MAX_CONFIGURATIONS = 100_000
+MAX_AXIS_VALUES = 1000
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+REMAT_POLICIES = ("none", "full", "dots")
+
+
+def _axis(t):
+    """An axis: one value or a non-empty list of at most MAX_AXIS_VALUES values."""
+    return Union[t, Annotated[list[t], Field(min_length=1, max_length=MAX_AXIS_VALUES)]]
+
+
+def _bounded(limit: int):
+    return Annotated[int, Field(strict=True, ge=0, le=limit)]
+
+
+_Degree = Annotated[PositiveInt, Field(le=MAX_DEVICES)]
+
+
+class SpaceSchema(Strict):
+    """The search-space YAML (and the flags that fill it): types, ranges, enums."""
+
+    devices: _axis(_Degree) = AXES["devices"]
+    tp: _axis(_Degree) = AXES["tp"]
+    pp: _axis(_Degree) = AXES["pp"]
+    ep: _axis(_Degree) = AXES["ep"]
+    fsdp: _axis(Bool) = AXES["fsdp"]
+    sp: _axis(Bool) = AXES["sp"]
+    microbatch: _axis(Annotated[PositiveInt, Field(le=2**16)]) = AXES["microbatch"]
+    schedule: _axis(Literal[SCHEDULES]) = AXES["schedule"]
+    virtual: _axis(Annotated[PositiveInt, Field(le=1024)]) = AXES["virtual"]
+    remat: _axis(Literal[REMAT_POLICIES]) = AXES["remat"]
+    hardware: _axis(Str) = AXES["hardware"]
+    what_if: _axis(dict[Str, Union[Str, Number]]) = AXES["what_if"]
+    model: Str = SETTINGS["model"]
+    framework: Literal["jax"] = "jax"
+    global_batch: _bounded(2**24) = 0
+    seq_len: _bounded(2**20) = 0
+    layers: _bounded(10_000) = 0
+    budget: _bounded(MAX_CONFIGURATIONS) = 0
+    seed: _bounded(2**63 - 1) = 0
+    pipeline_split: Literal["layers", "time"] = "layers"
+    max_microbatches: _bounded(2**16) = 64
 
 
 @dataclass(frozen=True)
@@ -116,36 +166,26 @@ class SearchSpace:
     def from_dict(cls, doc: dict) -> "SearchSpace":
         if not isinstance(doc, dict):
             raise FlintError("a search space must be a mapping of axes to values")
-        unknown = sorted(set(doc) - set(AXES) - set(SETTINGS))
+        known = sorted(AXES) + sorted(SETTINGS)
+        unknown = sorted(map(str, set(doc) - set(AXES) - set(SETTINGS)))
         if unknown:
-            raise FlintError(f"unknown search-space key {unknown[0]!r}; known: "
-                             f"{', '.join(sorted(AXES) + sorted(SETTINGS))}")
-        axes = {}
-        for name, default in AXES.items():
-            value = doc.get(name, default)
-            values = value if isinstance(value, list) else [value]
-            if not values:
+            raise FlintError(f"unknown search-space key {unknown[0]!r}"
+                             f"{did_you_mean(unknown[0], known)}")
+        for name in AXES:
+            if doc.get(name) == []:
                 raise FlintError(f"empty search space: axis {name!r} has no values")
-            axes[name] = values
-        settings = {k: doc.get(k, v) for k, v in SETTINGS.items()}
-        space = cls(axes, settings)
-        space._check_types()
-        return space
-
-    def _check_types(self) -> None:
-        for name in ("devices", "tp", "pp", "ep", "microbatch", "virtual"):
-            for v in self.axes[name]:
-                if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                    raise FlintError(f"search space: {name} values must be positive "
-                                     f"integers, got {v!r}")
-        for v in self.axes["what_if"]:
-            if not isinstance(v, dict):
-                raise FlintError(f"search space: each what_if must be a mapping of hardware "
-                                 f"figures to values, got {v!r}")
-        for name in ("global_batch", "seq_len", "layers", "budget", "seed", "max_microbatches"):
-            v = self.settings[name]
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise FlintError(f"search space: {name} must be a non-negative integer")
+        checked = validated(SpaceSchema, doc, "search space")
+        axes = {}
+        for name in AXES:
+            value = doc.get(name, AXES[name])
+            axes[name] = value if isinstance(value, list) else [value]
+        settings = {k: getattr(checked, k) for k in SETTINGS}
+        count = math.prod(len(v) for v in axes.values())
+        if count > MAX_CONFIGURATIONS:
+            raise FlintError(f"search space has {count} configurations before filtering; "
+                             f"the limit is {MAX_CONFIGURATIONS} (use fewer values or "
+                             f"--budget on a smaller space)")
+        return cls(axes, settings)
 
     def expand(self) -> tuple[list[Config], list[dict]]:
         """(valid configurations in a fixed order, skipped ones with the reason). Raises

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from flint.errors import FlintError
-from flint.hardware_models.units import parse_quantity
+from flint.hardware_models.spec_schema import (DTYPES, Figure, check_spec_doc, figure_at,
+                                               parse_figure)
 
 SPECS_DIR = Path(__file__).parent / "specs"
-DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4")
 # Flat names for the figures that what-if overrides (and calibration) may set.
 FIELDS = {
     "hbm_capacity": ("bytes", ("memory", "hbm_capacity")),
@@ -105,11 +105,13 @@ def load_spec(name_or_path: str, overrides=()) -> HardwareSpec:
     import yaml
 
     try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise FlintError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(doc, dict):
-        raise FlintError(f"{path}: a hardware spec must be a YAML mapping")
+        from flint.io import read_text
+
+        doc = yaml.safe_load(read_text(path, limit=2**20))
+    except (yaml.YAMLError, RecursionError) as e:
+        first = (str(e) or "nested too deeply").splitlines()[0]
+        raise FlintError(f"{path}: not valid YAML: {first}") from None
+    check_spec_doc(doc, str(path))
     return apply_overrides(spec_from_doc(doc, str(path)), overrides)
 
 
@@ -129,10 +131,10 @@ def spec_from_doc(doc: dict, where: str) -> HardwareSpec:
                 raise FlintError(f"{where}: {'.'.join(path)} has no source")
             sources[name] = node["source"]
             node = node.get("value")
-        return parse_quantity(node, kind, f"{where}: {name}")
+        return parse_figure(node, figure_at(path), f"{where}: {'.'.join(path)}")
 
     peaks = {}
-    for dtype, _ in (doc.get("compute", {}).get("peak_flops") or {}).items():
+    for dtype, _ in ((doc.get("compute") or {}).get("peak_flops") or {}).items():
         if dtype not in DTYPES:
             raise FlintError(f"{where}: unknown dtype {dtype!r} in peak_flops "
                              f"(known: {', '.join(DTYPES)})")
@@ -144,7 +146,7 @@ def spec_from_doc(doc: dict, where: str) -> HardwareSpec:
         required = name in ("hbm_capacity", "hbm_bandwidth")
         v = figure(path, kind, name, required)
         if v is not None:
-            values[name] = int(v) if kind == "count" else v
+            values[name] = v
     system = doc.get("system") or {}
     spec = HardwareSpec(name=str(doc.get("name", Path(where).stem)), kind=str(doc.get("kind", "gpu")),
                         model=str(doc.get("model", "")), peak_flops=peaks,
@@ -154,6 +156,9 @@ def spec_from_doc(doc: dict, where: str) -> HardwareSpec:
                                   if isinstance(system.get("torus"), dict) else
                                   system.get("torus", "")),
                         sources=sources, efficiency=dict(doc.get("efficiency") or {}), **values)
+    if not (spec.scale_up_bandwidth or spec.nic_bandwidth):
+        raise FlintError(f"{where}: no link bandwidth: give interconnect.scale_up or "
+                         f"interconnect.scale_out bandwidth_per_direction")
     if spec.devices_per_node < 1 or spec.scale_up_domain < 1:
         raise FlintError(f"{where}: devices_per_node and scale_up_domain must be >= 1")
     return spec
@@ -182,11 +187,9 @@ def apply_overrides(spec: HardwareSpec, overrides) -> HardwareSpec:
             if dtype not in DTYPES:
                 raise FlintError(f"--set {key}: unknown dtype {dtype!r} "
                                  f"(known: {', '.join(DTYPES)})")
-            peaks[dtype] = parse_quantity(value, "flops", key)
+            peaks[dtype] = parse_figure(value, Figure("flops"), f"--set {key}")
         elif key in FIELDS:
-            kind = FIELDS[key][0]
-            v = parse_quantity(value, kind, key)
-            changes[key] = int(v) if kind == "count" else v
+            changes[key] = parse_figure(value, figure_at(FIELDS[key][1]), f"--set {key}")
         elif key == "fabric":
             changes[key] = value
         elif key == "scale_up_link":
@@ -198,8 +201,11 @@ def apply_overrides(spec: HardwareSpec, overrides) -> HardwareSpec:
             from flint.hardware_models.topology import parse_torus_shape
             changes["torus_slice"] = "x".join(map(str, parse_torus_shape(value)))
         else:
+            from flint.schema import did_you_mean
+
             known = sorted(FIELDS) + [f"peak_{d}" for d in DTYPES] + list(TEXT_FIELDS)
-            raise FlintError(f"--set {key}: unknown hardware figure (known: {', '.join(known)})")
+            hint = did_you_mean(key, known) or f" (known: {', '.join(known)})"
+            raise FlintError(f"--set {key}: unknown hardware figure{hint}")
     if not changes and peaks == spec.peak_flops:
         return spec
     sources = dict(spec.sources)

@@ -6,6 +6,7 @@ wrong kind (a bandwidth given in GB) is an error that names the field.
 """
 from __future__ import annotations
 
+import math
 import re
 
 from flint.errors import FlintError
@@ -43,6 +44,8 @@ def parse_quantity(text, kind: str, field: str = "value") -> float:
 
 
 def _non_negative(value: float, field: str, text) -> float:
+    if not math.isfinite(value):
+        raise FlintError(f"{field}: {text!r} is not a finite number")
     if value < 0:
         raise FlintError(f"{field}: {text!r} is negative")
     return value

@@ -74,7 +74,7 @@ def test_spec_and_what_if_overrides(spec_path):
 @pytest.mark.parametrize("edit,msg", [
     (("4 TB/s", "4"), "has no unit"),
     (("4 TB/s", "-4 TB/s"), "negative"),
-    (('source: "test sheet"}\n    bf16', 'source: "test sheet"}\n    bf17'), "unknown dtype"),
+    (('source: "test sheet"}\n    bf16', 'source: "test sheet"}\n    bf17'), "unknown key 'bf17' in compute.peak_flops .did you mean 'bf16'"),
     (('{value: "80 GB", source: "test sheet"}', '{value: "80 GB"}'), "has no source"),
 ])
 def test_bad_specs(tmp_path, edit, msg):

@@ -22,12 +22,17 @@ import heapq
 import json
 import re
 from pathlib import Path
+from typing import Literal, Optional, Union
 
-from flint.cluster import Cluster
+from pydantic import BaseModel, ConfigDict
+
+from flint.cluster import MAX_DEVICES, Cluster
 from flint.errors import FlintError
 from flint.exporters import chakra_format as cf
 from flint.exporters.chakra_plan import FLINT_NODE, FLINT_PART
 from flint.graph import Collective, Communicator, Node, NodeKind, WorkloadGraph
+from flint.graph_schema import ClusterSchema, CommunicatorSchema, check_node_json
+from flint.schema import Bool, Int, NonNegInt, NonNegNumber, Str, Strict, validated
 from flint.passes.lower_collectives import CommunicatorTable
 
 _RANK_FILE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)\.et$")
@@ -38,7 +43,7 @@ def import_chakra(path, rank: int | None = None, comm_groups=None) -> WorkloadGr
     ranks_seen = 1
     if path.is_dir():
         files = _rank_files(path)
-        ranks_seen = len(files)
+        ranks_seen = files
         if rank is None:
             rank = min(files)
         if rank not in files:
@@ -52,13 +57,69 @@ def import_chakra(path, rank: int | None = None, comm_groups=None) -> WorkloadGr
         if rank is None:
             rank = int(m.group("rank")) if m else 0
     groups = _read_comm_groups(comm_groups) if comm_groups is not None else {}
+    _refuse_json(file)
     meta, nodes = cf.read_et(file)
     order = _checked_order(nodes, file)
     header = cf.attrs(meta)
-    info = json.loads(header["flint_graph"]) if "flint_graph" in header else None
+    info = _graph_record(header["flint_graph"], file) if "flint_graph" in header else None
     if info is not None and all(_is_annotated(n) for n in nodes):
         return _rebuild_flint(info, nodes, file)
     return _ChakraReader(file, rank, groups, info, ranks_seen).read(nodes, order)
+
+
+# --- records: the schemas of what Flint (and Chakra) put in a file ---------------------
+class _GraphRecord(Strict):
+    """The rank-0 metadata record `flint_graph` (flint/exporters/chakra_plan.py)."""
+
+    format: Literal["flint.chakra"] = "flint.chakra"
+    version: Literal[1] = 1
+    cluster: ClusterSchema
+    communicators: list[CommunicatorSchema]
+    meta: dict = {}
+
+
+class _ChakraAttrs(BaseModel):
+    """The Chakra node attributes Flint reads (others are Chakra's own and left alone)."""
+
+    model_config = ConfigDict(extra="ignore")
+    comm_size: Optional[NonNegInt] = None
+    comm_type: Optional[NonNegInt] = None
+    comm_src: Optional[NonNegInt] = None
+    comm_dst: Optional[NonNegInt] = None
+    num_ops: Optional[NonNegNumber] = None
+    tensor_size: Optional[NonNegNumber] = None
+    is_cpu_op: Optional[Bool] = None
+    pg_name: Optional[Union[Str, Int]] = None
+
+
+def _json_record(text, file, what: str):
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        raise FlintError(f"{file}: the {what} record is not JSON") from None
+
+
+def _graph_record(text, file) -> dict:
+    info = _json_record(text, file, "flint_graph")
+    validated(_GraphRecord, info, f"{file}: flint_graph")
+    return info
+
+
+def _refuse_json(file) -> None:
+    """Chakra's PyTorch host/device traces are JSON: name that, not a protobuf error."""
+    try:
+        with open(file, "rb") as f:
+            head = f.read(64).lstrip()
+    except OSError:
+        return              # read_et names the problem
+    if head[:1] in (b"{", b"["):
+        raise FlintError(f"{file} is JSON (a PyTorch execution trace?), not a Chakra ET "
+                         f"protobuf: convert it with Chakra's chakra_converter first")
+
+
+def _ranges(ranks: list[int]) -> str:
+    shown = ", ".join(map(str, ranks[:8]))
+    return shown + (f", ... ({len(ranks)} ranks)" if len(ranks) > 8 else "")
 
 
 # --- files ---------------------------------------------------------------------------
@@ -70,8 +131,13 @@ def _rank_files(directory: Path) -> dict[int, Path]:
             by_prefix.setdefault(m.group("prefix"), {})[int(m.group("rank"))] = p
     manifest = directory / "flint_export.json"
     if manifest.is_file():
-        prefix = json.loads(manifest.read_text()).get("prefix")
-        if prefix in by_prefix:
+        from flint.io import read_json
+
+        doc = read_json(manifest)
+        if not isinstance(doc, dict):
+            raise FlintError(f"{manifest} is not a Flint export manifest (a JSON object)")
+        prefix = doc.get("prefix")
+        if isinstance(prefix, str) and prefix in by_prefix:
             return by_prefix[prefix]
     if not by_prefix:
         raise FlintError(f"{directory} holds no Chakra traces (<prefix>.<rank>.et)")
@@ -86,9 +152,13 @@ def _read_comm_groups(path) -> dict[str, list[int]]:
 
     data = read_json(path)
     if not isinstance(data, dict) or not all(
-            isinstance(v, list) and all(isinstance(r, int) and r >= 0 for r in v)
+            isinstance(v, list) and v and all(isinstance(r, int) and not isinstance(r, bool)
+                                              and 0 <= r < MAX_DEVICES for r in v)
             for v in data.values()):
         raise FlintError(f"{path} is not a communicator-group JSON ({{\"1\": [ranks], ...}})")
+    for k, v in data.items():
+        if len(set(v)) != len(v):
+            raise FlintError(f"{path}: group {k!r} lists a rank twice: {v[:16]}")
     return {str(k): v for k, v in data.items()}
 
 
@@ -137,10 +207,14 @@ def _rebuild_flint(info: dict, nodes: list, file) -> WorkloadGraph:
         a = cf.attrs(p)
         if FLINT_PART in a:
             continue            # the SEND half of a collective-permute
-        d = json.loads(a[FLINT_NODE])
-        d.update(id=p.id, name=p.name, operands=json.loads(p.inputs.shapes or "[]"),
-                 outputs=json.loads(p.outputs.shapes or "[]"))
+        d = _json_record(a[FLINT_NODE], file, f"node {p.id} flint_node")
+        if not isinstance(d, dict):
+            raise FlintError(f"{file}: node {p.id}'s flint_node record is not a JSON object")
+        d.update(id=p.id, name=p.name,
+                 operands=_json_record(p.inputs.shapes or "[]", file, f"node {p.id} shapes"),
+                 outputs=_json_record(p.outputs.shapes or "[]", file, f"node {p.id} shapes"))
         d.setdefault("inputs", list(p.data_deps))
+        check_node_json(d, f"{file}: node {p.id}")
         out.append(Node.from_json(d))
     try:
         g = WorkloadGraph(Cluster.from_json(info["cluster"]), out,
@@ -173,8 +247,13 @@ class _ChakraReader:
         if info is not None:
             self.cluster = Cluster.from_json(info["cluster"])
         else:
+            if isinstance(ranks_seen, dict) and sorted(ranks_seen) != list(range(len(ranks_seen))):
+                missing = sorted(set(range(max(ranks_seen) + 1)) - set(ranks_seen))
+                raise FlintError(f"{file.parent}: rank files {_ranges(sorted(ranks_seen))} leave "
+                                 f"out ranks {_ranges(missing)}: the cluster size is unknown")
+            count = len(ranks_seen) if isinstance(ranks_seen, dict) else ranks_seen
             top = max((r for g in groups.values() for r in g), default=0)
-            n = max(ranks_seen, top + 1, rank + 1)
+            n = max(count, top + 1, rank + 1)
             self.cluster = Cluster(n, (("ranks", n),), "unknown")
         self.comms = CommunicatorTable(self.cluster)
 
@@ -201,6 +280,7 @@ class _ChakraReader:
 
     def _node(self, p, nid: int, deps, ctrl, device_trace: bool) -> Node:
         a = cf.attrs(p)
+        validated(_ChakraAttrs, a, f"{self.file}: node {p.id} ({p.name[:40]!r})")
         recorded = p.duration_micros * 1e-6
         host = bool(a.get("is_cpu_op", False))
         meta = {"chakra_id": p.id, "recorded_s": 0.0 if (host and device_trace) else recorded}

@@ -124,7 +124,8 @@ def _read(path_or_text) -> tuple[bytes, str, str | None]:
     """(module bytes, name for messages, file path or None)."""
     if isinstance(path_or_text, bytes):
         return path_or_text, "<bytes>", None
-    if isinstance(path_or_text, str) and ("\n" in path_or_text or "{" in path_or_text):
+    if isinstance(path_or_text, str) and not _is_file(path_or_text) and (
+            "\n" in path_or_text or "{" in path_or_text):   # an existing file wins: `a{b}.mlir`
         return path_or_text.encode(), "<string>", None
     path = Path(path_or_text)
     if not path.is_file():
@@ -134,6 +135,13 @@ def _read(path_or_text) -> tuple[bytes, str, str | None]:
     except OSError as e:
         raise FlintError(f"cannot read {path}: {e.strerror}") from None
     return data, str(path), str(path)
+
+
+def _is_file(text: str) -> bool:
+    try:
+        return Path(text).is_file()
+    except (OSError, ValueError):   # module text is no file name (too long, NUL bytes)
+        return False
 
 
 def _mlir_context():

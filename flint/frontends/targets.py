@@ -75,6 +75,8 @@ def quiet_native_stderr(notes: list | None = None):
         os.dup2(sink.fileno(), 2)
         try:
             yield
+        except (FlintError, KeyboardInterrupt):
+            raise           # bad input or an interrupt: one line, not the native noise
         except BaseException:
             os.dup2(saved, 2)
             sink.seek(0)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from flint.errors import FlintError
 from flint.validate.measured import MeasuredStep, MeasuredTrace
-from flint.validate.trace_events import read_trace_events
+from flint.validate.trace_events import JaxOpEvent, checked, read_trace_events
 
 
 def find_profile_file(path: Path) -> Path:
@@ -52,7 +52,8 @@ def _xplane_events(path: Path) -> list[dict]:
 
 
 def is_jax_profile(events: list[dict]) -> bool:
-    return any(isinstance(e.get("args"), dict) and "hlo_op" in e["args"] for e in events[:200000])
+    return any(isinstance(e, dict) and isinstance(e.get("args"), dict) and "hlo_op" in e["args"]
+               for e in events[:200000])
 
 
 def replay_names(trace_file: Path, given: Path) -> dict | None:
@@ -83,8 +84,9 @@ def read_jax_profile(path, module: str | None = None, events=None) -> MeasuredTr
         module = names.get("module")
     if events is None:
         events = load_trace_events(path)
-    ops = [e for e in events if e.get("ph") == "X" and isinstance(e.get("args"), dict)
-           and "hlo_op" in e["args"] and "dur" in e]
+    ops = checked(JaxOpEvent, [e for e in events if isinstance(e, dict) and e.get("ph") == "X"
+                               and isinstance(e.get("args"), dict) and "hlo_op" in e["args"]],
+                  path, "JAX op event")
     if not ops:
         raise FlintError(f"{path} has no XLA op events (no `hlo_op`): not a JAX profile of "
                          f"a compiled step")
@@ -96,8 +98,9 @@ def read_jax_profile(path, module: str | None = None, events=None) -> MeasuredTr
     elif module not in time_by_module:
         raise FlintError(f"{path} has no executions of module {module!r} "
                          f"(it has: {', '.join(sorted(time_by_module))})")
-    process = {e.get("pid"): e.get("args", {}).get("name", "") for e in events
-               if e.get("ph") == "M" and e.get("name") == "process_name"}
+    process = {e.get("pid"): e["args"].get("name", "") for e in events
+               if e.get("ph") == "M" and e.get("name") == "process_name"
+               and isinstance(e.get("args"), dict)}
     spans: dict[str, dict[str, list[float]]] = defaultdict(dict)
     per_op: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
     for e in ops:

@@ -78,8 +78,10 @@ class _Archive:
         import pyarrow.parquet as pq
 
         df = self.read(parquet, lambda b: pq.read_table(io.BytesIO(b), columns=_columns(
-            pq.ParquetFile(io.BytesIO(b)).schema_arrow.names)).to_pandas())
-        names = df["Name"].fillna("")
+            pq.ParquetFile(io.BytesIO(b)).schema_arrow.names, f"{path}: {parquet}")).to_pandas())
+        names = df["Name"].fillna("").astype(str)
+        df = df.assign(Name=names)
+        self.parquet = parquet
         self.modules = df[names.str.startswith("TSL:XlaModule")].copy()
         self.modules["module"] = self.modules["Name"].str.extract(_MODULE, expand=False)
         self.modules["program"] = self.modules["Name"].str.extract(_PROGRAM, expand=False)
@@ -88,6 +90,8 @@ class _Archive:
     def read(self, member: str, decode):
         try:
             return decode(self.zip.read(member))
+        except FlintError:
+            raise
         except MemoryError:
             raise FlintError(f"{self.path}: out of memory reading {member}") from None
         except Exception as e:  # noqa: BLE001 - corrupt members surface as many error types
@@ -105,6 +109,14 @@ class _Archive:
         return next((n for n in found if prefix and prefix in n), found[0] if found else None)
 
     def runs(self, module: str, prefix: str) -> tuple[list[ModuleRun], str | None]:
+        try:
+            return self._runs(module, prefix)
+        except (ValueError, TypeError, OverflowError) as e:
+            raise FlintError(f"{self.path}: malformed row in {self.parquet}: "
+                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                             ) from None
+
+    def _runs(self, module: str, prefix: str) -> tuple[list[ModuleRun], str | None]:
         """(the executions of `module` with their leaf thunk times, its program id). A module
         compiled more than once (same name, several program ids) is taken at its busiest."""
         mods = self.modules[self.modules["module"] == module]
@@ -123,6 +135,8 @@ class _Archive:
         runs = {rid: ModuleRun(dev, int(start), int(dur)) for rid, dev, start, dur
                 in zip(mods["RangeId"], devices, mods["Projected Start"],
                        mods["Projected Duration"])}
+        if any(r.duration_ns < 0 for r in runs.values()):
+            raise ValueError("a negative module duration")
         thunks = self.thunks
         parent_of = dict(zip(thunks["RangeId"], thunks["ParentId"]))
         has_child = set(thunks["ParentId"])

@@ -47,7 +47,7 @@ def samples_from_nccl(path) -> list[CollectiveSample]:
     from flint.validate.kineto import nccl_kernels, read_kineto
 
     groups: dict[tuple, list] = defaultdict(list)
-    for k in nccl_kernels(read_kineto(path)):
+    for k in nccl_kernels(read_kineto(path), str(path)):
         kind = _NCCL_TYPES.get(k.collective.lower())
         if kind and k.group_size > 1:
             groups[(kind, k.in_bytes, k.out_bytes, k.group_size)].append(k.duration_s)
