@@ -47,15 +47,23 @@ LAYOUT: dict[str, Any] = {
         "peak_flops": {dtype: Figure("flops") for dtype in DTYPES},
         "clock": Figure("frequency"),
         "cores": Figure("count", integer=True, maximum=2**20),
+        "matrix_unit": Figure("count", integer=True, maximum=4096),
+        # kernel model (kernels.py): achievable shares of the peaks, and the floor
+        "gemm_fraction": Figure("ratio", maximum=1),
+        "attention_fraction": Figure("ratio", maximum=1),
+        "attention_fraction_native": Figure("ratio", maximum=1),
+        "vector_fraction": Figure("ratio", maximum=1),
+        "kernel_floor": Figure("time"),
     },
     "memory": {
         "hbm_capacity": Figure("bytes", required=True),
         "hbm_bandwidth": Figure("bandwidth", required=True),
         "l2_cache": Figure("bytes", positive=False),
+        "hbm_fraction": Figure("ratio", maximum=1),
     },
     "interconnect": {
         level: {"name": TEXT, "bandwidth_per_direction": Figure("bandwidth"),
-                "latency": Figure("time", positive=False)}
+                "latency": Figure("time", positive=False), "link": TEXT}
         for level in ("scale_up", "scale_out")
     },
     "system": {

@@ -28,9 +28,13 @@ _PROGRAM = re.compile(r"program_id=(\d+)")
 _COLUMNS = ["Name", "Projected Start", "Projected Duration", "TID", "RangeId", "ParentId"]
 
 
-def _columns(present: list[str]) -> list[str]:
+def _columns(present: list[str], where: str = "the trace table") -> list[str]:
     """The columns read (only those used: a long trace has millions of rows); PID when
     there, to tell processes apart in a merged archive."""
+    missing = [c for c in _COLUMNS if c not in present]
+    if missing:
+        raise FlintError(f"{where} lacks the column(s) {', '.join(missing)} "
+                         f"(not an nsys-jax trace table)")
     return _COLUMNS + [c for c in ("PID",) if c in present]
 
 
