@@ -99,7 +99,7 @@ def test_join_by_time_without_external_ids_and_unlinked_kernels(tmp_path):
     assert gemm.op == "mm" and gemm.flops == 2 * 4 * 8 * 16 and gemm.operands[0] == "f32[4,8]"
     assert attn.meta["attention"] == {"batch": 2, "heads": 8, "kv_heads": 2, "seq_q": 128,
                                       "seq_kv": 128, "head_dim": 64, "causal": False,
-                                      "backward": False, "dtype": "bf16"}
+                                      "backward": False, "dtype": "bf16", "impl": "flash2"}
     assert attn.flops == 4 * 2 * 8 * 128 * 128 * 64
     with pytest.raises(FlintError, match="no ProfilerStep#5"):
         step_kernels(events, 5)
