@@ -75,7 +75,7 @@ def _number(v):
 
 
 NODE_META = {"phase": _vocab("forward", "backward", "optimizer", "unknown"),
-             "task": _vocab("pre", "F", "B", "post", "p2p"),
+             "task": _vocab("pre", "F", "B", "R", "post", "p2p"),
              "device": _int, "chunk": _int, "microbatch": _int, "template": _int,
              "async": lambda v: isinstance(v, bool), "recorded_s": _number}
 

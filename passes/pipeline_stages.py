@@ -1,8 +1,11 @@
 """Where each node of a training step goes in a pipeline, and in what order stages run.
 
 Three questions, answered on the per-device graph of one microbatch:
-- `task_of`: is a node per-microbatch forward work (F), backward work (B), or once-per-step
-  work before the pipeline (pre: parameter casts) or after it (post: the optimizer)?
+- `task_of`: is a node per-microbatch forward work (F), backward work (B), once-per-step
+  gradient reduction (R: the data-parallel all-reduce / reduce-scatter of the accumulated
+  gradients and what follows it up to the optimizer, run with the last microbatch's
+  backward), or once-per-step work before the pipeline (pre: parameter casts) or after it
+  (post: the optimizer)?
 - `assign_chunks`: which model chunk (pipeline stage, or virtual stage when interleaved)
   runs it. `layers` splits contiguous blocks of layers (as Megatron-LM and torchtitan
   do); `time` cuts the forward and the backward op sequences into pieces of equal
@@ -48,8 +51,8 @@ def arguments_by_layer(graph: WorkloadGraph) -> tuple[dict[int, float], float]:
 
 
 def task_of(graph: WorkloadGraph) -> list[str]:
-    """'pre' | 'F' | 'B' | 'post' per node, from the phase the front end recorded and the
-    node's place in the schedule (recomputation inside the backward counts as B)."""
+    """'pre' | 'F' | 'B' | 'R' | 'post' per node, from the phase the front end recorded and
+    the node's place in the schedule (recomputation inside the backward counts as B)."""
     phases = [n.meta.get("phase") for n in graph.nodes]
     first_f = next((i for i, p in enumerate(phases) if p == "forward"), None)
     backward = [i for i, p in enumerate(phases) if p == "backward"]
@@ -82,7 +85,28 @@ def task_of(graph: WorkloadGraph) -> list[str]:
                 t = "B"
             if t != tasks[i]:
                 tasks[i], changed = t, True
+    _mark_gradient_reduction(graph, tasks)
     return tasks
+
+
+def _mark_gradient_reduction(graph: WorkloadGraph, tasks: list[str]) -> None:
+    """Backward nodes that only feed the optimizer, starting from a collective (the
+    data-parallel reduction of a gradient, its casts and scaling): frameworks accumulate
+    gradients over microbatches and reduce them once per step (Megatron-LM's
+    --overlap-grad-reduce, torch DDP's no_sync, XLA's gradient accumulation), overlapped
+    with the last microbatch's backward. They become 'R' work, emitted once."""
+    users = graph.users
+    tail = [False] * len(tasks)
+    for i in range(len(tasks) - 1, -1, -1):   # a B value nothing reads is a step output
+        if tasks[i] == "B":
+            tail[i] = all(tasks[u] == "post" or tail[u] for u in users[i])
+    # Only the part at and after a collective is reduction: a weight-gradient GEMM that
+    # feeds it is per-microbatch work (it accumulates into the gradient buffer).
+    for n in graph.nodes:
+        i = n.id
+        if tail[i] and (n.collective is not None
+                        or any(tasks[d] == "R" for d in n.inputs)):
+            tasks[i] = "R"
 
 
 def assign_chunks(graph: WorkloadGraph, tasks: list[str], chunks: int, split: str,
@@ -248,6 +272,10 @@ def _make_monotone(graph, tasks, chunk) -> None:
 
 
 def _place_once_per_step(graph, tasks, chunk) -> None:
+    for n in graph.nodes:                # R: with its gradient's producer
+        if tasks[n.id] == "R":
+            src = [chunk[i] for i in n.inputs if chunk[i] is not None]
+            chunk[n.id] = max(src, default=0)
     users = graph.users
     for n in reversed(graph.nodes):      # pre: with the earliest consumer
         if tasks[n.id] == "pre":
