@@ -23,6 +23,8 @@ from flint.graph import WorkloadGraph
 from flint.hlo.shapes import shapes_bytes
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+# Mesh axes over which gradients are reduced (flint.models.train's batch and FSDP axes).
+DATA_PARALLEL_AXES = ("data", "dp", "batch", "replica", "fsdp", "zero")
 SPLITS = ("layers", "time")
 _LAYER = re.compile(r"(?:^|[^a-z])(?:layers?|blocks?|h)[._\[\]'\"/]*(\d+)", re.I)
 
@@ -100,13 +102,23 @@ def _mark_gradient_reduction(graph: WorkloadGraph, tasks: list[str]) -> None:
     for i in range(len(tasks) - 1, -1, -1):   # a B value nothing reads is a step output
         if tasks[i] == "B":
             tail[i] = all(tasks[u] == "post" or tail[u] for u in users[i])
-    # Only the part at and after a collective is reduction: a weight-gradient GEMM that
-    # feeds it is per-microbatch work (it accumulates into the gradient buffer).
+    # Only the part at and after a collective over a data-parallel axis is reduction: the
+    # weight-gradient GEMM that feeds it is per-microbatch work (it accumulates into the
+    # gradient buffer), and so is a tensor-parallel all-reduce whose result only the
+    # weight gradients of the first layer read.
     for n in graph.nodes:
         i = n.id
-        if tail[i] and (n.collective is not None
+        if tail[i] and (_reduces_over_data(graph, n)
                         or any(tasks[d] == "R" for d in n.inputs)):
             tasks[i] = "R"
+
+
+def _reduces_over_data(graph: WorkloadGraph, node) -> bool:
+    c = node.collective
+    if c is None or c.type not in ("all-reduce", "reduce-scatter"):
+        return False
+    axes = graph.communicators[c.communicator].mesh_axes
+    return any(a in DATA_PARALLEL_AXES for a in axes)
 
 
 def assign_chunks(graph: WorkloadGraph, tasks: list[str], chunks: int, split: str,
@@ -125,6 +137,7 @@ def assign_chunks(graph: WorkloadGraph, tasks: list[str], chunks: int, split: st
     else:
         raise FlintError(f"unknown pipeline split {split!r}; use {' | '.join(SPLITS)}")
     _follow_saved_activations(graph, tasks, chunk, chunks)
+    _sources_with_consumers(graph, tasks, chunk)
     _make_monotone(graph, tasks, chunk)
     _place_once_per_step(graph, tasks, chunk)
     return [c if c is not None else 0 for c in chunk]
@@ -259,6 +272,22 @@ def _crossing_bytes(graph, ids) -> list[float]:
             ends[last_use[i]] += size[k]
     out[len(ids)] = live - ends[len(ids)]
     return out
+
+
+def _sources_with_consumers(graph, tasks, chunk) -> None:
+    """F/B nodes that read no other node (a weight cast for the head, zeros for the
+    embedding's gradient) run where they are read, not on the first or last chunk by
+    default: no stage sends another a value it could make itself. F data may flow to
+    later chunks, B data to earlier ones, so F sources take their earliest consumer's
+    chunk and B sources their latest."""
+    users = graph.users
+    for n in graph.nodes:
+        t = tasks[n.id]
+        if t not in "FB" or n.inputs:
+            continue
+        dst = [chunk[u] for u in users[n.id] if tasks[u] in "FB" and chunk[u] is not None]
+        if dst:
+            chunk[n.id] = min(dst) if t == "F" else max(dst)
 
 
 def _make_monotone(graph, tasks, chunk) -> None:
