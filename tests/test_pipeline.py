@@ -159,18 +159,19 @@ def test_real_graph_pipeline(tiny_unrolled):
 
 @pytest.fixture(scope="module")
 def tiny_unrolled():
+    """The tiny zoo model's step, 2 layers unrolled, data-parallel over 2 devices."""
     from flint.sweep import extract_program
 
-    return extract_program({"framework": "jax", "model": "tiny", "devices": 1,
-                            "mesh": [["data", 1]], "batch_per_replica": 2, "remat": "none",
+    return extract_program({"framework": "jax", "model": "tiny", "devices": 2,
+                            "mesh": [["data", 2]], "batch_per_replica": 2, "remat": "none",
                             "sequence_parallel": False, "scan": False, "seq_len": 0,
                             "layers": 0, "hardware": "h100-sxm"})
 
 
-def test_data_parallel_gradients_are_reduced_once_per_step(tiny_dp_unrolled):
+def test_data_parallel_gradients_are_reduced_once_per_step(tiny_unrolled):
     """Gradient accumulation over microbatches, one data-parallel reduction per parameter
     per step, inside the last microbatch's backward (Megatron-LM, XLA)."""
-    g = tiny_dp_unrolled
+    g = tiny_unrolled
     tasks = task_of(g)
     reductions = [n for n, t in zip(g.nodes, tasks) if t == "R" and n.collective is not None]
     assert reductions and all(n.collective.type in ("all-reduce", "reduce-scatter")
@@ -198,14 +199,6 @@ def test_data_parallel_gradients_are_reduced_once_per_step(tiny_dp_unrolled):
     assert first_r < last_b
 
 
-@pytest.fixture(scope="module")
-def tiny_dp_unrolled():
-    from flint.sweep import extract_program
-
-    return extract_program({"framework": "jax", "model": "tiny", "devices": 2,
-                            "mesh": [["data", 2]], "batch_per_replica": 2, "remat": "none",
-                            "sequence_parallel": False, "scan": False, "seq_len": 0,
-                            "layers": 0, "hardware": "h100-sxm"})
 
 
 def test_stage_boundaries_use_the_link_they_cross():
@@ -221,3 +214,27 @@ def test_stage_boundaries_use_the_link_they_cross():
             durations[(n.meta["device"], g.nodes[user].meta["device"])] = f - s
     nvlink, nic = durations[(0, 1)], durations[(3, 4)]
     assert durations[(2, 3)] == pytest.approx(nvlink) and nic > 2 * nvlink
+
+
+def test_layer_template_rebuilds_the_whole_model(tiny_unrolled):
+    """Two extracted layers stand for four: the step, its flops-free layer nodes priced
+    from the template, within a few percent of the 4-layer extraction, pipelined alike."""
+    from flint.passes.layer_template import LayerTemplate
+    from flint.sweep import extract_program
+
+    four = extract_program({"framework": "jax", "model": "tiny", "devices": 2,
+                            "mesh": [["data", 2]], "batch_per_replica": 2, "remat": "none",
+                            "sequence_parallel": False, "scan": False, "seq_len": 0,
+                            "layers": 4, "hardware": "h100-sxm"})
+    layered = LayerTemplate(4, "h100-sxm").run(tiny_unrolled)
+    assert layered.meta["priced_for"] == "h100-sxm"
+    assert sum(n.name.startswith("fwd.layer_") for n in layered.nodes) == 4
+    params = {name for name, _ in four.meta["arguments"]}
+    assert {name for name, _ in layered.meta["arguments"]} == params
+    full, templ = estimate(four, "h100-sxm"), estimate(layered, "h100-sxm")
+    assert templ.step_time_s == pytest.approx(full.step_time_s, rel=0.1)
+    a = estimate(PipelineParallel(2, 4).run(four), "h100-sxm").step_time_s
+    b = estimate(PipelineParallel(2, 4).run(layered), "h100-sxm").step_time_s
+    assert b == pytest.approx(a, rel=0.15)
+    with pytest.raises(FlintError, match="at least 2"):
+        LayerTemplate(4, "h100-sxm").run(uniform_model(1))
