@@ -23,8 +23,9 @@ from flint.graph import WorkloadGraph
 from flint.hlo.shapes import shapes_bytes
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-# Mesh axes over which gradients are reduced (flint.models.train's batch and FSDP axes).
-DATA_PARALLEL_AXES = ("data", "dp", "batch", "replica", "fsdp", "zero")
+# Mesh axes over which gradients are reduced (flint.models.train's batch, FSDP and
+# context-parallel axes: each holds a different slice of the tokens).
+DATA_PARALLEL_AXES = ("data", "dp", "batch", "replica", "fsdp", "zero", "context", "cp")
 SPLITS = ("layers", "time")
 _LAYER = re.compile(r"(?:^|[^a-z])(?:layers?|blocks?|h)[._\[\]'\"/]*(\d+)", re.I)
 
