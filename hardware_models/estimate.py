@@ -152,7 +152,10 @@ def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
         busy["compute"] = pipeline["compute_busy_s"][worst]
         comm = pipeline["communication_busy_s"][worst]
         flops /= pipeline["devices"]
-        exposed = _exposed_communication(flat, tl, durations, worst)
+        # The compute stream's waits inside the pipeline are the schedule's bubble or
+        # communication: only the latter is exposed communication.
+        exposed = max(_exposed_communication(flat, tl, durations, worst)
+                      - pipeline["bubble_s"][worst], 0.0)
     else:
         exposed = _exposed_communication(flat, tl, durations)
     memory = memory or estimate_memory(graph)

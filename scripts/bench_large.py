@@ -45,6 +45,10 @@ def main() -> int:
     ap.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved"))
     ap.add_argument("--virtual", type=int, default=2, help="chunks per stage (interleaved)")
     ap.add_argument("--hardware", default="a100-80gb-sxm")
+    ap.add_argument("--sequence-parallel", action="store_true",
+                    help="shard activations' sequence dim over TP (stage boundaries then "
+                         "send 1/TP of an activation per rank, as Megatron-LM's "
+                         "scatter/gather of boundary tensors does)")
     args = ap.parse_args()
     os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
     from flint.hardware_models.estimate import estimate
@@ -63,7 +67,8 @@ def main() -> int:
     template = extract_program({"framework": "jax", "model": cfg.name, "devices": dp * TP,
                                 "mesh": [["data", dp], ["model", TP]],
                                 "batch_per_replica": MICROBATCH, "remat": "full",
-                                "sequence_parallel": False, "scan": False, "seq_len": SEQ,
+                                "sequence_parallel": args.sequence_parallel, "scan": False,
+                                "seq_len": SEQ,
                                 "layers": TEMPLATE_LAYERS, "hardware": args.hardware})
     t1 = time.perf_counter()
     layered = LayerTemplate(LAYERS, args.hardware).run(template)
@@ -81,7 +86,8 @@ def main() -> int:
     print(f"GPT {params / 1e12:.3f}T parameters ({LAYERS} layers, hidden {HIDDEN}, {HEADS} "
           f"heads, seq {SEQ}), {GPUS} x {args.hardware}: TP{TP} x PP{PP} x DP{dp}, "
           f"{args.schedule}" + (f" v={virtual}" if virtual > 1 else "")
-          + f", {microbatches} microbatches of {MICROBATCH}")
+          + f", {microbatches} microbatches of {MICROBATCH}"
+          + (", sequence parallel" if args.sequence_parallel else ""))
     print(f"extract template ({TEMPLATE_LAYERS} layers, {dp * TP} compile-only GPUs, "
           f"{len(template.nodes)} nodes): {t1 - t0:6.1f} s")
     print(f"layer template -> {LAYERS} layers ({len(layered.nodes)} nodes):"
