@@ -95,6 +95,9 @@ class _Builder:
         self.windows: list[tuple[Node, tuple[int, int], int]] = []
         self.members: dict[tuple[str, int], list[int]] = {}
         self.last = cfg.microbatches - 1
+        self.gate: list[int] = []                        # RECVs the next node waits for
+        self.deferred: list[tuple] | None = None         # sends held to a task's end
+        self.sent: dict[tuple[int, int, int], int] = {}  # (template, mb, device) -> SEND
         for n in graph.nodes:
             self.members.setdefault(self.group(n.id), []).append(n.id)
             dev = self.device(n.id)
@@ -153,9 +156,24 @@ class _Builder:
         return True
 
     def emit_task(self, phase: str, mb: int, c: int) -> None:
-        for t in self.members.get((phase, c), ()):
-            if self.runs(t, mb):
-                self.emit_node(t, phase, mb, c)
+        """A stage runs a task once everything it receives has arrived (Megatron-LM's
+        blocking recv_forward / recv_backward before the stage's compute): the task's
+        RECVs come first and gate its first node."""
+        members = [t for t in self.members.get((phase, c), ()) if self.runs(t, mb)]
+        dev = c % self.p
+        self.gate = sorted({self.receive(i, self.instance(i, phase, mb), dev)
+                            for t in members for i in self.g.nodes[t].inputs
+                            if self.device(i) != dev})
+        # ... and sends what it produced for other stages when it is done (send_forward /
+        # send_backward after the stage's forward or backward step).
+        self.deferred = []
+        for t in members:
+            self.emit_node(t, phase, mb, c)
+        done, self.deferred = self.deferred, None
+        for t, node_id, dev_, mb_, c_ in done:
+            for dst in self.send_to[t]:
+                self.p2p(NodeKind.SEND, self.g.nodes[t], [node_id], dev_, dst, mb_, c_,
+                         control=[len(self.nodes) - 1])
 
     def instance(self, i: int, phase: str, mb: int) -> int:
         """Which microbatch's copy of node i a node of `phase` in microbatch `mb` reads:
@@ -183,7 +201,9 @@ class _Builder:
         node.inputs = inputs
         control = ((i, self.instance(i, phase, mb)) for i in old.control
                    if self.device(i) == dev)
-        node.control = sorted({self.copy[key] for key in control if key in self.copy})
+        node.control = sorted({self.copy[key] for key in control if key in self.copy}
+                              | set(self.gate))
+        self.gate = []
         node.meta = dict(old.meta, device=dev, chunk=c, template=t,
                          task="R" if self.tasks[t] == "R" else phase)
         if phase in "FB":
@@ -196,20 +216,24 @@ class _Builder:
                 self.windows.append((node, old.collective.window, mb))
         self.nodes.append(node)
         self.copy[(t, mb)] = node.id
+        if self.deferred is not None:
+            if self.send_to[t]:
+                self.deferred.append((t, node.id, dev, mb, c))
+            return
         for dst in self.send_to[t]:
             self.p2p(NodeKind.SEND, old, [node.id], dev, dst, mb, c)
 
     def receive(self, template: int, mb: int, dev: int) -> int:
         key = (template, mb, dev)
         if key not in self.recv:
-            send = self.copy[(template, mb)] + 1 + self.send_to[template].index(dev)
+            send = self.sent[(template, mb, dev)]
             old = self.g.nodes[template]
             self.recv[key] = self.p2p(NodeKind.RECV, old, [send], self.device(template), dev,
                                       mb, self.chunk[template])
         return self.recv[key]
 
     def p2p(self, kind: NodeKind, old: Node, inputs, src: int, dst: int, mb: int,
-            c: int) -> int:
+            c: int, control=()) -> int:
         nbytes = shapes_bytes(old.outputs)
         comm = self.pairs.get((src, dst))
         if comm is None:
@@ -218,13 +242,16 @@ class _Builder:
         verb = "send" if kind == NodeKind.SEND else "recv"
         dev = src if kind == NodeKind.SEND else dst
         node = Node(len(self.nodes), f"{verb}.{old.name}.mb{mb}", kind, verb, "p2p",
-                    inputs=list(inputs), bytes_read=nbytes if kind == NodeKind.SEND else 0,
+                    inputs=list(inputs), control=sorted(set(control) - set(inputs)),
+                    bytes_read=nbytes if kind == NodeKind.SEND else 0,
                     bytes_written=nbytes if kind == NodeKind.RECV else 0,
                     outputs=list(old.outputs) if kind == NodeKind.RECV else [],
                     collective=Collective(verb, comm, nbytes, nbytes, _dtype(old), None, True),
                     meta={"device": dev, "chunk": c, "microbatch": mb, "task": "p2p",
                           "phase": old.meta.get("phase"), "layer": old.meta.get("layer")})
         self.nodes.append(node)
+        if kind == NodeKind.SEND:
+            self.sent[(old.id, mb, dst)] = node.id
         return node.id
 
     def graph(self) -> WorkloadGraph:

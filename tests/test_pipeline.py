@@ -155,6 +155,11 @@ def test_real_graph_pipeline(tiny_unrolled):
     e = estimate(pg, "h100-sxm")
     assert 0 < e.pipeline["bubble_fraction"] < 1
     assert e.mfu is not None and e.mfu > 0
+    # no stage sends another a large value it could make itself (weight casts, zero
+    # buffers; XLA's shared RoPE tables, a few KiB, still travel)
+    for n in pg.nodes:
+        if n.kind == NodeKind.SEND and n.collective.bytes_in > 2**16:
+            assert g.nodes[pg.nodes[n.inputs[0]].meta["template"]].inputs
 
 
 @pytest.fixture(scope="module")
