@@ -302,10 +302,11 @@ def _make_monotone(graph, tasks, chunk) -> None:
 
 
 def _place_once_per_step(graph, tasks, chunk) -> None:
-    for n in graph.nodes:                # R: with its gradient's producer
-        if tasks[n.id] == "R":
-            src = [chunk[i] for i in n.inputs if chunk[i] is not None]
-            chunk[n.id] = max(src, default=0)
+    for n in graph.nodes:                # R: with its gradients' producers; B data flows
+        if tasks[n.id] == "R":           # to equal or earlier chunks (no cycle)
+            src = [chunk[i] for i in n.inputs if tasks[i] in "BR" and chunk[i] is not None]
+            chunk[n.id] = min(src or [chunk[i] for i in n.inputs if chunk[i] is not None],
+                              default=0)
     users = graph.users
     for n in reversed(graph.nodes):      # pre: with the earliest consumer
         if tasks[n.id] == "pre":
