@@ -170,10 +170,11 @@ class _Builder:
         for t in members:
             self.emit_node(t, phase, mb, c)
         done, self.deferred = self.deferred, None
+        end = len(self.nodes) - 1
         for t, node_id, dev_, mb_, c_ in done:
             for dst in self.send_to[t]:
                 self.p2p(NodeKind.SEND, self.g.nodes[t], [node_id], dev_, dst, mb_, c_,
-                         control=[len(self.nodes) - 1])
+                         control=[end])
 
     def instance(self, i: int, phase: str, mb: int) -> int:
         """Which microbatch's copy of node i a node of `phase` in microbatch `mb` reads:
