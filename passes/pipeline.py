@@ -170,7 +170,9 @@ class _Builder:
         for t in members:
             self.emit_node(t, phase, mb, c)
         done, self.deferred = self.deferred, None
-        end = len(self.nodes) - 1
+        # the step's end: its last F/B node (the gradient reduction runs on past it)
+        end = max((self.copy[(t, mb)] for t in members if self.tasks[t] != "R"),
+                  default=len(self.nodes) - 1)
         for t, node_id, dev_, mb_, c_ in done:
             for dst in self.send_to[t]:
                 self.p2p(NodeKind.SEND, self.g.nodes[t], [node_id], dev_, dst, mb_, c_,
