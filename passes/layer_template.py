@@ -14,7 +14,10 @@ model's step at layer granularity for `PipelineParallel`:
 - per layer, the once-per-step gradient reduction (the template's R collectives, scaled
   by the layer's share of the parameters) and the parameter casts and optimizer update;
 - the arguments (parameters, optimizer state) of every layer, so that memory per stage
-  is the model's.
+  is the model's, and the model flops (for MFU) scaled by the layers' share of the
+  template's flops.
+
+The nodes carry times, not flops: HFU and flops per device read 0 on such a graph.
 
 Times come from the cost model of `hardware` and are stored on the nodes (meta
 `recorded_s`): the graph is priced for that hardware, which `meta["priced_for"]` says.
@@ -40,7 +43,7 @@ class LayerTemplate:
     embedding and head), per-layer R collectives and pre/post work, whose node times are
     the template's on `hardware`. Raises FlintError when the template has no layers."""
 
-    layers: int
+    layers: int = 0             # the whole model's layer count (0: the template's own)
     hardware: str = ""
     name: str = "layer-template"
 
@@ -55,6 +58,9 @@ class LayerTemplate:
         if len(indices) < 2:
             raise FlintError("a layer template needs at least 2 unrolled layers labelled "
                              "layer_<i> (extract with --unroll and --layers >= 2)")
+        if self.layers < 0:
+            raise FlintError(f"layer-template: layers must be >= 0, not {self.layers}")
+        layers = self.layers or indices[-1] + 1
         flat, durations, model = node_durations(flat, self.hardware or None)
         # The once-per-step reduction runs in its own nodes: leave it out of layer times.
         quiet = [0.0 if t == "R" else d for t, d in zip(tasks, durations)]
@@ -71,12 +77,24 @@ class LayerTemplate:
         once = {t: sum(d for d, tt in zip(durations, tasks) if tt == t) for t in ("pre", "post")}
         layer_f = sum(spent.get(("F", i), 0.0) for i in indices) / len(indices)
         layer_b = sum(spent.get(("B", i), 0.0) for i in indices) / len(indices)
+        # Model flops grow with the layers; the embedding's and head's do not.
+        work: dict = {}
+        for n, key in zip(flat.nodes, blocks):
+            if key is not None:
+                work[key[1]] = work.get(key[1], 0.0) + n.flops * n.repeat
+        per_layer_flops = sum(work.get(i, 0.0) for i in indices) / len(indices)
+        total = sum(work.values())
+        flops_ratio = ((total + (layers - len(indices)) * per_layer_flops) / total
+                       if total else 1.0)
         owned, rest = arguments_by_layer(flat)
         per_layer = sum(owned.values()) / max(len(owned), 1)
         template_params = sum(owned.values()) + rest
-        return _Writer(flat, tasks, blocks, self, indices).write(
+        out = _Writer(flat, tasks, blocks, layers, indices).write(
             layer_f, layer_b, spent, once, per_layer / template_params,
             rest / template_params, model.spec.name)
+        if "model_flops_per_device" in out.meta:
+            out.meta["model_flops_per_device"] *= flops_ratio
+        return out
 
 
 def _blocks(graph: WorkloadGraph, tasks: list[str]) -> list:
@@ -100,14 +118,14 @@ def _blocks(graph: WorkloadGraph, tasks: list[str]) -> list:
 
 
 class _Writer:
-    def __init__(self, flat, tasks, blocks, cfg: LayerTemplate, indices):
-        self.g, self.tasks, self.blocks, self.cfg = flat, tasks, blocks, cfg
+    def __init__(self, flat, tasks, blocks, layers: int, indices):
+        self.g, self.tasks, self.blocks, self.layers = flat, tasks, blocks, layers
         self.a, self.b = indices[0], indices[1]
         self.nodes: list[Node] = []
 
     def add(self, name, phase, label, seconds, inputs, outputs=(), kind=NodeKind.COMPUTE,
             collective=None) -> int:
-        meta = {"phase": phase, "layer": label}
+        meta = {"layer": label} if phase is None else {"phase": phase, "layer": label}
         if collective is None:
             meta["recorded_s"] = seconds
         self.nodes.append(Node(len(self.nodes), name, kind, "layer" if collective is None
@@ -140,7 +158,7 @@ class _Writer:
 
     def write(self, layer_f, layer_b, spent, once, layer_share, rest_share,
               hardware) -> WorkloadGraph:
-        L = self.cfg.layers
+        L = self.layers
         act = self.crossing(("F", self.a), ("F", self.b))
         grad = self.crossing(("B", self.b), ("B", self.a))
         names = [f"layer_{j}" for j in range(L)]

@@ -251,7 +251,8 @@ class _Builder:
                     outputs=list(old.outputs) if kind == NodeKind.RECV else [],
                     collective=Collective(verb, comm, nbytes, nbytes, _dtype(old), None, True),
                     meta={"device": dev, "chunk": c, "microbatch": mb, "task": "p2p",
-                          "phase": old.meta.get("phase"), "layer": old.meta.get("layer")})
+                          "phase": old.meta.get("phase") or "unknown",
+                          "layer": old.meta.get("layer")})
         self.nodes.append(node)
         if kind == NodeKind.SEND:
             self.sent[(old.id, mb, dst)] = node.id

@@ -231,7 +231,8 @@ def test_layer_template_rebuilds_the_whole_model(tiny_unrolled):
                             "mesh": [["data", 2]], "batch_per_replica": 2, "remat": "none",
                             "sequence_parallel": False, "scan": False, "seq_len": 0,
                             "layers": 4, "hardware": "h100-sxm"})
-    layered = LayerTemplate(4, "h100-sxm").run(tiny_unrolled)
+    (template,) = parse_pipeline("layer-template{layers=4,hardware=h100-sxm}")
+    layered = template.run(tiny_unrolled)
     assert layered.meta["priced_for"] == "h100-sxm"
     assert sum(n.name.startswith("fwd.layer_") for n in layered.nodes) == 4
     params = {name for name, _ in four.meta["arguments"]}
