@@ -96,8 +96,12 @@ def render_estimate(e: dict, console: Console) -> None:
                  f"microbatches" if "stages" in pipe else f"{pipe['devices']} devices")
         t.add_row("pipeline / placement", label)
         if "stages" in pipe:
-            t.add_row("pipeline bubble", f"{100 * pipe['bubble_fraction']:.1f} % of the "
-                      f"pipelined {fmt_seconds(pipe['pipelined_s'])}")
+            t.add_row("pipeline bubble (schedule)", f"{100 * pipe['bubble_fraction']:.1f} % "
+                      f"of the pipelined part with free communication")
+            if "comm_wait_fraction" in pipe:
+                t.add_row("pipeline communication wait",
+                          f"{100 * pipe['comm_wait_fraction']:.1f} % of the pipelined "
+                          f"{fmt_seconds(pipe['pipelined_s'])}")
         busy = pipe["compute_busy_s"]
         t.add_row("busiest / idlest device", f"{fmt_seconds(max(busy))} / "
                   f"{fmt_seconds(min(busy))} busy")

@@ -110,6 +110,7 @@ class Evaluator:
                 "compute_busy_s": e.compute_busy_s,
                 "exposed_communication_s": e.exposed_communication_s,
                 "bubble_fraction": e.pipeline.get("bubble_fraction", 0.0),
+                "comm_wait_fraction": e.pipeline.get("comm_wait_fraction", 0.0),
                 "extracted": extracted, "estimate_s": time.perf_counter() - t1,
                 "time_s": time.perf_counter() - t0}
 

@@ -59,28 +59,49 @@ def _exposed_communication(graph: WorkloadGraph, tl: Timeline, durations: list[f
 
 
 def _per_device(graph: WorkloadGraph, tl: Timeline, durations: list[float]) -> dict:
-    """Each device's busy time, and the pipeline bubble: the time inside the pipelined
-    part (first to last per-microbatch node anywhere) a device's compute stream is idle."""
+    """Each device's busy time, the pipeline bubble and the communication wait.
+
+    The bubble is the schedule's: a device's compute-stream idle time inside the pipelined
+    part (first to last per-microbatch node anywhere) when every communication (SEND/RECV,
+    collectives) takes no time, the setting of the closed form (p-1)/(v*m) of bubble over
+    ideal time. What the device idles beyond that in the real timeline is communication
+    wait, reported on its own (`comm_wait_s`)."""
     devices = int(graph.meta.get("mpmd_devices", 1))
     busy = [0.0] * devices
     comm = [0.0] * devices
+    for stream, dev, d in zip(tl.stream, tl.device, durations):
+        if stream == "compute":
+            busy[dev] += d
+        else:
+            comm[dev] += d
+    window, idle, _ = _pipelined_idle(graph, tl, durations, devices)
+    free = [0.0 if n.collective is not None else d for n, d in zip(graph.nodes, durations)]
+    ideal_window, bubble, ideal_busy = _pipelined_idle(graph, simulate(graph, free), free,
+                                                       devices)
+    wait = [max(i - b, 0.0) for i, b in zip(idle, bubble)]
+    mean_busy = sum(ideal_busy) / devices
+    return {"devices": devices, "compute_busy_s": busy, "communication_busy_s": comm,
+            "pipelined_s": window, "bubble_s": bubble, "comm_wait_s": wait,
+            "bubble_fraction": (sum(bubble) / devices / ideal_window if ideal_window
+                                else 0.0),
+            "bubble_over_ideal": sum(bubble) / devices / mean_busy if mean_busy else 0.0,
+            "comm_wait_fraction": sum(wait) / devices / window if window else 0.0,
+            **graph.meta.get("pipeline", {})}
+
+
+def _pipelined_idle(graph: WorkloadGraph, tl: Timeline, durations: list[float],
+                    devices: int) -> tuple[float, list[float], list[float]]:
+    """(the pipelined window, each device's compute-stream idle time in it, its F/B busy
+    time)."""
     in_pipe = [0.0] * devices
     lo, hi = float("inf"), 0.0
     for node, start, end, stream, dev, d in zip(graph.nodes, tl.start, tl.finish, tl.stream,
                                                 tl.device, durations):
-        if stream == "compute":
-            busy[dev] += d
-            if node.meta.get("task") in ("F", "B"):
-                in_pipe[dev] += d
-                lo, hi = min(lo, start), max(hi, end)
-        else:
-            comm[dev] += d
+        if stream == "compute" and node.meta.get("task") in ("F", "B"):
+            in_pipe[dev] += d
+            lo, hi = min(lo, start), max(hi, end)
     window = max(hi - lo, 0.0)
-    bubble = [max(window - b, 0.0) for b in in_pipe]
-    return {"devices": devices, "compute_busy_s": busy, "communication_busy_s": comm,
-            "pipelined_s": window, "bubble_s": bubble,
-            "bubble_fraction": sum(bubble) / devices / window if window else 0.0,
-            **graph.meta.get("pipeline", {})}
+    return window, [max(window - b, 0.0) for b in in_pipe], in_pipe
 
 
 def node_durations(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
@@ -133,7 +154,10 @@ def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
         busy["compute"] = pipeline["compute_busy_s"][worst]
         comm = pipeline["communication_busy_s"][worst]
         flops /= pipeline["devices"]
-        exposed = _exposed_communication(flat, tl, durations, worst)
+        # The compute stream's waits inside the pipeline are the schedule's bubble or
+        # communication: only the latter is exposed communication.
+        exposed = max(_exposed_communication(flat, tl, durations, worst)
+                      - pipeline["bubble_s"][worst], 0.0)
     else:
         exposed = _exposed_communication(flat, tl, durations)
     memory = memory or estimate_memory(graph)

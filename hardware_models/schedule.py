@@ -39,6 +39,8 @@ class Timeline:
 
 
 def stream_of(node) -> str:
+    if node.meta.get("stream"):     # a framework's own stream (FSDP2's all-gathers)
+        return node.meta["stream"]
     c = node.collective
     if c is not None and c.is_async:
         return "p2p" if node.kind in (NodeKind.SEND, NodeKind.RECV) else "collectives"
@@ -62,6 +64,7 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None) -> Tim
     last_compute: dict[int, int] = {}
     in_flight: dict[int, list[int]] = defaultdict(list)   # device -> async comm nodes
     kinds = [node.kind for node in graph.nodes]
+    own_stream = [bool(node.meta.get("stream")) for node in graph.nodes]
     for node in graph.nodes:
         i = node.id
         ready, because = 0.0, -1
@@ -72,7 +75,9 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None) -> Tim
                 ready, because = t, d
         dev = devices[i]
         s = (dev, streams[i])
-        issue = free[(dev, "compute")]
+        # Work on a framework's own stream is issued by the host ahead of the compute
+        # stream (FSDP2 prefetch): only its inputs and control edges gate it.
+        issue = 0.0 if own_stream[i] else free[(dev, "compute")]
         start_at = max(ready, issue, free[s])
         if start_at == free[s] and s in last_on and free[s] > ready:
             because = last_on[s]

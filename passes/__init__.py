@@ -23,11 +23,13 @@ class GraphPass(Protocol):
 def registry() -> dict[str, type]:
     from flint.passes.anonymize import Anonymize
     from flint.passes.expand_loops import ExpandLoops
+    from flint.passes.layer_template import LayerTemplate
     from flint.passes.pipeline import PipelineParallel
     from flint.passes.place import Place
     from flint.passes.rescale import Rescale
 
-    return {cls.name: cls for cls in (Anonymize, ExpandLoops, PipelineParallel, Place, Rescale)}
+    return {cls.name: cls for cls in (Anonymize, ExpandLoops, LayerTemplate, PipelineParallel,
+                                      Place, Rescale)}
 
 
 _ITEM = re.compile(r"\s*([\w\-]+)\s*(?:\{([^}]*)\})?\s*(?:,|$)")

@@ -8,8 +8,8 @@ repeat counts, dependencies, collectives, communicators, loops, the cluster.
 
 Meta is allow-listed (a key not listed is dropped, so a new front end's keys cannot leak).
 Node meta kept, each only with a value of the expected type:
-  phase (forward|backward|optimizer|unknown), task (pre|F|B|post|p2p), device, chunk,
-  microbatch, template, async, recorded_s;
+  phase (forward|backward|optimizer|unknown), task (pre|F|B|R|post|p2p), device, chunk,
+  microbatch, template, async, recorded_s, stream (fsdp-all-gather);
   layer, rewritten: `layer_<i>` keeps the layer index (a second label with the same index
   becomes `layer_<i>/<k>`), `optimizer` stays, any other label becomes `scope<k>`; one new
   label per distinct old one, so the groups the pipeline and placement passes form survive;
@@ -75,9 +75,10 @@ def _number(v):
 
 
 NODE_META = {"phase": _vocab("forward", "backward", "optimizer", "unknown"),
-             "task": _vocab("pre", "F", "B", "post", "p2p"),
+             "task": _vocab("pre", "F", "B", "R", "post", "p2p"),
              "device": _int, "chunk": _int, "microbatch": _int, "template": _int,
-             "async": lambda v: isinstance(v, bool), "recorded_s": _number}
+             "async": lambda v: isinstance(v, bool), "recorded_s": _number,
+             "stream": _vocab("fsdp-all-gather")}
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,10 @@ op schemas' alias annotations say).
 Collectives: DTensor's functional collectives (`_c10d_functional.*`, completed by
 `wait_tensor`) and FSDP2's in-place c10d calls (`c10d._allgather_base_`, ...; complete when
 their output is first read). Both are asynchronous with an overlap window up to that point.
+FSDP2's parameter all-gathers and their copy-ins run on FSDP2's own streams, issued by the
+host ahead of the compute stream (meta `stream`), one all-gather ahead: each copy-in waits
+for the previous all-gather's copy-out (FSDP2's rate limit), so layer i+1's all-gather
+overlaps layer i's compute in the forward and the backward alike.
 The group a collective names is expanded to every rank's group by the mesh dimensions
 rank 0's group spans, and written in XLA's iota syntax so it costs nothing per rank.
 
@@ -41,6 +45,7 @@ IN_PLACE = {"_allgather_base_": "all-gather", "allgather_": "all-gather",
             "allreduce_": "all-reduce", "allreduce_coalesced_": "all-reduce",
             "alltoall_base_": "all-to-all", "alltoall_": "all-to-all",
             "broadcast_": "collective-broadcast"}
+FSDP_STREAM = "fsdp-all-gather"
 DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32", torch.float16: "f16",
           torch.float64: "f64", torch.int64: "s64", torch.int32: "s32", torch.int16: "s16",
           torch.int8: "s8", torch.uint8: "u8", torch.bool: "pred"}
@@ -79,6 +84,9 @@ class _Lowerer:
         self.stands_for: dict = {}        # fx node -> Flint ids it stands for
         self.writer: dict = {}            # storage -> Flint id of its last in-place writer
         self.pending: dict = {}           # storage -> async collective id awaiting a reader
+        self.closed: list[int] = []       # collectives the op being lowered reads first
+        self.copy_out: dict = {}          # FSDP2 all-gather id -> its first reader
+        self.last_gather: int | None = None   # the latest FSDP2 all-gather
         self.waiting: dict = {}           # fx node of a functional collective -> Flint id
         self.comms = CommunicatorTable(cluster)
         self.regions: dict = {}           # enter-node -> region name
@@ -130,11 +138,16 @@ class _Lowerer:
                 ins = ac.tensors([a.meta.get("val") for a in _flat(n.args[1])
                                   if isinstance(a, torch.fx.Node)])
             nid = self._collective(n, IN_PLACE[name], deps, ins, outs)
+            if IN_PLACE[name] == "all-gather":
+                self._prefetch(nid)
             for key in filter(None, map(_storage, outs)):
                 self.pending[key] = nid
                 self.writer[key] = nid
         else:
             nid = self._compute(n, name, cls, deps)
+        for coll in self.closed:
+            self.copy_out[coll] = nid
+        self.closed = []
         self.stands_for[n] = [nid]
         for key in filter(None, map(_storage, self._written(n))):
             self.writer[key] = nid
@@ -150,7 +163,9 @@ class _Lowerer:
                 if key in self.writer:
                     out.add(self.writer[key])
                 if key in self.pending:        # first reader of an in-place collective
-                    self._close_window(self.pending.pop(key))
+                    coll = self.pending.pop(key)
+                    self._close_window(coll)
+                    self.closed.append(coll)
         return sorted(out)
 
     def _written(self, n) -> list[torch.Tensor]:
@@ -233,6 +248,25 @@ class _Lowerer:
     def _add(self, node: Node) -> int:
         self.nodes.append(node)
         return node.id
+
+    def _prefetch(self, gather: int) -> None:
+        """An FSDP2 parameter all-gather (its input made by FSDP2's `all_gather_copy_in`)
+        and its copy-in go on FSDP2's all-gather stream; the copy-in waits for the previous
+        all-gather's copy-out (one all-gather in flight ahead of the compute)."""
+        node = self.nodes[gather]
+        copy_ins = [i for i in node.inputs if self.nodes[i].op == "all_gather_copy_in"]
+        if not copy_ins:
+            return
+        # and the copies of the sharded parameters into its input buffer
+        copy_ins += [d for i in copy_ins for d in self.nodes[i].inputs
+                     if self.nodes[d].op in ("_foreach_copy_", "copy_")]
+        for i in (gather, *copy_ins):
+            self.nodes[i].meta["stream"] = FSDP_STREAM
+        previous = self.copy_out.get(self.last_gather)
+        if previous is not None:
+            for i in copy_ins:
+                self.nodes[i].control = sorted(set(self.nodes[i].control) | {previous})
+        self.last_gather = gather
 
     def _close_window(self, coll_id: int) -> None:
         last = len(self.nodes) - 1

@@ -29,7 +29,8 @@ class PipelineParallel:
     """Contract: input a per-device training-step graph of one microbatch (loops are
     expanded; splitting by layer needs unrolled layers); output a loop-free MPMD graph
     whose F and B work appears once per microbatch and pre/post work (parameter casts,
-    optimizer) once per step, with total flops = microbatches x F+B flops + the rest;
+    optimizer) and R work (the data-parallel gradient reduction) once per step, R inside
+    the last microbatch's backward, with total flops = microbatches x F+B flops + the rest;
     every cross-device edge goes through a SEND on the producer's device and a RECV on the
     consumer's; each device's nodes are in its schedule's order. Raises FlintError when
     the split or the schedule is impossible."""
@@ -93,11 +94,20 @@ class _Builder:
         self.comms = list(graph.communicators)
         self.windows: list[tuple[Node, tuple[int, int], int]] = []
         self.members: dict[tuple[str, int], list[int]] = {}
+        self.last = cfg.microbatches - 1
+        self.gate: list[int] = []                        # RECVs the next node waits for
+        self.deferred: list[tuple] | None = None         # sends held to a task's end
+        self.sent: dict[tuple[int, int, int], int] = {}  # (template, mb, device) -> SEND
         for n in graph.nodes:
-            self.members.setdefault((tasks[n.id], chunk[n.id]), []).append(n.id)
+            self.members.setdefault(self.group(n.id), []).append(n.id)
             dev = self.device(n.id)
             remote = {self.device(u) for u in graph.users[n.id]} - {dev}
             self.send_to[n.id] = sorted(remote)
+
+    def group(self, template: int) -> tuple[str, int]:
+        """The (F|B|pre|post, chunk) task a node runs in: R work runs inside B."""
+        task = self.tasks[template]
+        return ("B" if task == "R" else task), self.chunk[template]
 
     def device(self, template: int) -> int:
         return self.chunk[template] % self.p
@@ -131,25 +141,52 @@ class _Builder:
                 else None
         return self.graph()
 
+    def runs(self, template: int, mb: int) -> bool:
+        """R work runs once, with the last microbatch."""
+        return self.tasks[template] != "R" or mb == self.last
+
     def ready(self, phase: str, mb: int, c: int) -> bool:
         for t in self.members.get((phase, c), ()):
+            if not self.runs(t, mb):
+                continue
             for i in self.g.nodes[t].inputs:
-                if self.tasks[i] in "FB" and (i, mb) not in self.copy \
-                        and (self.tasks[i], self.chunk[i]) != (phase, c):
+                if self.tasks[i] in "FBR" and (i, mb) not in self.copy \
+                        and self.group(i) != (phase, c):
                     return False
         return True
 
     def emit_task(self, phase: str, mb: int, c: int) -> None:
-        for t in self.members.get((phase, c), ()):
+        """A stage runs a task once everything it receives has arrived (Megatron-LM's
+        blocking recv_forward / recv_backward before the stage's compute): the task's
+        RECVs come first and gate its first node."""
+        members = [t for t in self.members.get((phase, c), ()) if self.runs(t, mb)]
+        dev = c % self.p
+        self.gate = sorted({self.receive(i, self.instance(i, phase, mb), dev)
+                            for t in members for i in self.g.nodes[t].inputs
+                            if self.device(i) != dev})
+        # ... and sends what it produced for other stages when it is done (send_forward /
+        # send_backward after the stage's forward or backward step).
+        self.deferred = []
+        for t in members:
             self.emit_node(t, phase, mb, c)
+        done, self.deferred = self.deferred, None
+        # the step's end: its last F/B node (the gradient reduction runs on past it)
+        end = max((self.copy[(t, mb)] for t in members if self.tasks[t] != "R"),
+                  default=len(self.nodes) - 1)
+        for t, node_id, dev_, mb_, c_ in done:
+            for dst in self.send_to[t]:
+                self.p2p(NodeKind.SEND, self.g.nodes[t], [node_id], dev_, dst, mb_, c_,
+                         control=[end])
 
     def instance(self, i: int, phase: str, mb: int) -> int:
         """Which microbatch's copy of node i a node of `phase` in microbatch `mb` reads:
         its own for per-microbatch work, the last one once per step, 0 for once-per-step
         nodes (they have one copy)."""
+        if self.tasks[i] == "R":
+            return self.last
         if self.tasks[i] not in "FB":
             return 0
-        return mb if phase in "FB" else self.cfg.microbatches - 1
+        return mb if phase in "FB" else self.last
 
     def emit_node(self, t: int, phase: str, mb: int, c: int) -> None:
         old = self.g.nodes[t]
@@ -167,8 +204,11 @@ class _Builder:
         node.inputs = inputs
         control = ((i, self.instance(i, phase, mb)) for i in old.control
                    if self.device(i) == dev)
-        node.control = sorted({self.copy[key] for key in control if key in self.copy})
-        node.meta = dict(old.meta, device=dev, chunk=c, task=phase, template=t)
+        node.control = sorted({self.copy[key] for key in control if key in self.copy}
+                              | set(self.gate))
+        self.gate = []
+        node.meta = dict(old.meta, device=dev, chunk=c, template=t,
+                         task="R" if self.tasks[t] == "R" else phase)
         if phase in "FB":
             node.meta["microbatch"] = mb
             if self.cfg.split != "placement":
@@ -179,37 +219,43 @@ class _Builder:
                 self.windows.append((node, old.collective.window, mb))
         self.nodes.append(node)
         self.copy[(t, mb)] = node.id
+        if self.deferred is not None:
+            if self.send_to[t]:
+                self.deferred.append((t, node.id, dev, mb, c))
+            return
         for dst in self.send_to[t]:
             self.p2p(NodeKind.SEND, old, [node.id], dev, dst, mb, c)
 
     def receive(self, template: int, mb: int, dev: int) -> int:
         key = (template, mb, dev)
         if key not in self.recv:
-            send = self.copy[(template, mb)] + 1 + self.send_to[template].index(dev)
+            send = self.sent[(template, mb, dev)]
             old = self.g.nodes[template]
             self.recv[key] = self.p2p(NodeKind.RECV, old, [send], self.device(template), dev,
                                       mb, self.chunk[template])
         return self.recv[key]
 
     def p2p(self, kind: NodeKind, old: Node, inputs, src: int, dst: int, mb: int,
-            c: int) -> int:
+            c: int, control=()) -> int:
         nbytes = shapes_bytes(old.outputs)
         comm = self.pairs.get((src, dst))
         if comm is None:
             comm = self.pairs[(src, dst)] = len(self.comms)
-            base = self.g.cluster.devices
-            self.comms.append(Communicator(comm, "pairs", f"{{{{{src * base},{dst * base}}}}}",
-                                           base * self.p, 2, 1, (PIPE_AXIS,)))
+            self.comms.append(_stage_pairs(comm, self.g.cluster, src, dst, self.p))
         verb = "send" if kind == NodeKind.SEND else "recv"
         dev = src if kind == NodeKind.SEND else dst
         node = Node(len(self.nodes), f"{verb}.{old.name}.mb{mb}", kind, verb, "p2p",
-                    inputs=list(inputs), bytes_read=nbytes if kind == NodeKind.SEND else 0,
+                    inputs=list(inputs), control=sorted(set(control) - set(inputs)),
+                    bytes_read=nbytes if kind == NodeKind.SEND else 0,
                     bytes_written=nbytes if kind == NodeKind.RECV else 0,
                     outputs=list(old.outputs) if kind == NodeKind.RECV else [],
                     collective=Collective(verb, comm, nbytes, nbytes, _dtype(old), None, True),
                     meta={"device": dev, "chunk": c, "microbatch": mb, "task": "p2p",
-                          "phase": old.meta.get("phase"), "layer": old.meta.get("layer")})
+                          "phase": old.meta.get("phase") or "unknown",
+                          "layer": old.meta.get("layer")})
         self.nodes.append(node)
+        if kind == NodeKind.SEND:
+            self.sent[(old.id, mb, dst)] = node.id
         return node.id
 
     def graph(self) -> WorkloadGraph:
@@ -229,6 +275,17 @@ class _Builder:
             meta["model_flops_per_device"] *= cfg.microbatches / self.p
         meta["device_arguments"] = _arguments_by_device(g, self.chunk, self.p)
         return WorkloadGraph(cluster, self.nodes, self.comms, [], meta)
+
+
+def _stage_pairs(comm: int, cluster: Cluster, src: int, dst: int, stages: int) -> Communicator:
+    """Rank l of stage `src` sends to rank l of stage `dst` (the pipe axis is outermost,
+    as in Megatron-LM's rank order). Whether a pair crosses a host depends on l only
+    through l mod devices_per_host, so that many pairs tell the network model which link
+    (NVLink inside a node, the NIC across nodes) every pair of the boundary uses."""
+    base = cluster.devices
+    offsets = range(min(base, cluster.devices_per_host))
+    spec = "{" + ",".join(f"{{{src * base + k},{dst * base + k}}}" for k in offsets) + "}"
+    return Communicator(comm, "pairs", spec, base * stages, 2, len(offsets), (PIPE_AXIS,))
 
 
 def _dtype(node: Node) -> str:

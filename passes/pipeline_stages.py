@@ -1,8 +1,11 @@
 """Where each node of a training step goes in a pipeline, and in what order stages run.
 
 Three questions, answered on the per-device graph of one microbatch:
-- `task_of`: is a node per-microbatch forward work (F), backward work (B), or once-per-step
-  work before the pipeline (pre: parameter casts) or after it (post: the optimizer)?
+- `task_of`: is a node per-microbatch forward work (F), backward work (B), once-per-step
+  gradient reduction (R: the data-parallel all-reduce / reduce-scatter of the accumulated
+  gradients and what follows it up to the optimizer, run with the last microbatch's
+  backward), or once-per-step work before the pipeline (pre: parameter casts) or after it
+  (post: the optimizer)?
 - `assign_chunks`: which model chunk (pipeline stage, or virtual stage when interleaved)
   runs it. `layers` splits contiguous blocks of layers (as Megatron-LM and torchtitan
   do); `time` cuts the forward and the backward op sequences into pieces of equal
@@ -20,6 +23,9 @@ from flint.graph import WorkloadGraph
 from flint.hlo.shapes import shapes_bytes
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+# Mesh axes over which gradients are reduced (flint.models.train's batch, FSDP and
+# context-parallel axes: each holds a different slice of the tokens).
+DATA_PARALLEL_AXES = ("data", "dp", "batch", "replica", "fsdp", "zero", "context", "cp")
 SPLITS = ("layers", "time")
 _LAYER = re.compile(r"(?:^|[^a-z])(?:layers?|blocks?|h)[._\[\]'\"/]*(\d+)", re.I)
 
@@ -48,8 +54,8 @@ def arguments_by_layer(graph: WorkloadGraph) -> tuple[dict[int, float], float]:
 
 
 def task_of(graph: WorkloadGraph) -> list[str]:
-    """'pre' | 'F' | 'B' | 'post' per node, from the phase the front end recorded and the
-    node's place in the schedule (recomputation inside the backward counts as B)."""
+    """'pre' | 'F' | 'B' | 'R' | 'post' per node, from the phase the front end recorded and
+    the node's place in the schedule (recomputation inside the backward counts as B)."""
     phases = [n.meta.get("phase") for n in graph.nodes]
     first_f = next((i for i, p in enumerate(phases) if p == "forward"), None)
     backward = [i for i, p in enumerate(phases) if p == "backward"]
@@ -82,7 +88,38 @@ def task_of(graph: WorkloadGraph) -> list[str]:
                 t = "B"
             if t != tasks[i]:
                 tasks[i], changed = t, True
+    _mark_gradient_reduction(graph, tasks)
     return tasks
+
+
+def _mark_gradient_reduction(graph: WorkloadGraph, tasks: list[str]) -> None:
+    """Backward nodes that only feed the optimizer, starting from a collective (the
+    data-parallel reduction of a gradient, its casts and scaling): frameworks accumulate
+    gradients over microbatches and reduce them once per step (Megatron-LM's
+    --overlap-grad-reduce, torch DDP's no_sync, XLA's gradient accumulation), overlapped
+    with the last microbatch's backward. They become 'R' work, emitted once."""
+    users = graph.users
+    tail = [False] * len(tasks)
+    for i in range(len(tasks) - 1, -1, -1):   # a B value nothing reads is a step output
+        if tasks[i] == "B":
+            tail[i] = all(tasks[u] == "post" or tail[u] for u in users[i])
+    # Only the part at and after a collective over a data-parallel axis is reduction: the
+    # weight-gradient GEMM that feeds it is per-microbatch work (it accumulates into the
+    # gradient buffer), and so is a tensor-parallel all-reduce whose result only the
+    # weight gradients of the first layer read.
+    for n in graph.nodes:
+        i = n.id
+        if tail[i] and (_reduces_over_data(graph, n)
+                        or any(tasks[d] == "R" for d in n.inputs)):
+            tasks[i] = "R"
+
+
+def _reduces_over_data(graph: WorkloadGraph, node) -> bool:
+    c = node.collective
+    if c is None or c.type not in ("all-reduce", "reduce-scatter"):
+        return False
+    axes = graph.communicators[c.communicator].mesh_axes
+    return any(a in DATA_PARALLEL_AXES for a in axes)
 
 
 def assign_chunks(graph: WorkloadGraph, tasks: list[str], chunks: int, split: str,
@@ -101,6 +138,7 @@ def assign_chunks(graph: WorkloadGraph, tasks: list[str], chunks: int, split: st
     else:
         raise FlintError(f"unknown pipeline split {split!r}; use {' | '.join(SPLITS)}")
     _follow_saved_activations(graph, tasks, chunk, chunks)
+    _sources_with_consumers(graph, tasks, chunk)
     _make_monotone(graph, tasks, chunk)
     _place_once_per_step(graph, tasks, chunk)
     return [c if c is not None else 0 for c in chunk]
@@ -237,6 +275,22 @@ def _crossing_bytes(graph, ids) -> list[float]:
     return out
 
 
+def _sources_with_consumers(graph, tasks, chunk) -> None:
+    """F/B nodes that read no other node (a weight cast for the head, zeros for the
+    embedding's gradient) run where they are read, not on the first or last chunk by
+    default: no stage sends another a value it could make itself. F data may flow to
+    later chunks, B data to earlier ones, so F sources take their earliest consumer's
+    chunk and B sources their latest."""
+    users = graph.users
+    for n in graph.nodes:
+        t = tasks[n.id]
+        if t not in "FB" or n.inputs:
+            continue
+        dst = [chunk[u] for u in users[n.id] if tasks[u] in "FB" and chunk[u] is not None]
+        if dst:
+            chunk[n.id] = min(dst) if t == "F" else max(dst)
+
+
 def _make_monotone(graph, tasks, chunk) -> None:
     for n in graph.nodes:
         t = tasks[n.id]
@@ -248,6 +302,11 @@ def _make_monotone(graph, tasks, chunk) -> None:
 
 
 def _place_once_per_step(graph, tasks, chunk) -> None:
+    for n in graph.nodes:                # R: with its gradients' producers; B data flows
+        if tasks[n.id] == "R":           # to equal or earlier chunks (no cycle)
+            src = [chunk[i] for i in n.inputs if tasks[i] in "BR" and chunk[i] is not None]
+            chunk[n.id] = min(src or [chunk[i] for i in n.inputs if chunk[i] is not None],
+                              default=0)
     users = graph.users
     for n in reversed(graph.nodes):      # pre: with the earliest consumer
         if tasks[n.id] == "pre":

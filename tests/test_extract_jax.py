@@ -93,6 +93,24 @@ def test_sequence_parallel_uses_reduce_scatter_and_all_gather():
     assert {"reduce-scatter", "all-gather"} <= types
 
 
+def test_context_parallel_gathers_keys_and_values():
+    """Context parallelism with sequence parallelism: the sequence is sharded over
+    `context` (and over `model` between the TP regions); each attention all-gathers K and
+    V over `context`, their gradients are reduce-scattered back, and the weight gradients
+    are reduced over the context axis as over a data axis."""
+    w, compiled = compiled_for("tiny", (("context", 4), ("model", 2)), "h100-sxm",
+                               scan=False, sequence_parallel=True)
+    graph = compiled.workload()
+    kinds = {(n.collective.type, graph.communicator(n).mesh_axes) for n in graph.collectives()}
+    assert ("reduce-scatter", ("context",)) in kinds
+    assert any(t == "all-gather" and "context" in axes for t, axes in kinds)
+    assert any(t == "all-reduce" and "context" in axes for t, axes in kinds)
+    assert {("all-gather", ("model",)), ("reduce-scatter", ("model",))} <= kinds
+    tokens = w.args[2]["tokens"]
+    assert w.in_specs[2]["tokens"] == jax.sharding.PartitionSpec(None, "context")
+    assert tokens.shape[0] == 1        # context parallelism does not multiply the batch
+
+
 def test_capture_decorator_on_jitted_function_with_rules():
     from jax.sharding import PartitionSpec as P
 

@@ -7,6 +7,7 @@ from flint.cluster import Cluster
 from flint.errors import FlintError
 from flint.graph import Node, NodeKind, WorkloadGraph
 from flint.hardware_models.estimate import estimate
+from flint.hlo.shapes import parse_shape
 from flint.passes import parse_pipeline
 from flint.passes.pipeline import PipelineParallel, apply_placement
 from flint.passes.pipeline_stages import device_order, layer_index, task_of
@@ -54,6 +55,18 @@ def test_interleaving_divides_the_bubble_by_the_virtual_stages():
     # Megatron-LM (Narayanan et al., SC'21): bubble time (p-1)(tf+tb)/v
     assert two == pytest.approx(((p - 1) / v) / (m + (p - 1) / v), rel=0.02)
     assert two < one
+
+
+@pytest.mark.parametrize("schedule,p,m,v", [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1),
+                                            ("interleaved", 2, 48, 2)])
+def test_bubble_is_the_schedules_and_communication_wait_is_separate(schedule, p, m, v):
+    g = PipelineParallel(p, m, schedule, v).run(uniform_model(4 * v))
+    pipe = estimate(g, "h100-sxm").pipeline
+    # closed form: bubble time over ideal time (p-1)/(v*m) (Narayanan et al., SC'21)
+    assert pipe["bubble_over_ideal"] == pytest.approx((p - 1) / (v * m), abs=0.01)
+    # the activations cross nodes over the NIC: that wait is not bubble
+    assert sum(pipe["comm_wait_s"]) > 0
+    assert pipe["comm_wait_fraction"] < 0.05
 
 
 def test_pipeline_graph_structure():
@@ -142,13 +155,92 @@ def test_real_graph_pipeline(tiny_unrolled):
     e = estimate(pg, "h100-sxm")
     assert 0 < e.pipeline["bubble_fraction"] < 1
     assert e.mfu is not None and e.mfu > 0
+    # no stage sends another a large value it could make itself (weight casts, zero
+    # buffers; XLA's shared RoPE tables, a few KiB, still travel)
+    for n in pg.nodes:
+        if n.kind == NodeKind.SEND and n.collective.bytes_in > 2**16:
+            assert g.nodes[pg.nodes[n.inputs[0]].meta["template"]].inputs
 
 
 @pytest.fixture(scope="module")
 def tiny_unrolled():
+    """The tiny zoo model's step, 2 layers unrolled, data-parallel over 2 devices."""
     from flint.sweep import extract_program
 
-    return extract_program({"framework": "jax", "model": "tiny", "devices": 1,
-                            "mesh": [["data", 1]], "batch_per_replica": 2, "remat": "none",
+    return extract_program({"framework": "jax", "model": "tiny", "devices": 2,
+                            "mesh": [["data", 2]], "batch_per_replica": 2, "remat": "none",
                             "sequence_parallel": False, "scan": False, "seq_len": 0,
                             "layers": 0, "hardware": "h100-sxm"})
+
+
+def test_data_parallel_gradients_are_reduced_once_per_step(tiny_unrolled):
+    """Gradient accumulation over microbatches, one data-parallel reduction per parameter
+    per step, inside the last microbatch's backward (Megatron-LM, XLA)."""
+    g = tiny_unrolled
+    tasks = task_of(g)
+    reductions = [n for n, t in zip(g.nodes, tasks) if t == "R" and n.collective is not None]
+    assert reductions and all(n.collective.type in ("all-reduce", "reduce-scatter")
+                              for n in reductions)
+    # the template reduces every parameter's gradient once (XLA combines them into a few
+    # all-reduces, some in bf16; the loss rides along): elements reduced = parameters
+    params = sum(b for name, b in g.meta["arguments"] if name.startswith("params")) // 4
+    reduced = sum(parse_shape(s).num_elements for n in reductions for s in n.outputs)
+    assert params <= reduced <= params + 8
+    m = 4
+    pg = PipelineParallel(2, m, "1f1b").run(g)
+    piped = [n for n in pg.nodes if n.meta.get("task") == "R" and n.collective is not None]
+    assert sorted(n.meta["template"] for n in piped) == sorted(n.id for n in reductions)
+    assert {n.meta["microbatch"] for n in piped} == {m - 1}
+    per_mb_collectives = [n for n in pg.nodes if n.collective is not None
+                          and n.meta.get("task") == "B"]
+    assert all(n.meta["template"] not in {r.id for r in reductions} for n in per_mb_collectives)
+    # each reduction starts after its gradient's last-microbatch producer: inside the last
+    # backward, overlapping it, not after the pipeline has drained
+    e = estimate(pg, "h100-sxm")
+    last_b = max(f for n, f in zip(pg.nodes, e.timeline.finish)
+                 if n.meta.get("task") == "B" and n.meta["device"] == 0)
+    first_r = min(s for n, s in zip(pg.nodes, e.timeline.start)
+                  if n in piped and n.meta["device"] == 0)
+    assert first_r < last_b
+
+
+
+
+def test_stage_boundaries_use_the_link_they_cross():
+    """2 devices per stage, 8 per host: stages 0-3 share host 0, stage 4 is on host 1."""
+    base = uniform_model(8)
+    base.cluster = Cluster(2, (("model", 2),), "h100-sxm")
+    g = PipelineParallel(8, 8, "1f1b").run(base)
+    e = estimate(g, "h100-sxm")
+    durations = {}
+    for n, s, f in zip(g.nodes, e.timeline.start, e.timeline.finish):
+        if n.kind == NodeKind.SEND and n.meta["task"] == "p2p":
+            (user,) = [u for u in g.users[n.id]]
+            durations[(n.meta["device"], g.nodes[user].meta["device"])] = f - s
+    nvlink, nic = durations[(0, 1)], durations[(3, 4)]
+    assert durations[(2, 3)] == pytest.approx(nvlink) and nic > 2 * nvlink
+
+
+def test_layer_template_rebuilds_the_whole_model(tiny_unrolled):
+    """Two extracted layers stand for four: the step, its flops-free layer nodes priced
+    from the template, within a few percent of the 4-layer extraction, pipelined alike."""
+    from flint.passes.layer_template import LayerTemplate
+    from flint.sweep import extract_program
+
+    four = extract_program({"framework": "jax", "model": "tiny", "devices": 2,
+                            "mesh": [["data", 2]], "batch_per_replica": 2, "remat": "none",
+                            "sequence_parallel": False, "scan": False, "seq_len": 0,
+                            "layers": 4, "hardware": "h100-sxm"})
+    (template,) = parse_pipeline("layer-template{layers=4,hardware=h100-sxm}")
+    layered = template.run(tiny_unrolled)
+    assert layered.meta["priced_for"] == "h100-sxm"
+    assert sum(n.name.startswith("fwd.layer_") for n in layered.nodes) == 4
+    params = {name for name, _ in four.meta["arguments"]}
+    assert {name for name, _ in layered.meta["arguments"]} == params
+    full, templ = estimate(four, "h100-sxm"), estimate(layered, "h100-sxm")
+    assert templ.step_time_s == pytest.approx(full.step_time_s, rel=0.1)
+    a = estimate(PipelineParallel(2, 4).run(four), "h100-sxm").step_time_s
+    b = estimate(PipelineParallel(2, 4).run(layered), "h100-sxm").step_time_s
+    assert b == pytest.approx(a, rel=0.15)
+    with pytest.raises(FlintError, match="at least 2"):
+        LayerTemplate(4, "h100-sxm").run(uniform_model(1))

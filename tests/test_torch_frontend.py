@@ -181,3 +181,25 @@ def test_cli_torch_zoo_and_bad_script(tmp_path):
                   "--out", str(tmp_path / "bad.json"))
     assert r.returncode == 2 and "must return a flint.torch.TorchStep" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad.json").exists()
+
+
+def test_fsdp2_prefetches_all_gathers_on_their_own_stream(llama_4096):
+    """FSDP2 issues layer i+1's all-gather (and its copy-in) on its all-gather stream while
+    layer i computes, one all-gather ahead (each copy-in waits for the previous copy-out)."""
+    from flint.hardware_models.estimate import estimate
+
+    g = llama_4096
+    gathers = [n for n in g.nodes if n.collective is not None
+               and n.collective.type == "all-gather" and n.meta.get("stream")]
+    assert len(gathers) >= 4
+    tl = estimate(g, "h100-sxm").timeline
+    compute_during = 0
+    for k, n in enumerate(gathers):
+        copy_ins = [i for i in n.inputs if g.nodes[i].meta.get("stream")]
+        assert copy_ins
+        if k:   # rate limit: waits for the previous all-gather's copy-out
+            assert any(g.nodes[i].control for i in copy_ins)
+        s, f = tl.start[n.id], tl.finish[n.id]
+        compute_during += any(st == "compute" and a < f and b > s
+                              for st, a, b in zip(tl.stream, tl.start, tl.finish))
+    assert compute_during >= len(gathers) - 2   # all but the first ones overlap compute

@@ -133,7 +133,7 @@ def _rope(x, positions):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
 
 
-def _attention(x, p, cfg: DecoderConfig):
+def _attention(x, p, cfg: DecoderConfig, kv_spec=None):
     b, s, _ = x.shape
     h, kv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     cd = x.dtype
@@ -144,6 +144,8 @@ def _attention(x, p, cfg: DecoderConfig):
         pos = jnp.arange(s)
         q = _rope(q.reshape(b, s, h, hd), pos).reshape(b, s, kv, h // kv, hd)
         k = _rope(k, pos)
+    if kv_spec is not None:   # context parallelism: gather the keys and values
+        k, v = (jax.lax.with_sharding_constraint(t, kv_spec) for t in (k, v))
     scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k, preferred_element_type=jnp.float32)
     scores = scores / jnp.sqrt(jnp.float32(hd))
     causal = jnp.tril(jnp.ones((s, s), dtype=bool))
@@ -163,8 +165,9 @@ def _mlp(x, p, cfg: DecoderConfig):
     return up @ p["w_down"].astype(cd)
 
 
-def forward(params, tokens, cfg: DecoderConfig, act_spec=None):
-    """Logits [batch, seq, vocab] in float32."""
+def forward(params, tokens, cfg: DecoderConfig, act_spec=None, kv_spec=None):
+    """Logits [batch, seq, vocab] in float32. `act_spec`: the activations' sharding;
+    `kv_spec`: the keys' and values' ([batch, seq, kv heads, head dim]) in attention."""
     cd = jnp.dtype(cfg.compute_dtype)
 
     def constrain(x):
@@ -178,7 +181,7 @@ def forward(params, tokens, cfg: DecoderConfig, act_spec=None):
 
     def layer(x, p):
         with jax.named_scope("attention"):
-            x = x + _attention(_norm(x, p["attn_norm"], cfg.norm), p, cfg)
+            x = x + _attention(_norm(x, p["attn_norm"], cfg.norm), p, cfg, kv_spec)
         with jax.named_scope("mlp"):
             x = x + _mlp(_norm(x, p["mlp_norm"], cfg.norm), p, cfg)
         return constrain(x)

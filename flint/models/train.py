@@ -2,7 +2,11 @@
 
 Mesh axis names carry the parallelism: `data`/`dp` shard the batch, `fsdp` shards the batch
 and every parameter and optimizer state (ZeRO-3), `model`/`tensor`/`tp` is Megatron tensor
-parallelism; sequence parallelism shards activations' sequence dim over the TP axis.
+parallelism; sequence parallelism shards activations' sequence dim over the TP axis;
+`context`/`cp` is context parallelism: the sequence is sharded over it end to end and each
+attention all-gathers the keys and values over it (Llama 3's all-gather context
+parallelism, Llama Team 2024, section 3.3.2), the gradients of K and V reduce-scattered
+back.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from flint.models import decoder, mlp
 DATA_AXES = ("data", "dp", "batch", "replica")
 FSDP_AXES = ("fsdp", "zero")
 TP_AXES = ("model", "tensor", "tp")
+CONTEXT_AXES = ("context", "cp")
 
 
 @dataclass(frozen=True)
@@ -27,15 +32,20 @@ class Parallelism:
     fsdp_axes: tuple[str, ...]
     tp_axis: str | None
     sequence_parallel: bool = False
+    context_axis: str | None = None
 
     @classmethod
     def from_mesh(cls, mesh: tuple[tuple[str, int], ...], sequence_parallel: bool = False,
                   fsdp_over_data: bool = False) -> "Parallelism":
         names = [n for n, _ in mesh]
-        unknown = [n for n in names if n not in DATA_AXES + FSDP_AXES + TP_AXES]
+        known = DATA_AXES + FSDP_AXES + TP_AXES + CONTEXT_AXES
+        unknown = [n for n in names if n not in known]
         if unknown:
             raise FlintError(f"zoo models do not know mesh axis {unknown[0]!r}; use "
-                             f"{'/'.join(DATA_AXES + FSDP_AXES + TP_AXES)}")
+                             f"{'/'.join(known)}")
+        context = [n for n in names if n in CONTEXT_AXES]
+        if len(context) > 1:
+            raise FlintError(f"more than one context-parallel axis in mesh: {context}")
         tp = [n for n in names if n in TP_AXES]
         if len(tp) > 1:
             raise FlintError(f"more than one tensor-parallel axis in mesh: {tp}")
@@ -43,7 +53,8 @@ class Parallelism:
         batch = tuple(n for n in names if n in DATA_AXES + FSDP_AXES)
         if sequence_parallel and not tp:
             raise FlintError("sequence parallelism needs a tensor-parallel mesh axis")
-        return cls(batch, fsdp, tp[0] if tp else None, sequence_parallel)
+        return cls(batch, fsdp, tp[0] if tp else None, sequence_parallel,
+                   context[0] if context else None)
 
     def axis(self, names: tuple[str, ...]):
         return None if not names else names[0] if len(names) == 1 else names
@@ -121,12 +132,16 @@ def build(model: str, mesh: tuple[tuple[str, int], ...], batch_per_replica: int 
     fsdp = par.axis(par.fsdp_axes)
     pspec = spec_tree(params, decoder.sharding_rules(cfg, fsdp, par.tp_axis))
     ospec = {"mu": pspec, "nu": pspec, "count": P()}
-    dspec = {"tokens": P(batch_axis, None), "targets": P(batch_axis, None)}
-    act = P(batch_axis, par.tp_axis if sequence_parallel else None, None)
+    cp = par.context_axis
+    dspec = {"tokens": P(batch_axis, cp), "targets": P(batch_axis, cp)}
+    seq = tuple(a for a in (cp, par.tp_axis if sequence_parallel else None) if a)
+    act = P(batch_axis, par.axis(seq), None)
+    # Context parallelism: every rank's queries attend to the whole sequence's keys/values.
+    kv = P(batch_axis, None, P.UNCONSTRAINED, None) if cp else None
 
     def train_step(params, opt_state, batch):
         def loss_fn(p):
-            logits = decoder.forward(p, batch["tokens"], cfg, act)
+            logits = decoder.forward(p, batch["tokens"], cfg, act, kv)
             return cross_entropy(logits, batch["targets"])
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
