@@ -59,15 +59,18 @@ def protocol_bandwidth(protocol: str, bus_bw: float, arch: str, nodes: int,
 
 def collective_time(bus_bytes: float, steps: int, bus_bw: float, link: str, algorithm: str,
                     arch: str, nodes: int, all_reduce: bool, protocol: str = "auto",
-                    hop_latency_s: float | None = None) -> float:
+                    hop_latency_s: float | None = None, launch: bool = True) -> float:
     """Seconds for one algorithm phase: the fastest protocol (or the one given).
-    `hop_latency_s` replaces NCCL's per-step latency (a what-if latency of the level)."""
+    `hop_latency_s` replaces NCCL's per-step latency (a what-if latency of the level);
+    `launch=False` leaves out the base latency (an operation inside an NCCL group whose
+    launch another member pays)."""
     algo = "tree" if algorithm == "tree" else "ring"
     best = float("inf")
     for proto in PROTOCOLS if protocol == "auto" else (protocol,):
         hop = (HOP_LATENCY_US[link][algo][proto] * 1e-6 if hop_latency_s is None
                else hop_latency_s)
         bw = protocol_bandwidth(proto, bus_bw, arch, nodes, all_reduce)
-        t = BASE_LATENCY_US[algo][proto] * 1e-6 + steps * hop + (bus_bytes / bw if bw else 0.0)
+        base = BASE_LATENCY_US[algo][proto] * 1e-6 if launch else 0.0
+        t = base + steps * hop + (bus_bytes / bw if bw else 0.0)
         best = min(best, t)
     return best

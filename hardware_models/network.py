@@ -83,13 +83,13 @@ class NetworkModel:
         return self.spec.kind == "gpu" and not self.topology.is_torus
 
     def phase(self, bus_bytes: float, steps: int, level: Level, algorithm: str = "ring",
-              nodes: int = 1, all_reduce: bool = False) -> float:
+              nodes: int = 1, all_reduce: bool = False, launch: bool = True) -> float:
         """One algorithm phase: `bus_bytes` per rank over `steps` hops on `level`."""
         if not self.nccl:
             return bus_bytes / level.bandwidth + steps * level.latency
         return nccl.collective_time(bus_bytes, steps, level.bandwidth, level.link, algorithm,
                                     nccl.architecture(self.spec.name), nodes, all_reduce,
-                                    self.protocol, level.hop_override)
+                                    self.protocol, level.hop_override, launch)
 
     @property
     def torus_link(self) -> Level:
@@ -104,7 +104,12 @@ class NetworkModel:
         c = node.collective
         size = float(collective_size_bytes(node))
         if c.type in ("collective-permute", "send", "recv"):
-            return self._point_to_point(comm, size)
+            # A pipeline's sends and receives of one stage boundary go out as one NCCL group
+            # (Megatron's batch_isend_irecv) that pays one launch; the graph has a SEND per
+            # tensor, so the base launch latency (~7-8 us) is left out of each rather than
+            # charged per tensor (an under-count of one launch per boundary and microbatch).
+            # An XLA collective-permute is its own launch.
+            return self._point_to_point(comm, size, launch=c.type == "collective-permute")
         place = self.placement(comm)
         if place.size <= 1:
             return 0.0
@@ -187,9 +192,9 @@ class NetworkModel:
         return {"ring": s / self.torus_link.bandwidth
                 + math.ceil(math.log2(max(pl.size, 2))) * self.torus_link.latency}
 
-    def _point_to_point(self, comm: Communicator, s: float) -> float:
+    def _point_to_point(self, comm: Communicator, s: float, launch: bool = True) -> float:
         pairs = comm.groups()
         domain = self.topology.scale_up_domain
         crosses = bool(len(pairs)) and bool(((pairs[:, 0] // domain) != (pairs[:, 1] // domain)).any())
         level = self.out() if crosses else (self.torus_link if self.topology.is_torus else self.up)
-        return self.phase(s, 1, level)
+        return self.phase(s, 1, level, launch=launch)
