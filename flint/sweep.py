@@ -99,9 +99,9 @@ class Evaluator:
         except Exception as err:   # one broken configuration must not end a long sweep
             return {**row, "status": "error", "error": f"{type(err).__name__}: {err}",
                     "time_s": time.perf_counter() - t0, "extracted": False}
-        from flint.models.decoder import ZOO
+        from flint.models.describe import resolve_model
 
-        seq = cfg.seq_len or ZOO[cfg.model].seq_len
+        seq = cfg.seq_len or resolve_model(cfg.model).seq_len
         tokens = cfg.dp * cfg.microbatch * cfg.microbatches * seq    # the global batch
         return {**row, "status": "ok", "step_time_s": e.step_time_s,
                 "tokens_per_s": tokens / e.step_time_s if e.step_time_s else 0.0,

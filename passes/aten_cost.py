@@ -181,3 +181,14 @@ def _attention_flops(name: str, args, named: dict) -> float:
     if causal and sq == sk:
         flops *= (sk + 1) / (2 * sk)
     return flops * SDPA.get(name, 1.0)
+
+
+def attention_meta(name: str, args, named: dict) -> dict:
+    """The shapes an attention cost model needs (the contract of passes.attention)."""
+    q, k = (args[1], args[2]) if name.endswith("_backward") else (args[0], args[1])
+    dtype = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}.get(
+        getattr(q, "dtype", None), "bf16")
+    return {"batch": int(q.shape[0]), "heads": int(q.shape[1]), "kv_heads": int(k.shape[1]),
+            "seq_q": int(q.shape[-2]), "seq_kv": int(k.shape[-2]), "head_dim": int(q.shape[-1]),
+            "causal": bool(named.get("is_causal", False)),
+            "backward": name.endswith("_backward"), "dtype": dtype}
