@@ -73,6 +73,11 @@ class CollapseAttention:
             members = set(ids)
             if all(p in members for i in ids for p in graph.nodes[i].inputs):
                 continue        # loop-invariant pieces (the mask) hoisted out of the call
+            ids = _sandwiched(graph, users, members)
+            if ids is None:
+                skipped += 1
+                continue
+            members = set(ids)
             ext_in = [p for i in ids for p in graph.nodes[i].inputs + graph.nodes[i].control
                       if p not in members]
             ext_users = [u for i in ids for u in users[i] if u not in members]
@@ -118,6 +123,25 @@ class CollapseAttention:
         out = replace(graph, nodes=nodes, loops=loops, meta=meta)
         out.check()
         return out
+
+
+def _sandwiched(graph: WorkloadGraph, users, members: set) -> list[int] | None:
+    """The call's nodes plus the outside ops that both consume and feed them (layout
+    copies and converts XLA emits without the scope's metadata): they are part of the
+    kernel. None when such an op is a collective."""
+    members = set(members)
+    changed = True
+    while changed:
+        changed = False
+        for i in sorted(members):
+            for u in users[i]:
+                if u in members or not any(w in members for w in users[u]):
+                    continue
+                if graph.nodes[u].collective is not None:
+                    return None
+                members.add(u)
+                changed = True
+    return sorted(members)
 
 
 def _remap_loop(lp, remap: list[int], keep: list[int]):
