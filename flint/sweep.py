@@ -36,7 +36,8 @@ def extract_program(program: dict) -> WorkloadGraph:
     step, args, label, info = captured_step(
         None, devices, mesh, program["hardware"], program["model"], program["scan"],
         program["layers"] or None, program["seq_len"] or None, program["batch_per_replica"],
-        program["remat"], program["sequence_parallel"], None, "example_args")
+        program["remat"], program["sequence_parallel"], None, "example_args",
+        gemm_precision=program.get("gemm_precision"))
     graph = step.lower(*args).compile().workload()
     graph.meta["model"] = label
     graph.meta["model_flops_per_device"] = info["model_flops"] / devices

@@ -54,6 +54,7 @@ class Config:
     layers: int = 0
     framework: str = "jax"
     pipeline_split: str = "layers"
+    gemm_precision: str = "bf16"  # bf16 | fp8 | mxfp8 (flint.models.decoder._mm)
 
     @property
     def stage_devices(self) -> int:
@@ -76,7 +77,9 @@ class Config:
         return {"framework": self.framework, "model": self.model, "devices": self.stage_devices,
                 "mesh": [list(a) for a in self.mesh()], "batch_per_replica": self.microbatch,
                 "remat": self.remat, "sequence_parallel": self.sp, "scan": self.scan,
-                "seq_len": self.seq_len, "layers": self.layers, "hardware": self.hardware}
+                "seq_len": self.seq_len, "layers": self.layers, "hardware": self.hardware,
+                **({"gemm_precision": self.gemm_precision}
+                   if self.gemm_precision != "bf16" else {})}
 
     def program_key(self) -> str:
         return _digest(self.program())
@@ -92,7 +95,7 @@ class Config:
     @classmethod
     def from_json(cls, d: dict) -> "Config":
         """The configuration of a `to_json` dict (or of a result row, which holds one)."""
-        return cls(**{**{k: d[k] for k in cls.__dataclass_fields__},
+        return cls(**{**{k: d[k] for k in cls.__dataclass_fields__ if k in d},
                       "what_if": tuple(sorted(d["what_if"].items()))})
 
     def overrides(self) -> list[str]:

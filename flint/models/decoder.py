@@ -11,6 +11,7 @@ Few-Shot Learners", Table 2.1), with GPT-2's vocabulary, norms and learned posit
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -184,12 +185,44 @@ def _mm(x, w, cfg: DecoderConfig):
     w = w.astype(cd)
     if cfg.gemm_precision == "bf16":
         return jnp.matmul(x, w)
-    xq, sx = _quantize_fp8(x, cfg.gemm_precision, axis=-1)
-    wq, sw = _quantize_fp8(w, cfg.gemm_precision, axis=0)
+    return _fp8_matmul(x, w, cfg.gemm_precision)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _fp8_matmul(x, w, kind):
+    return _fp8_forward(x, w, kind)[0]
+
+
+def _fp8_forward(x, w, kind):
+    xq, sx = _quantize_fp8(x, kind, axis=-1)
+    wq, sw = _quantize_fp8(w, kind, axis=0)
     y = jnp.matmul(xq, wq, preferred_element_type=jnp.float32)
-    if cfg.gemm_precision == "fp8":
+    if kind == "fp8":
         y = y * (sx * sw)
-    return y.astype(cd)
+    return y.astype(x.dtype), (xq, sx, wq, sw)
+
+
+def _fp8_fwd(x, w, kind):
+    y, (xq, sx, wq, sw) = _fp8_forward(x, w, kind)
+    return y, (xq, sx, wq, sw)
+
+
+def _fp8_bwd(kind, res, dy):
+    """Both backward GEMMs in FP8 too, as Transformer Engine runs them: the output
+    gradient in E5M2 (wider range) with a per-tensor scale, against the saved E4M3
+    operands (their block scales, for mxfp8, are folded in per tensor here)."""
+    xq, sx, wq, sw = res
+    sx, sw = jnp.max(sx), jnp.max(sw)
+    d32 = dy.astype(jnp.float32)
+    sd = jnp.max(jnp.abs(d32)) / 57344.0 + 1e-12          # E5M2 max normal is 57344
+    dq = (d32 / sd).astype(jnp.float8_e5m2)
+    dx = jnp.matmul(dq, wq.T, preferred_element_type=jnp.float32) * (sd * sw)
+    lead = "".join(chr(ord("a") + i) for i in range(dy.ndim - 1))
+    dw = jnp.einsum(f"{lead}k,{lead}n->kn", xq, dq, preferred_element_type=jnp.float32)
+    return dx.astype(dy.dtype), (dw * (sx * sd)).astype(dy.dtype)   # both operands were bf16
+
+
+_fp8_matmul.defvjp(_fp8_fwd, _fp8_bwd)
 
 
 def _quantize_fp8(t, kind: str, axis: int):
