@@ -280,16 +280,25 @@ def main(argv=None) -> int:
     ev = Evaluator(Path(args.cache))
     dense = [r for r in rows if not r.moe]
     todo = [r for r in dense if not r.reason and (pick is None or pick.search(r.label))]
-    todo.sort(key=lambda r: (r.model, r.system, r.tp, r.pp, r.mbs, r.precision, r.remat))
+    # cheapest extractions first (a partial run covers the most rows), one program's rows
+    # together (the evaluator keeps one graph in memory)
+    from flint.models.decoder import param_count
+    from flint.models.describe import resolve_model
+
+    size = {r.model: param_count(resolve_model(r.model)) for r in todo}
+    todo.sort(key=lambda r: (r.pp > 1, size[r.model] / r.pp, r.model, r.system, r.tp, r.pp,
+                             r.mbs, r.precision, r.remat, r.label))
+    print(f"{'row':58s} {'published':>10s} {'predicted':>10s} {'error':>8s}  note", flush=True)
+    done = []
     for r in todo:
         rebuild(r, ev)
-    done = [r for r in todo if r.result]
-    print(f"{'row':58s} {'published':>10s} {'predicted':>10s} {'error':>8s}  note")
-    for r in done:
+        if not r.result:
+            continue
+        done.append(r)
         res = r.result
         note = ("OOM " if res["oom"] else "") + f"MFU {res['mfu'] * 100:.1f}%"
         print(f"{r.label[:58]:58s} {r.published_step_s:9.3f}s {res['predicted_step_s']:9.3f}s "
-              f"{res['error'] * 100:+7.1f}%  {note}")
+              f"{res['error'] * 100:+7.1f}%  {note}", flush=True)
     skipped = [r for r in dense if r.reason]
     print(f"\nnot rebuildable ({len(skipped)} dense rows):")
     reasons: dict[str, list[str]] = {}
