@@ -168,9 +168,9 @@ def _conv_flops(name: str, args, outs) -> float:
 
 
 def _attention_flops(name: str, args, named: dict) -> float:
-    """4 * B * H * Sq * Sk * D for QK^T and PV; causal masks skip (Sk - 1) / 2Sk of it
-    (flash kernels do not compute fully masked blocks). Backward: 2.5x (two matmuls per
-    forward one, plus recomputing QK^T)."""
+    """4 * B * H * Sq * Sk * D for QK^T and PV; a causal mask halves it (flash kernels
+    skip fully masked blocks; the same convention as passes.attention). Backward: 2.5x
+    (two matmuls per forward one, plus recomputing QK^T)."""
     q, k = args[0], args[1]
     if name.endswith("_backward"):
         q, k = args[1], args[2]      # (grad_out, query, key, value, ...)
@@ -179,7 +179,7 @@ def _attention_flops(name: str, args, named: dict) -> float:
     causal = bool(named.get("is_causal", False))
     flops = 4.0 * b * h * sq * sk * d
     if causal and sq == sk:
-        flops *= (sk + 1) / (2 * sk)
+        flops *= 0.5
     return flops * SDPA.get(name, 1.0)
 
 
