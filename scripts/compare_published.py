@@ -3,6 +3,7 @@ predicted step time with the published one.
 
     python scripts/compare_published.py                         # every rebuildable row
     python scripts/compare_published.py --rows 'LLAMA3_8B|GPT3-5B' --json out.json
+    python scripts/compare_published.py --cached-only       # rows already extracted
 
 Rows come from ../shared/tables/published.md (each ```csv block under its heading). A row
 is rebuilt from its stated configuration with the zoo decoder (flint.models.describe
@@ -223,7 +224,7 @@ def _have_libtpu() -> bool:
         return False
 
 
-def rebuild(row: Row, evaluator) -> None:
+def rebuild(row: Row, evaluator, cached_only: bool = False) -> None:
     """Estimate one row with the sweep machinery (cached extraction + pipeline pass)."""
     from flint.errors import FlintError
     from flint.hardware_models.estimate import estimate
@@ -243,6 +244,8 @@ def rebuild(row: Row, evaluator) -> None:
     c = Config(to_mapping(cfg), row.gpus, row.tp, row.pp, dp, row.fsdp, row.tp > 1,
                row.mbs, row.gbs // (dp * row.mbs), "interleaved" if row.vp > 1 else "1f1b",
                row.vp, row.remat, compile_target, (), gemm_precision=row.precision)
+    if cached_only and not (evaluator.directory / "graphs" / f"{c.program_key()}.json").is_file():
+        return
     t0 = time.perf_counter()
     try:
         graph, extracted = evaluator.graph(c)
@@ -264,6 +267,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", default=str(REPO / "build" / "compare_published"),
                     help="graph cache directory (extractions are reused across runs)")
     ap.add_argument("--json", dest="json_out", default=None, help="also write rows as JSON")
+    ap.add_argument("--cached-only", action="store_true", help="only rows whose extracted "
+                    "graph is already in --cache (a bounded-time rerun)")
     args = ap.parse_args(argv)
     from flint.frontends.targets import prepare_environment
 
@@ -291,7 +296,7 @@ def main(argv=None) -> int:
     print(f"{'row':58s} {'published':>10s} {'predicted':>10s} {'error':>8s}  note", flush=True)
     done = []
     for r in todo:
-        rebuild(r, ev)
+        rebuild(r, ev, args.cached_only)
         if not r.result:
             continue
         done.append(r)
@@ -308,8 +313,8 @@ def main(argv=None) -> int:
         print(f"  {len(labels):4d} rows: {why} ({', '.join(labels[:6])}"
               f"{', ...' if len(labels) > 6 else ''})")
     not_run = len(dense) - len(skipped) - len(done)
-    print(f"MoE rows (out of scope): {sum(r.moe for r in rows)}; dense rows not selected by "
-          f"--rows: {not_run}")
+    print(f"MoE rows (out of scope): {sum(r.moe for r in rows)}; rebuildable dense rows not "
+          f"run (--rows / --cached-only): {not_run}")
     if args.json_out:
         from flint.io import write_atomic
 
