@@ -32,12 +32,28 @@ def extract(
         None, help="mesh axes, e.g. data=512,model=8 (default: fsdp=N/8,model=8 for zoo "
                    "models, data=N for scripts)"),
     hardware: str = typer.Option("h100-sxm", help="compile target (see `flint hardware`)"),
-    model: str = typer.Option("llama3-8b", help="built-in model when no TARGET is given"),
+    model: str = typer.Option("llama3-8b", help="built-in model when no TARGET is given: a "
+                              "zoo/preset name, a model YAML or a Hugging Face config.json"),
+    model_config: Optional[str] = typer.Option(None, help="model YAML or HF config.json "
+                                               "(same as --model FILE)"),
+    dims_layers: Optional[int] = typer.Option(None, "--n-layers", help="model: layers"),
+    dims_hidden: Optional[int] = typer.Option(None, "--hidden", help="model: hidden size"),
+    dims_heads: Optional[int] = typer.Option(None, "--heads", help="model: attention heads"),
+    dims_kv: Optional[int] = typer.Option(None, "--kv-heads", help="model: KV heads"),
+    dims_ffn: Optional[int] = typer.Option(None, "--ffn", help="model: FFN hidden size"),
+    dims_vocab: Optional[int] = typer.Option(None, "--vocab", help="model: vocabulary"),
+    dims_norm: Optional[str] = typer.Option(None, "--norm", help="model: rms | layer"),
+    dims_act: Optional[str] = typer.Option(None, "--activation", help="model: swiglu | gelu "
+                                           "| relu2"),
+    dims_pos: Optional[str] = typer.Option(None, "--positional", help="model: rope | learned"),
+    gemm_precision: Optional[str] = typer.Option(None, help="zoo: GEMM operands bf16 | fp8 "
+                                                 "| mxfp8"),
     scan: bool = typer.Option(True, "--scan/--unroll", help="zoo: layers in lax.scan or not"),
     layers: Optional[int] = typer.Option(None, help="zoo: override the layer count"),
     seq_len: Optional[int] = typer.Option(None, help="zoo: override the sequence length"),
     batch_per_replica: int = typer.Option(1, help="zoo: sequences per data-parallel replica"),
-    remat: Optional[str] = typer.Option(None, help="zoo: none | full | dots"),
+    remat: Optional[str] = typer.Option(None, help="zoo: none | full | dots | selective "
+                                        "(default: selective for the built-in showcase)"),
     sequence_parallel: bool = typer.Option(False, help="zoo: shard activations' sequence dim "
                                                        "over the TP axis"),
     devices_per_host: Optional[int] = typer.Option(None, help="devices per host (GPU: 8)"),
@@ -57,10 +73,16 @@ def extract(
                               "as torch.compile would"),
 ):
     """Compile a training step for N compile-only devices and build its workload graph."""
+    dims = {k: v for k, v in dict(layers=dims_layers, hidden=dims_hidden, heads=dims_heads,
+                                  kv_heads=dims_kv, ffn=dims_ffn, vocab=dims_vocab,
+                                  norm=dims_norm, activation=dims_act,
+                                  positional=dims_pos).items() if v is not None}
+    model = model_config or model
+    zoo_options = {"dims": dims, "gemm_precision": gemm_precision}
     _run(lambda: _extract(target, devices, mesh, hardware, model, scan, layers, seq_len,
                           batch_per_replica, remat, sequence_parallel, devices_per_host,
                           args_fn, out, as_json, passes, dump_dir, with_estimate, set_,
-                          framework, fuse))
+                          framework, fuse, zoo_options))
 
 
 @app.command()
@@ -126,7 +148,7 @@ def hardware():
 def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
              batch_per_replica, remat, sequence_parallel, devices_per_host, args_fn, out,
              as_json, passes="", dump_dir=None, with_estimate=False, overrides=(),
-             framework="jax", fuse=True):
+             framework="jax", fuse=True, zoo_options=None):
     from flint.frontends.targets import prepare_environment, resolve_target
     from flint.passes import parse_pipeline, run_pipeline
 
@@ -165,11 +187,12 @@ def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
 
             graph, timings = other_frontend_graph(
                 target, framework, devices, mesh, hardware_name, model, layers, seq_len,
-                batch_per_replica, devices_per_host, fuse, stage, sequence_parallel)
+                batch_per_replica, devices_per_host, fuse, stage, bool(sequence_parallel))
         else:
             graph, timings = _jax_graph(target, devices, mesh, hardware_name, model, scan,
                                         layers, seq_len, batch_per_replica, remat,
-                                        sequence_parallel, devices_per_host, args_fn, stage)
+                                        sequence_parallel, devices_per_host, args_fn, stage,
+                                        zoo_options)
         dump = _dumper(dump_dir)
         dump(None, graph)
         graph = run_pipeline(graph, pipeline, callback=dump)
@@ -200,13 +223,14 @@ def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
 
 
 def _jax_graph(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
-               batch_per_replica, remat, sequence_parallel, devices_per_host, args_fn, stage):
+               batch_per_replica, remat, sequence_parallel, devices_per_host, args_fn, stage,
+               zoo_options=None):
     from flint.cli_targets import captured_step
 
     step, args, label, info = captured_step(target, devices, mesh, hardware_name, model,
                                             scan, layers, seq_len, batch_per_replica,
                                             remat, sequence_parallel, devices_per_host,
-                                            args_fn)
+                                            args_fn, **(zoo_options or {}))
     stage(f"tracing and lowering {label} for {devices} devices")
     lowered = step.lower(*args)
     stage(f"compiling with XLA for {devices} x {step.cfg.hardware} (no hardware runs)")

@@ -31,7 +31,8 @@ def _d_model(model: str | None) -> int:
 
 
 def captured_step(target, devices, mesh, hardware, model, scan, layers, seq_len,
-                  batch_per_replica, remat, sequence_parallel, devices_per_host, args_fn):
+                  batch_per_replica, remat, sequence_parallel, devices_per_host, args_fn,
+                  dims=None, gemm_precision=None):
     """Return (Captured step, example args, label, model info)."""
     from flint.cluster import parse_mesh
     from flint.frontends.jax import Captured, capture
@@ -40,8 +41,11 @@ def captured_step(target, devices, mesh, hardware, model, scan, layers, seq_len,
         from flint.models.train import build
 
         mesh_t = parse_mesh(mesh or default_zoo_mesh(devices, model), devices)
+        sequence_parallel = bool(sequence_parallel)
+        if remat is None:
+            remat = "selective"
         w = build(model, mesh_t, batch_per_replica, seq_len, scan, remat, sequence_parallel,
-                  layers)
+                  layers, dims=dims, gemm_precision=gemm_precision)
         step = capture(w.step, devices=devices, mesh=dict(mesh_t), hardware=hardware,
                        in_specs=w.in_specs, out_specs=w.out_specs,
                        donate_argnums=w.donate_argnums, devices_per_host=devices_per_host)

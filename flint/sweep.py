@@ -36,7 +36,8 @@ def extract_program(program: dict) -> WorkloadGraph:
     step, args, label, info = captured_step(
         None, devices, mesh, program["hardware"], program["model"], program["scan"],
         program["layers"] or None, program["seq_len"] or None, program["batch_per_replica"],
-        program["remat"], program["sequence_parallel"], None, "example_args")
+        program["remat"], program["sequence_parallel"], None, "example_args",
+        gemm_precision=program.get("gemm_precision"))
     graph = step.lower(*args).compile().workload()
     graph.meta["model"] = label
     graph.meta["model_flops_per_device"] = info["model_flops"] / devices
@@ -99,9 +100,9 @@ class Evaluator:
         except Exception as err:   # one broken configuration must not end a long sweep
             return {**row, "status": "error", "error": f"{type(err).__name__}: {err}",
                     "time_s": time.perf_counter() - t0, "extracted": False}
-        from flint.models.decoder import ZOO
+        from flint.models.describe import resolve_model
 
-        seq = cfg.seq_len or ZOO[cfg.model].seq_len
+        seq = cfg.seq_len or resolve_model(cfg.model).seq_len
         tokens = cfg.dp * cfg.microbatch * cfg.microbatches * seq    # the global batch
         return {**row, "status": "ok", "step_time_s": e.step_time_s,
                 "tokens_per_s": tokens / e.step_time_s if e.step_time_s else 0.0,

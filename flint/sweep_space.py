@@ -34,6 +34,8 @@ AXES = {
     "microbatch": [1], "schedule": ["1f1b"], "virtual": [1], "remat": ["none"],
     "hardware": ["h100-sxm"], "what_if": [{}],
 }
+# `model` is a zoo/preset name, a model YAML or HF config.json path, or a mapping of dims
+# (layers, hidden, heads, kv_heads, ffn, vocab, seq, norm, activation, positional, base).
 SETTINGS = {"model": "llama3-8b", "framework": "jax", "global_batch": 0, "seq_len": 0,
             "layers": 0, "budget": 0, "seed": 0, "pipeline_split": "layers",
             "max_microbatches": 64}
@@ -84,7 +86,7 @@ class SpaceSchema(Strict):
 
 @dataclass(frozen=True)
 class Config:
-    model: str
+    model: object                 # zoo name, or a mapping of dims (flint.models.describe)
     devices: int
     tp: int
     pp: int
@@ -102,6 +104,7 @@ class Config:
     layers: int = 0
     framework: str = "jax"
     pipeline_split: str = "layers"
+    gemm_precision: str = "bf16"  # bf16 | fp8 | mxfp8 (flint.models.decoder._mm)
 
     @property
     def stage_devices(self) -> int:
@@ -124,7 +127,9 @@ class Config:
         return {"framework": self.framework, "model": self.model, "devices": self.stage_devices,
                 "mesh": [list(a) for a in self.mesh()], "batch_per_replica": self.microbatch,
                 "remat": self.remat, "sequence_parallel": self.sp, "scan": self.scan,
-                "seq_len": self.seq_len, "layers": self.layers, "hardware": self.hardware}
+                "seq_len": self.seq_len, "layers": self.layers, "hardware": self.hardware,
+                **({"gemm_precision": self.gemm_precision}
+                   if self.gemm_precision != "bf16" else {})}
 
     def program_key(self) -> str:
         return _digest(self.program())
@@ -140,7 +145,7 @@ class Config:
     @classmethod
     def from_json(cls, d: dict) -> "Config":
         """The configuration of a `to_json` dict (or of a result row, which holds one)."""
-        return cls(**{**{k: d[k] for k in cls.__dataclass_fields__},
+        return cls(**{**{k: d[k] for k in cls.__dataclass_fields__ if k in d},
                       "what_if": tuple(sorted(d["what_if"].items()))})
 
     def overrides(self) -> list[str]:
@@ -215,7 +220,7 @@ class SearchSpace:
     def _check_against_model(self, shape: dict) -> None:
         from flint.hardware_models.spec import load_spec
 
-        name = self.settings["model"]
+        name = shape["name"]
         for tp in self.axes["tp"]:
             for what, n in (("attention heads", shape["heads"]), ("KV heads", shape["kv_heads"])):
                 if n % tp:
@@ -229,9 +234,11 @@ class SearchSpace:
         for hw in self.axes["hardware"]:
             for wi in self.axes["what_if"]:
                 load_spec(hw, [f"{k}={v}" for k, v in wi.items()])   # bad units fail here
-        bad = [r for r in self.axes["remat"] if r not in ("none", "full", "dots")]
+        from flint.models.decoder import REMAT_POLICIES
+
+        bad = [r for r in self.axes["remat"] if r not in REMAT_POLICIES]
         if bad:
-            raise FlintError(f"unknown remat policy {bad[0]!r}; use none | full | dots")
+            raise FlintError(f"unknown remat policy {bad[0]!r}; use {' | '.join(REMAT_POLICIES)}")
         if self.settings["framework"] != "jax":
             raise FlintError("sweeps extract with the JAX front end (framework: jax)")
         if self.settings["pipeline_split"] not in ("layers", "time"):
@@ -275,9 +282,13 @@ def _model_shape(settings: dict) -> dict:
     with quiet_native_stderr():   # the CUDA plugin's probes when JAX is first imported
         from flint.models import decoder
 
-    name = settings["model"]
-    if name not in decoder.ZOO:
-        raise FlintError(f"unknown model {name!r} for sweeps; zoo: {', '.join(sorted(decoder.ZOO))}")
-    cfg = decoder.ZOO[name]
+    from flint.models.describe import resolve_model, to_mapping
+
+    cfg = resolve_model(settings["model"])
+    # the program carries the model's dims, so a YAML/JSON model or a mapping of dims
+    # keys the extraction cache by what it describes
+    settings["model"] = settings["model"] if isinstance(settings["model"], str) and \
+        settings["model"] in decoder.ZOO else to_mapping(cfg)
     return {"heads": cfg.n_heads, "kv_heads": cfg.n_kv_heads,
-            "layers": settings["layers"] or cfg.n_layers, "experts": 0}
+            "layers": settings["layers"] or cfg.n_layers, "experts": 0, "name": cfg.name,
+            "seq_len": cfg.seq_len}

@@ -168,9 +168,9 @@ def _conv_flops(name: str, args, outs) -> float:
 
 
 def _attention_flops(name: str, args, named: dict) -> float:
-    """4 * B * H * Sq * Sk * D for QK^T and PV; causal masks skip (Sk - 1) / 2Sk of it
-    (flash kernels do not compute fully masked blocks). Backward: 2.5x (two matmuls per
-    forward one, plus recomputing QK^T)."""
+    """4 * B * H * Sq * Sk * D for QK^T and PV; a causal mask halves it (flash kernels
+    skip fully masked blocks; the same convention as passes.attention). Backward: 2.5x
+    (two matmuls per forward one, plus recomputing QK^T)."""
     q, k = args[0], args[1]
     if name.endswith("_backward"):
         q, k = args[1], args[2]      # (grad_out, query, key, value, ...)
@@ -179,5 +179,16 @@ def _attention_flops(name: str, args, named: dict) -> float:
     causal = bool(named.get("is_causal", False))
     flops = 4.0 * b * h * sq * sk * d
     if causal and sq == sk:
-        flops *= (sk + 1) / (2 * sk)
+        flops *= 0.5
     return flops * SDPA.get(name, 1.0)
+
+
+def attention_meta(name: str, args, named: dict) -> dict:
+    """The shapes an attention cost model needs (the contract of passes.attention)."""
+    q, k = (args[1], args[2]) if name.endswith("_backward") else (args[0], args[1])
+    dtype = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}.get(
+        getattr(q, "dtype", None), "bf16")
+    return {"batch": int(q.shape[0]), "heads": int(q.shape[1]), "kv_heads": int(k.shape[1]),
+            "seq_q": int(q.shape[-2]), "seq_kv": int(k.shape[-2]), "head_dim": int(q.shape[-1]),
+            "causal": bool(named.get("is_causal", False)),
+            "backward": name.endswith("_backward"), "dtype": dtype}

@@ -223,6 +223,8 @@ class _Lowerer:
         meta = {**self._tags(), "aten": f"aten::{name}"}
         if cls == "unknown":
             meta["unknown_op"] = True
+        if cls == "attention" and name != "scaled_dot_product_attention":
+            meta["attention"] = ac.attention_meta(name, args, named)
         return self._add(Node(len(self.nodes), n.name, kind, name, cls, inputs=deps,
                               flops=flops, transcendentals=trans,
                               bytes_read=float(sum(ac.nbytes(t) for t in ins)),

@@ -59,7 +59,9 @@ def lower_hlo(module: HloModule, cluster: Cluster) -> WorkloadGraph:
     if participants not in (1, cluster.devices):
         raise FlintError(f"HLO module {module.name!r} is partitioned for {participants} devices "
                          f"but the cluster has {cluster.devices}")
-    return _Lowering(module, cluster).run()
+    from flint.passes.attention import CollapseAttention
+
+    return CollapseAttention().run(_Lowering(module, cluster).run())
 
 
 _ALIASED_PARAM = re.compile(r":\s*\(\s*(\d+)\s*,")

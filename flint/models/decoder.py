@@ -11,9 +11,11 @@ Few-Shot Learners", Table 2.1), with GPT-2's vocabulary, norms and learned posit
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
 
@@ -32,9 +34,11 @@ class DecoderConfig:
     pos: str = "rope"            # rope | learned
     tie_embeddings: bool = False
     scan: bool = True            # layers in lax.scan (as MaxText does) or unrolled
-    remat: str = "none"          # none | full | dots
+    remat: str = "none"          # see REMAT_POLICIES
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
+    attention: str = "flash"     # flash (fused kernel) | xla (materialized S x S scores)
+    gemm_precision: str = "bf16"  # bf16 | fp8 (per-tensor current scaling) | mxfp8 (1x32)
 
     @property
     def head_dim(self) -> int:
@@ -56,6 +60,16 @@ ZOO = {
     # A few-layer model of the same structure, small enough to run on host CPUs in tests.
     "tiny": DecoderConfig("tiny", 512, 128, 2, 4, 2, 256, 64),
 }
+
+
+# Activation rematerialization (jax.checkpoint policies), per decoder layer:
+#   none: save everything; full: save only the layer input (Megatron "full" recompute);
+#   dots: save matmul outputs (XLA recomputes the elementwise work);
+#   selective: save everything but the attention core's output, which the backward
+#   recomputes (Korthikanti et al. 2022 "selective": with a flash kernel the S x S
+#   probabilities are never stored anyway, so only the core's forward is re-run).
+REMAT_POLICIES = ("none", "full", "dots", "selective")
+GEMM_PRECISIONS = ("bf16", "fp8", "mxfp8")
 
 
 def param_shapes(cfg: DecoderConfig) -> dict:
@@ -133,41 +147,115 @@ def _rope(x, positions):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
 
 
-def _attention(x, p, cfg: DecoderConfig, kv_spec=None):
+def _attention(x, p, cfg: DecoderConfig, attn_spec=None, kv_spec=None):
     b, s, _ = x.shape
     h, kv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     cd = x.dtype
-    q = (x @ p["wq"].astype(cd)).reshape(b, s, kv, h // kv, hd)
-    k = (x @ p["wk"].astype(cd)).reshape(b, s, kv, hd)
-    v = (x @ p["wv"].astype(cd)).reshape(b, s, kv, hd)
+    q = _mm(x, p["wq"], cfg).reshape(b, s, kv, h // kv, hd)
+    k = _mm(x, p["wk"], cfg).reshape(b, s, kv, hd)
+    v = _mm(x, p["wv"], cfg).reshape(b, s, kv, hd)
     if cfg.pos == "rope":
         pos = jnp.arange(s)
         q = _rope(q.reshape(b, s, h, hd), pos).reshape(b, s, kv, h // kv, hd)
         k = _rope(k, pos)
     if kv_spec is not None:   # context parallelism: gather the keys and values
         k, v = (jax.lax.with_sharding_constraint(t, kv_spec) for t in (k, v))
+    if cfg.attention == "flash":
+        from flint.models.attention import attention
+
+        out = attention(q.reshape(b, s, h, hd), k, v, causal=True, spec=attn_spec)
+        out = checkpoint_name(out, "attention_core")
+        return _mm(out.reshape(b, s, h * hd), p["wo"], cfg)
     scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k, preferred_element_type=jnp.float32)
     scores = scores / jnp.sqrt(jnp.float32(hd))
     causal = jnp.tril(jnp.ones((s, s), dtype=bool))
     scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(cd)
     out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v).reshape(b, s, h * hd)
-    return out @ p["wo"].astype(cd)
+    return _mm(out, p["wo"], cfg)
+
+
+def _mm(x, w, cfg: DecoderConfig):
+    """x @ w in the compute dtype. bf16 GEMMs accumulate in f32 inside the kernel (cuBLAS
+    computeType 32F, the TPU MXU likewise) and round the result to bf16, so a row-parallel
+    partial sum is reduced in bf16 as Megatron does; the attention scores and the logits
+    ask for f32 results explicitly (preferred_element_type). fp8: both operands quantized to E4M3 with a
+    per-tensor scale from the current amax (Transformer Engine's current scaling); mxfp8:
+    one scale per 1x32 block of the contraction dim (OCP MX spec), whose GEMM runs at the
+    FP8 tensor rate on Blackwell."""
+    cd = x.dtype
+    w = w.astype(cd)
+    if cfg.gemm_precision == "bf16":
+        return jnp.matmul(x, w)
+    return _fp8_matmul(x, w, cfg.gemm_precision)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _fp8_matmul(x, w, kind):
+    return _fp8_forward(x, w, kind)[0]
+
+
+def _fp8_forward(x, w, kind):
+    xq, sx = _quantize_fp8(x, kind, axis=-1)
+    wq, sw = _quantize_fp8(w, kind, axis=0)
+    y = jnp.matmul(xq, wq, preferred_element_type=jnp.float32)
+    if kind == "fp8":
+        y = y * (sx * sw)
+    return y.astype(x.dtype), (xq, sx, wq, sw)
+
+
+def _fp8_fwd(x, w, kind):
+    y, (xq, sx, wq, sw) = _fp8_forward(x, w, kind)
+    return y, (xq, sx, wq, sw)
+
+
+def _fp8_bwd(kind, res, dy):
+    """Both backward GEMMs in FP8 too, as Transformer Engine runs them: the output
+    gradient in E5M2 (wider range) with a per-tensor scale, against the saved E4M3
+    operands (their block scales, for mxfp8, are folded in per tensor here)."""
+    xq, sx, wq, sw = res
+    sx, sw = jnp.max(sx), jnp.max(sw)
+    d32 = dy.astype(jnp.float32)
+    sd = jnp.max(jnp.abs(d32)) / 57344.0 + 1e-12          # E5M2 max normal is 57344
+    dq = (d32 / sd).astype(jnp.float8_e5m2)
+    dx = jnp.matmul(dq, wq.T, preferred_element_type=jnp.float32) * (sd * sw)
+    lead = "".join(chr(ord("a") + i) for i in range(dy.ndim - 1))
+    dw = jnp.einsum(f"{lead}k,{lead}n->kn", xq, dq, preferred_element_type=jnp.float32)
+    return dx.astype(dy.dtype), (dw * (sx * sd)).astype(dy.dtype)   # both operands were bf16
+
+
+_fp8_matmul.defvjp(_fp8_fwd, _fp8_bwd)
+
+
+def _quantize_fp8(t, kind: str, axis: int):
+    f8 = jnp.float8_e4m3fn
+    t32 = t.astype(jnp.float32)
+    if kind == "fp8":
+        scale = jnp.max(jnp.abs(t32)) / 448.0 + 1e-12      # E4M3 max normal is 448
+        return (t32 / scale).astype(f8), scale
+    axis = axis % t.ndim
+    n = t.shape[axis]
+    blocks = t32.reshape(t.shape[:axis] + (n // 32, 32) + t.shape[axis + 1:]) if n % 32 == 0 \
+        else t32.reshape(t.shape[:axis] + (1, n) + t.shape[axis + 1:])
+    scale = jnp.max(jnp.abs(blocks), axis=axis + 1, keepdims=True) / 448.0 + 1e-12
+    return (blocks / scale).astype(f8).reshape(t.shape), scale
 
 
 def _mlp(x, p, cfg: DecoderConfig):
-    cd = x.dtype
-    up = x @ p["w_up"].astype(cd)
+    up = _mm(x, p["w_up"], cfg)
     if cfg.mlp == "swiglu":
-        up = jax.nn.silu(x @ p["w_gate"].astype(cd)) * up
+        up = jax.nn.silu(_mm(x, p["w_gate"], cfg)) * up
+    elif cfg.mlp == "relu2":       # squared ReLU (So et al. 2021, Primer), as Nemotron-4
+        up = jnp.square(jax.nn.relu(up))
     else:
         up = jax.nn.gelu(up)
-    return up @ p["w_down"].astype(cd)
+    return _mm(up, p["w_down"], cfg)
 
 
-def forward(params, tokens, cfg: DecoderConfig, act_spec=None, kv_spec=None):
-    """Logits [batch, seq, vocab] in float32. `act_spec`: the activations' sharding;
-    `kv_spec`: the keys' and values' ([batch, seq, kv heads, head dim]) in attention."""
+def forward(params, tokens, cfg: DecoderConfig, act_spec=None, attn_spec=None, kv_spec=None):
+    """Logits [batch, seq, vocab]. `act_spec` shards the residual stream between layers;
+    `attn_spec` shards the attention core's [batch, seq, heads, head_dim] queries;
+    `kv_spec` the keys' and values' ([batch, seq, kv heads, head dim]) in attention."""
     cd = jnp.dtype(cfg.compute_dtype)
 
     def constrain(x):
@@ -181,7 +269,7 @@ def forward(params, tokens, cfg: DecoderConfig, act_spec=None, kv_spec=None):
 
     def layer(x, p):
         with jax.named_scope("attention"):
-            x = x + _attention(_norm(x, p["attn_norm"], cfg.norm), p, cfg, kv_spec)
+            x = x + _attention(_norm(x, p["attn_norm"], cfg.norm), p, cfg, attn_spec, kv_spec)
         with jax.named_scope("mlp"):
             x = x + _mlp(_norm(x, p["mlp_norm"], cfg.norm), p, cfg)
         return constrain(x)
@@ -190,6 +278,9 @@ def forward(params, tokens, cfg: DecoderConfig, act_spec=None, kv_spec=None):
         layer = jax.checkpoint(layer)
     elif cfg.remat == "dots":
         layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.checkpoint_dots)
+    elif cfg.remat == "selective":
+        layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.
+                               save_anything_except_these_names("attention_core"))
     if cfg.scan:
         def body(x, p):
             with jax.named_scope("layers"):

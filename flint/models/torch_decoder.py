@@ -1,8 +1,8 @@
 """PyTorch twins of the JAX zoo decoders (flint/models/decoder.py): same configs, same math.
 
-Attention is written as the JAX twin writes it (grouped-query einsum over the full
-sequence with a causal mask, softmax in float32), so both frameworks do the same work and
-their graphs can be compared op for op. Parameters are float32 and compute runs in
+Attention is SDPA's fused kernel (one aten node forward, one backward), as the JAX twin's
+is one flash-attention node; `attention="xla"` writes it as the JAX twin's unfused
+reference does (grouped-query matmuls over the full sequence, softmax in float32). Parameters are float32 and compute runs in
 bfloat16 under autocast, like the JAX twin's casts.
 
 `parallelize(model, mesh, ...)` applies Megatron TP with DTensor (column-parallel
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flint.models.decoder import ZOO, DecoderConfig
+from flint.models.decoder import DecoderConfig
 
 TP_AXES = ("model", "tp", "tensor")
 FSDP_AXES = ("fsdp",)
@@ -59,6 +59,13 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, -1, hd)
         if cos is not None:
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        if self.cfg.attention == "flash":
+            # SDPA's fused kernel (flash on GPUs; its CPU twin under fake tensors), K/V
+            # repeated to the query heads as torchtitan's repeat_kv does
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+            k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.wo(out.transpose(1, 2).reshape(b, s, -1))
         kv = k.shape[2]
         q = q.view(b, s, kv, group, hd).permute(0, 2, 3, 1, 4).reshape(b, kv, group * s, hd)
         scores = torch.matmul(q, k.permute(0, 2, 3, 1)).float() / math.sqrt(hd)
@@ -81,6 +88,7 @@ class MLP(nn.Module):
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.gated = cfg.mlp == "swiglu"
+        self.relu2 = cfg.mlp == "relu2"
         self.w_up = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.w_down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
         if self.gated:
@@ -88,7 +96,12 @@ class MLP(nn.Module):
 
     def forward(self, x):
         up = self.w_up(x)
-        up = F.silu(self.w_gate(x)) * up if self.gated else F.gelu(up)
+        if self.gated:
+            up = F.silu(self.w_gate(x)) * up
+        elif self.relu2:
+            up = torch.square(F.relu(up))
+        else:
+            up = F.gelu(up)
         return self.w_down(up)
 
 
@@ -135,12 +148,12 @@ class Decoder(nn.Module):
             return self.lm_head(x).float()
 
 
-def config(name: str, **overrides) -> DecoderConfig:
-    if name not in ZOO:
-        from flint.errors import FlintError
+def config(name, **overrides) -> DecoderConfig:
+    """A zoo/preset name, model YAML / HF config.json path, mapping of dims or config."""
+    from flint.models.describe import resolve_model
 
-        raise FlintError(f"unknown zoo model {name!r}; known: {', '.join(sorted(ZOO))}")
-    return ZOO[name].with_(scan=False, **{k: v for k, v in overrides.items() if v is not None})
+    return resolve_model(name).with_(scan=False, **{k: v for k, v in overrides.items()
+                                                    if v is not None})
 
 
 def cross_entropy(logits, targets):

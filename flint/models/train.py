@@ -86,6 +86,10 @@ def adamw_update(params, grads, state, lr=3e-4, b1=0.9, b2=0.95, eps=1e-8, wd=0.
 
 
 def cross_entropy(logits, targets):
+    """Mean token cross entropy. Under tensor parallelism the logits stay vocab-sharded
+    (the LM head is column-parallel): the max/sum of logsumexp and the picked logit are
+    partial reductions plus a small all-reduce over the TP group, i.e. Megatron's
+    vocab-parallel cross entropy; the [tokens, vocab] logits are never gathered."""
     lse = jax.nn.logsumexp(logits, axis=-1)
     picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     return jnp.mean(lse - picked)
@@ -105,19 +109,29 @@ def spec_tree(tree, rules) -> object:
     return jax.tree_util.tree_map_with_path(pick, tree)
 
 
-def build(model: str, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
+def build(model, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
           seq_len: int | None = None, scan: bool | None = None, remat: str | None = None,
-          sequence_parallel: bool = False, layers: int | None = None) -> ZooWorkload:
-    """The zoo model's training step for a mesh (global batch = batch_per_replica x DP)."""
-    if model in mlp.ZOO:
+          sequence_parallel: bool = False, layers: int | None = None,
+          dims: dict | None = None, gemm_precision: str | None = None,
+          attention: str | None = None) -> ZooWorkload:
+    """The model's training step for a mesh (global batch = batch_per_replica x DP).
+    `model` is a zoo/preset name, a model YAML or HF config.json path, a mapping of dims
+    or a DecoderConfig (flint.models.describe); `dims` overrides dims by user key."""
+    if isinstance(model, str) and model in mlp.ZOO:
         return mlp.build(model, mesh, batch_per_replica, layers)
-    if model not in decoder.ZOO:
-        raise FlintError(f"unknown model {model!r}; zoo: "
-                         f"{', '.join(sorted(decoder.ZOO) + sorted(mlp.ZOO))}")
-    cfg = decoder.ZOO[model]
+    from flint.models.describe import resolve_model
+
+    cfg = resolve_model(model, dims)
     overrides = {k: v for k, v in dict(seq_len=seq_len, scan=scan, remat=remat,
-                                       n_layers=layers).items() if v is not None}
+                                       n_layers=layers, gemm_precision=gemm_precision,
+                                       attention=attention).items() if v is not None}
     cfg = cfg.with_(**overrides)
+    if cfg.remat not in decoder.REMAT_POLICIES:
+        raise FlintError(f"unknown remat policy {cfg.remat!r}; use "
+                         f"{' | '.join(decoder.REMAT_POLICIES)}")
+    if cfg.gemm_precision not in decoder.GEMM_PRECISIONS:
+        raise FlintError(f"unknown GEMM precision {cfg.gemm_precision!r}; use "
+                         f"{' | '.join(decoder.GEMM_PRECISIONS)}")
     par = Parallelism.from_mesh(mesh, sequence_parallel)
     sizes = dict(mesh)
     dp = 1
@@ -138,10 +152,11 @@ def build(model: str, mesh: tuple[tuple[str, int], ...], batch_per_replica: int 
     act = P(batch_axis, par.axis(seq), None)
     # Context parallelism: every rank's queries attend to the whole sequence's keys/values.
     kv = P(batch_axis, None, P.UNCONSTRAINED, None) if cp else None
+    attn = P(batch_axis, cp, par.tp_axis, None)
 
     def train_step(params, opt_state, batch):
         def loss_fn(p):
-            logits = decoder.forward(p, batch["tokens"], cfg, act, kv)
+            logits = decoder.forward(p, batch["tokens"], cfg, act, attn, kv)
             return cross_entropy(logits, batch["targets"])
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
@@ -153,6 +168,7 @@ def build(model: str, mesh: tuple[tuple[str, int], ...], batch_per_replica: int 
     model_flops = decoder.model_flops(cfg, tokens)
     info = {"params": decoder.param_count(cfg), "tokens": tokens, "model_flops": model_flops,
             "global_batch": batch, "seq_len": cfg.seq_len, "layers": cfg.n_layers,
-            "scan": cfg.scan, "remat": cfg.remat}
+            "scan": cfg.scan, "remat": cfg.remat, "attention": cfg.attention,
+            "gemm_precision": cfg.gemm_precision}
     return ZooWorkload(cfg.name, train_step, (params, opt, data), (pspec, ospec, dspec),
                        (pspec, ospec, P()), (0, 1), info)

@@ -1,0 +1,118 @@
+"""Fused (flash) attention for the zoo decoders, as production trains them.
+
+On GPUs, production JAX uses cuDNN's fused attention (`jax.nn.dot_product_attention(...,
+implementation="cudnn")`), which XLA emits as one `__cudnn$fmha*` custom call per call.
+A compile-only CUDA target cannot emit it: JAX checks the cuDNN version at trace time
+("RuntimeError: cuDNN not found." with no cuDNN libraries installed), and XLA needs a
+cuDNN handle to build the graph. So the attention core is written here the way a
+flash-attention kernel computes it (a custom VJP whose residuals are Q, K, V, O and the
+log-sum-exp, never the S x S probabilities; the backward recomputes them), inside a
+named scope that carries its per-device shapes:
+
+    flashattn_fwd_b{B}_h{H}_kv{Hkv}_sq{Sq}_skv{Skv}_d{D}_{causal|full}
+
+`passes.attention.CollapseAttention` turns the ops of each such scope into ONE attention
+node (and one for the backward) with the FLOPs, bytes and shapes of a flash kernel.
+Under a mesh the core runs in `shard_map` (as MaxText wraps its kernels), so the shapes
+in the name are what one device computes.
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from flint.passes.attention import scope_name
+
+
+def attention(q, k, v, causal: bool = True, spec: P | None = None):
+    """q [B, S, H, D], k/v [B, T, Hkv, D] -> [B, S, H, D]. `spec` is the sharding of q
+    (batch axes, None, tensor-parallel axis, None); K/V heads are repeated to H when the
+    tensor-parallel degree does not divide them (as Megatron does)."""
+    if spec is None or not _has_mesh():
+        return _core(q, k, v, causal)
+    mesh = jax.sharding.get_abstract_mesh()
+    tp = spec[2]
+    tp_size = math.prod(mesh.shape[a] for a in ((tp,) if isinstance(tp, str) else tp or ()))
+    if k.shape[2] % tp_size:
+        rep = q.shape[2] // k.shape[2]
+        k, v = jnp.repeat(k, rep, axis=2), jnp.repeat(v, rep, axis=2)
+    # Keys and values are whole along the sequence (gathered first under context
+    # parallelism, where only the queries are split).
+    kv_spec = P(spec[0], None, *spec[2:])
+    fn = jax.shard_map(partial(_core, causal=causal), mesh=mesh,
+                       in_specs=(spec, kv_spec, kv_spec), out_specs=spec, check_vma=False)
+    return fn(q, k, v)
+
+
+def _has_mesh() -> bool:
+    mesh = jax.sharding.get_abstract_mesh()
+    return mesh is not None and not mesh.empty
+
+
+def _core(q, k, v, causal: bool):
+    b, s, h, d = q.shape
+    t, kv = k.shape[1], k.shape[2]
+    names = {ph: scope_name(ph, b, h, kv, s, t, d, causal) for ph in ("fwd", "bwd")}
+
+    @jax.custom_vjp
+    def flash(q, k, v):
+        return _forward(q, k, v, causal)[0]
+
+    def fwd(q, k, v):
+        with jax.named_scope(names["fwd"]):
+            o, lse = _forward(q, k, v, causal)
+        return o, (q, k, v, o, lse)
+
+    def bwd(res, do):
+        with jax.named_scope(names["bwd"]):
+            return _backward(*res, do, causal)
+
+    flash.defvjp(fwd, bwd)
+    return flash(q, k, v)
+
+
+def _scores(q, k, causal):
+    b, s, h, d = q.shape
+    kv = k.shape[2]
+    qg = q.reshape(b, s, kv, h // kv, d)
+    sc = jnp.einsum("bqkgd,bskd->bkgqs", qg, k, preferred_element_type=jnp.float32)
+    sc = sc / jnp.sqrt(jnp.float32(d))
+    if causal:
+        # s queries against t >= s keys: with context parallelism a rank holds a balanced
+        # share of the sequence's rows (zig-zag), so its mask is the diagonal scaled to
+        # t / s, about half of its s x t scores, as passes.attention counts them.
+        t = k.shape[1]
+        rows, cols = jnp.arange(s)[:, None], jnp.arange(t)[None, :]
+        mask = cols * s < (rows + 1) * t
+        sc = jnp.where(mask, sc, jnp.finfo(jnp.float32).min)
+    return sc
+
+
+def _forward(q, k, v, causal):
+    b, s, h, d = q.shape
+    sc = _scores(q, k, causal)
+    lse = jax.nn.logsumexp(sc, axis=-1)                       # [b, kv, g, s]
+    p = jnp.exp(sc - lse[..., None]).astype(q.dtype)
+    o = jnp.einsum("bkgqs,bskd->bqkgd", p, v, preferred_element_type=jnp.float32)
+    return o.astype(q.dtype).reshape(b, s, h, d), lse
+
+
+def _backward(q, k, v, o, lse, do, causal):
+    b, s, h, d = q.shape
+    kv = k.shape[2]
+    p = jnp.exp(_scores(q, k, causal) - lse[..., None])       # recomputed, as flash does
+    dog = do.reshape(b, s, kv, h // kv, d)
+    og = o.reshape(b, s, kv, h // kv, d)
+    dv = jnp.einsum("bkgqs,bqkgd->bskd", p.astype(q.dtype), dog,
+                    preferred_element_type=jnp.float32)
+    dp = jnp.einsum("bqkgd,bskd->bkgqs", dog, v, preferred_element_type=jnp.float32)
+    delta = jnp.einsum("bqkgd,bqkgd->bkgq", dog.astype(jnp.float32), og.astype(jnp.float32))
+    ds = (p * (dp - delta[..., None]) / jnp.sqrt(jnp.float32(d))).astype(q.dtype)
+    qg = q.reshape(b, s, kv, h // kv, d)
+    dq = jnp.einsum("bkgqs,bskd->bqkgd", ds, k, preferred_element_type=jnp.float32)
+    dk = jnp.einsum("bkgqs,bqkgd->bskd", ds, qg, preferred_element_type=jnp.float32)
+    return (dq.reshape(b, s, h, d).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype))

@@ -1,0 +1,246 @@
+"""Describe a decoder from the command line, a YAML file or a Hugging Face `config.json`.
+
+    cfg = resolve_model("llama3-70b")                          # zoo name or preset
+    cfg = resolve_model("my_model.yaml", {"layers": 4})        # YAML of dims (+ overrides)
+    cfg = resolve_model("path/to/config.json")                 # a HF config, read as JSON
+    cfg = resolve_model({"base": "llama3-8b", "seq": 4096})    # a mapping (sweep spaces)
+
+Dims use these keys everywhere (CLI options, YAML, sweep spaces): layers, hidden, heads,
+kv_heads, ffn, vocab, seq, norm (rms | layer), activation (swiglu | gelu | relu2),
+positional (rope | learned), tie_embeddings; `base` starts from a named model. A Hugging
+Face config is only read (never fetched); mixture-of-experts configs are refused (MoE has
+its own model family).
+
+Presets are the dense models of the public training tables, shaped from their public
+configurations (the paper or model card named beside each).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+from flint.errors import FlintError
+from flint.models.decoder import ZOO, DecoderConfig
+
+# user key -> DecoderConfig field
+DIM_KEYS = {"layers": "n_layers", "hidden": "d_model", "heads": "n_heads",
+            "kv_heads": "n_kv_heads", "ffn": "d_ff", "vocab": "vocab", "seq": "seq_len",
+            "norm": "norm", "activation": "mlp", "positional": "pos",
+            "tie_embeddings": "tie_embeddings"}
+CHOICES = {"norm": ("rms", "layer"), "mlp": ("swiglu", "gelu", "relu2"),
+           "pos": ("rope", "learned")}
+
+
+def _gpt(name, layers, hidden, heads, seq=2048, vocab=51200):
+    """Megatron GPT: LayerNorm, GeLU MLP of 4h, learned positions, tied embeddings,
+    vocab padded to 51200 (Megatron-LM's padding of GPT-2's 50257 tokens)."""
+    return DecoderConfig(name, vocab, hidden, layers, heads, heads, 4 * hidden, seq,
+                         norm="layer", mlp="gelu", pos="learned", tie_embeddings=True)
+
+
+def _llama(name, layers, hidden, heads, kv, ffn, vocab, seq):
+    return DecoderConfig(name, vocab, hidden, layers, heads, kv, ffn, seq)
+
+
+def _nemotron(name, layers, hidden, heads, kv, ffn, seq=4096):
+    """Nemotron-4 (arXiv 2402.16819, 2406.11704): squared-ReLU MLP, LayerNorm, RoPE,
+    untied embeddings, 256k SentencePiece vocabulary."""
+    return DecoderConfig(name, 256000, hidden, layers, heads, kv, ffn, seq, norm="layer",
+                         mlp="relu2")
+
+
+PRESETS = {c.name: c for c in (
+    # GPT-3 (Brown et al. 2020, Table 2.1): 175B = 96 layers, d 12288, 96 heads, ctx 2048.
+    _gpt("gpt3-175b", 96, 12288, 96),
+    # NeMo's GPT3-5B / 20B configs (NeMo conf/llm/gpt3: 24 x 4096 x 32 heads; 44 x 6144 x 48)
+    _gpt("gpt3-5b", 24, 4096, 32),
+    _gpt("gpt3-20b", 44, 6144, 48),
+    # Korthikanti et al. 2022 (arXiv 2205.05198) Table 3: heads, hidden, layers, vocab 51200.
+    _gpt("gpt-22b", 48, 6144, 64),
+    _gpt("gpt-530b", 105, 20480, 128),
+    _gpt("gpt-1t", 128, 25600, 160),
+    # Llama 2 (Touvron et al. 2023, Table 1 + HF config.json): vocab 32000, ctx 4096.
+    _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+    _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+    _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+    # Llama 3 herd (arXiv 2407.21783, Table 3): 405B = 126 layers, d 16384, FFN 53248,
+    # 128 heads, 8 KV heads, vocab 128256.
+    _llama("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+    # Mistral 7B (arXiv 2310.06825, Table 1): 32 x 4096, 32 heads, 8 KV, FFN 14336, 32000.
+    _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 8192),
+    # Nemotron-4 15B (arXiv 2402.16819 Table 1): 32 layers, 6144, 48 heads, 8 KV, FFN 4x.
+    _nemotron("nemotron-15b", 32, 6144, 48, 8, 24576),
+    # Nemotron-4 340B (arXiv 2406.11704 Table 1): 96 layers, 18432, 96 heads, 8 KV, FFN 73728.
+    _nemotron("nemotron-340b", 96, 18432, 96, 8, 73728),
+    # NeMo's Nemotron-8B / 22B configs (NeMo conf/llm/nemotron: 32 x 4096 x 32 heads, FFN
+    # 16384; 40 x 6144 x 48 heads, FFN 24576), multi-head attention.
+    _nemotron("nemotron-8b", 32, 4096, 32, 32, 16384),
+    _nemotron("nemotron-22b", 40, 6144, 48, 48, 24576),
+)}
+
+
+def known_models() -> dict[str, DecoderConfig]:
+    return {**ZOO, **PRESETS}
+
+
+def resolve_model(spec, overrides: dict | None = None) -> DecoderConfig:
+    """A DecoderConfig from a name, a YAML/JSON path, a mapping or a config, with dims
+    overrides (user keys) applied and the result checked."""
+    if isinstance(spec, DecoderConfig):
+        cfg = spec
+    elif isinstance(spec, dict):
+        cfg = from_mapping(spec, "model mapping")
+    elif isinstance(spec, str) and spec.endswith((".yaml", ".yml", ".json")):
+        cfg = from_file(spec)
+    elif isinstance(spec, str) and spec in known_models():
+        cfg = known_models()[spec]
+    else:
+        raise FlintError(f"unknown model {spec!r}; known: {', '.join(sorted(known_models()))}"
+                         f" (or a .yaml of dims, or a Hugging Face config.json)")
+    if overrides:
+        cfg = _apply(cfg, overrides, "model options")
+    return check(cfg)
+
+
+def from_file(path: str) -> DecoderConfig:
+    p = Path(path)
+    if not p.is_file():
+        raise FlintError(f"model file not found: {path}")
+    text = p.read_text(errors="replace")
+    if p.suffix == ".json":
+        try:
+            doc = json.loads(text)
+        except ValueError as e:
+            raise FlintError(f"{path}: not valid JSON: {e}") from None
+        if not isinstance(doc, dict):
+            raise FlintError(f"{path}: a config.json must hold a JSON object")
+        return from_hf(doc, p.parent.name or p.stem)
+    import yaml
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise FlintError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(doc, dict):
+        raise FlintError(f"{path}: a model YAML must hold a mapping of dims")
+    return from_mapping({"name": p.stem, **doc}, path)
+
+
+def from_mapping(doc: dict, where: str) -> DecoderConfig:
+    """`{base: llama3-8b, layers: 16}` or a complete set of dims."""
+    doc = dict(doc)
+    base = doc.pop("base", None)
+    name = str(doc.pop("name", base or "custom"))
+    if base is not None:
+        if base not in known_models():
+            raise FlintError(f"{where}: unknown base model {base!r}")
+        cfg = known_models()[base].with_(name=name)
+    else:
+        missing = [k for k in ("layers", "hidden", "heads", "ffn", "vocab", "seq") if k not in doc]
+        if missing:
+            raise FlintError(f"{where}: missing {missing[0]!r} (or give a base model)")
+        cfg = DecoderConfig(name, 1, 1, 1, 1, 1, 1, 1)
+        doc.setdefault("kv_heads", doc["heads"])
+    return _apply(cfg, doc, where)
+
+
+def _apply(cfg: DecoderConfig, doc: dict, where: str) -> DecoderConfig:
+    changes = {}
+    for key, value in doc.items():
+        if key not in DIM_KEYS:
+            raise FlintError(f"{where}: unknown model key {key!r}; known: "
+                             f"{', '.join(list(DIM_KEYS) + ['base', 'name'])}")
+        field = DIM_KEYS[key]
+        if field in CHOICES or field == "tie_embeddings":
+            changes[field] = value
+        else:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise FlintError(f"{where}: {key} must be a positive integer, got {value!r}")
+            changes[field] = value
+    return cfg.with_(**changes)
+
+
+def check(cfg: DecoderConfig) -> DecoderConfig:
+    for f, allowed in CHOICES.items():
+        if getattr(cfg, f) not in allowed:
+            key = next(k for k, v in DIM_KEYS.items() if v == f)
+            raise FlintError(f"model {cfg.name}: {key} must be one of {'|'.join(allowed)}, "
+                             f"got {getattr(cfg, f)!r}")
+    if not isinstance(cfg.tie_embeddings, bool):
+        raise FlintError(f"model {cfg.name}: tie_embeddings must be true or false")
+    if cfg.d_model % cfg.n_heads:
+        raise FlintError(f"model {cfg.name}: hidden {cfg.d_model} is not a multiple of "
+                         f"{cfg.n_heads} heads")
+    if cfg.n_heads % cfg.n_kv_heads:
+        raise FlintError(f"model {cfg.name}: {cfg.n_heads} heads are not a multiple of "
+                         f"{cfg.n_kv_heads} KV heads")
+    if cfg.pos == "rope" and cfg.head_dim % 2:
+        raise FlintError(f"model {cfg.name}: RoPE needs an even head dim, got {cfg.head_dim}")
+    return cfg
+
+
+_MOE_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")
+_ACTIVATIONS = {"silu": "swiglu", "swiglu": "swiglu", "gelu": "gelu", "gelu_new": "gelu",
+                "gelu_pytorch_tanh": "gelu", "gelu_fast": "gelu", "relu2": "relu2",
+                "squared-relu": "relu2", "relu_squared": "relu2"}
+
+
+def from_hf(doc: dict, name: str = "hf-model") -> DecoderConfig:
+    """A Hugging Face `config.json` (Llama/Mistral/Qwen2/Nemotron/GPT-2/GPT-NeoX style).
+    Gated (SwiGLU) MLPs are the `silu` activation of Llama-style models; GPT-2-style models
+    (n_layer/n_embd keys) use LayerNorm, GeLU and learned positions. Vocabularies are padded
+    to a multiple of 128 (as Megatron-LM and nanoGPT do) so vocab-parallel layers divide."""
+    if any(doc.get(k) for k in _MOE_KEYS):
+        raise FlintError(f"{name}: a mixture-of-experts config; only dense decoders are "
+                         f"described here")
+
+    def get(*keys, default=None):
+        for k in keys:
+            if doc.get(k) is not None:
+                return doc[k]
+        if default is None:
+            raise FlintError(f"{name}: config.json has none of {', '.join(keys)}")
+        return default
+
+    gpt2_style = "n_embd" in doc or doc.get("model_type") in ("gpt2", "gpt_bigcode")
+    hidden = int(get("hidden_size", "n_embd", "d_model"))
+    heads = int(get("num_attention_heads", "n_head"))
+    act = str(get("hidden_act", "activation_function", "hidden_activation",
+                  default="gelu" if gpt2_style else "silu"))
+    if act not in _ACTIVATIONS:
+        raise FlintError(f"{name}: unsupported activation {act!r}")
+    mlp = _ACTIVATIONS[act]
+    if doc.get("model_type") in ("gpt_neox", "nemotron") and mlp == "swiglu":
+        mlp = "gelu"      # ungated MLPs despite a silu-family name
+    norm = "layer" if (gpt2_style or "layer_norm_eps" in doc or "layer_norm_epsilon" in doc
+                       or "norm_eps" in doc and doc.get("model_type") == "nemotron") else "rms"
+    learned = gpt2_style or doc.get("position_embedding_type") == "absolute" and \
+        "rope_theta" not in doc
+    vocab = int(get("vocab_size"))
+    return check(DecoderConfig(
+        name=str(doc.get("_name_or_path") or name), vocab=math.ceil(vocab / 128) * 128,
+        d_model=hidden, n_layers=int(get("num_hidden_layers", "n_layer")), n_heads=heads,
+        n_kv_heads=int(get("num_key_value_heads", "num_attention_heads", "n_head")),
+        d_ff=int(get("intermediate_size", "n_inner", "ffn_hidden_size", default=4 * hidden)),
+        seq_len=int(get("max_position_embeddings", "n_positions", "seq_length")),
+        norm=norm, mlp=mlp, pos="learned" if learned else "rope",
+        tie_embeddings=bool(doc.get("tie_word_embeddings", gpt2_style))))
+
+
+def to_mapping(cfg: DecoderConfig) -> dict:
+    """The model as a JSON-ready mapping that `resolve_model` reads back (sweep programs)."""
+    d = asdict(cfg)
+    out = {"name": d["name"]}
+    for key, f in DIM_KEYS.items():
+        out[key] = d[f]
+    return out
+
+
+def describe(cfg: DecoderConfig) -> str:
+    return (f"{cfg.name}: {cfg.n_layers} layers, hidden {cfg.d_model}, {cfg.n_heads} heads "
+            f"({cfg.n_kv_heads} KV), FFN {cfg.d_ff} ({cfg.mlp}), vocab {cfg.vocab}, "
+            f"seq {cfg.seq_len}, {cfg.norm} norm, {cfg.pos} positions"
+            f"{', tied embeddings' if cfg.tie_embeddings else ''}")
+

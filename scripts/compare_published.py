@@ -1,0 +1,330 @@
+"""Rebuild every dense-model row of the published training tables and compare Flint's
+predicted step time with the published one.
+
+    python scripts/compare_published.py                         # every rebuildable row
+    python scripts/compare_published.py --rows 'LLAMA3_8B|GPT3-5B' --json out.json
+    python scripts/compare_published.py --cached-only       # rows already extracted
+
+Rows come from ../shared/tables/published.md (each ```csv block under its heading). A row
+is rebuilt from its stated configuration with the zoo decoder (flint.models.describe
+presets) and estimated with the default cost model; the comparison is tokens/s/GPU
+(equivalently step time, derived_step_s = GBS*seq / (tokens/s/GPU * GPUs)) or the
+published step time, never TFLOP/s (FLOP conventions differ between releases; see the
+table's caveats). Extracted graphs are cached by program under --cache, so a rerun only
+estimates. The full table extracts dozens of distinct programs, several of them whole
+70B-405B models unrolled for pipelining: use --rows to pick rows (regex on the label).
+
+Assumptions (the same for every row, never chosen per row):
+- Model shapes: the presets of flint.models.describe (public configs); GPT-style rows use
+  Megatron's GPT (LayerNorm, GeLU 4h MLP, learned positions, vocab 51200).
+- Precision: BF16 -> bf16 GEMMs; FP8, FP8-CS, FP8 hybrid -> per-tensor-scaled FP8 GEMMs
+  (forward E4M3, output gradient E5M2); MXFP8 / FP8-MX -> 1x32 block-scaled FP8 GEMMs,
+  at the FP8 tensor rate. Attention runs as a bf16 flash kernel in every row.
+- Activation recompute: Megatron-family rows use "selective" (recompute the attention
+  core only, Megatron's documented default with flash attention, which stores no S x S
+  activations); rows that state "full" use full layer recompute.
+- Data parallelism: FSDP column > 0 -> ZeRO-3 sharding (fsdp axis); otherwise data
+  parallel (Megatron's distributed optimizer's reduce-scatter/all-gather are not modelled
+  separately). Tensor parallelism with sequence parallelism on (Megatron-Core's default
+  with TP > 1).
+- Microbatch and gradient accumulation as stated: GA = GBS / (DP * MBS); pipeline rows
+  use 1F1B, or interleaved 1F1B with VP chunks when VP > 1, with the pipeline pass.
+- Hardware: DGX-H100 -> h100-sxm; DGX-B200 -> b200; DGX-B300 -> b300 spec (compiled for
+  the b200 target, same SM generation); DGX-GB200 / GB300 -> gb200-nvl72 / gb300-nvl72
+  specs (72-GPU NVLink domains; compiled for b200); A100 -> a100-80gb-sxm; TPU v4/v5e/v5p
+  through libtpu compile-only targets when the `tpu` extra is installed.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+TABLE = REPO.parent / "shared" / "tables" / "published.md"
+WITHIN = 0.10
+MOE = re.compile(r"deepseek|qwen3|kimi|gpt.?oss|mixtral|nemotron_3|nemotron v3|llama4|a3b|"
+                 r"a22b|moe", re.I)
+MODELS = [  # (regex on the row's model name, preset)
+    (r"llama3\.1[-_ ]?405b|llama3[-_ ]405b|^405b$", "llama3.1-405b"),
+    (r"llama3(\.1)?[-_ ]?70b", "llama3-70b"), (r"llama3(\.1)?[-_ ]?8b|^8b$", "llama3-8b"),
+    (r"llama2[-_ ]?70b", "llama2-70b"), (r"llama2[-_ ]?13b", "llama2-13b"),
+    (r"llama2[-_ ]?7b", "llama2-7b"), (r"gpt3[-_ ]?175b|^175b", "gpt3-175b"),
+    (r"gpt3[-_ ]?5b", "gpt3-5b"), (r"gpt3[-_ ]?20b", "gpt3-20b"),
+    (r"nemotron[-_ ]?340b", "nemotron-340b"), (r"nemotron[-_ ]?15b", "nemotron-15b"),
+    (r"nemotron[-_ ]?22b", "nemotron-22b"), (r"nemotron[-_ ]?8b", "nemotron-8b"),
+    (r"mistral[-_ ]?7b", "mistral-7b"), (r"^22b$", "gpt-22b"), (r"^530b", "gpt-530b"),
+    (r"^1t$", "gpt-1t"),
+]
+SYSTEMS = {  # published system -> (compile target, spec)
+    "dgx-h100": ("h100-sxm", "h100-sxm"), "h100": ("h100-sxm", "h100-sxm"),
+    "dgx-b200": ("b200", "b200"), "dgx-b300": ("b200", "b300"),
+    "dgx-gb200": ("b200", "gb200-nvl72"), "dgx-gb300": ("b200", "gb300-nvl72"),
+    "a100": ("a100-80gb-sxm", "a100-80gb-sxm"), "v5p": ("tpu-v5p", "tpu-v5p"),
+    "v5e": ("tpu-v5e", "tpu-v5e"), "v4": ("tpu-v4", "tpu-v4"),
+}
+PRECISION = {"bf16": "bf16", "fp8": "fp8", "fp8-cs": "fp8", "mxfp8": "mxfp8", "fp8-mx": "mxfp8"}
+
+
+@dataclass
+class Row:
+    label: str
+    reason: str = ""                  # why it cannot be rebuilt ("" = rebuildable)
+    moe: bool = False
+    model: str = ""
+    system: str = ""
+    gpus: int = 0
+    precision: str = "bf16"
+    gbs: int = 0
+    mbs: int = 1
+    seq: int = 0
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    vp: int = 1
+    fsdp: bool = False
+    remat: str = "selective"
+    published_step_s: float = 0.0
+    result: dict = field(default_factory=dict)
+
+
+def first_number(cell) -> float | None:
+    m = re.match(r"\s*([\d.]+)", str(cell or ""))
+    return float(m.group(1)) if m else None
+
+
+def tables(path: Path):
+    """(heading, rows as dicts) for every ```csv block."""
+    heading, lines, out = "", path.read_text().splitlines(), []
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("#"):
+            heading = lines[i].lstrip("# ").strip()
+        if lines[i].strip() == "```csv":
+            j = i + 1
+            while lines[j].strip() != "```":
+                j += 1
+            out.append((heading, list(csv.DictReader(io.StringIO("\n".join(lines[i + 1:j]))))))
+            i = j
+        i += 1
+    return out
+
+
+def rows_of(heading: str, records: list[dict]) -> list[Row]:
+    section = heading.split(".")[0]
+    out = []
+    for k, r in enumerate(records):
+        label = f"{section}#{k + 1} " + " ".join(str(r.get(c, "")) for c in (
+            "release", "version", "round", "model", "task", "system", "hw", "tpu", "gpus",
+            "chips", "accelerators", "precision") if r.get(c))
+        row = Row(label.strip())
+        out.append(row)
+        name = str(r.get("model", ""))
+        if MOE.search(name) or section == "1g":     # 1g: the DeepSeek-V3 ladder
+            row.moe, row.reason = True, "MoE model (not a dense decoder)"
+            continue
+        why = _not_rebuildable(section, r, name)
+        if why:
+            row.reason = why
+            continue
+        _fill(row, section, r, name)
+    return out
+
+
+def _not_rebuildable(section: str, r: dict, name: str) -> str:
+    task = str(r.get("task", "")).lower()
+    if "lora" in task or section == "6b":
+        return "LoRA fine-tuning (frozen base weights, adapters) is not modelled"
+    if section in ("1d",):
+        return "TFLOP/s only, and the non-CP configurations are not published"
+    if section in ("1g", "2b", "2c", "2e"):
+        return "published figure is TFLOP/s or MFU with an uncertain FLOP convention"
+    if section == "5":
+        return "no per-step configuration (batch ramp, pods, parallel blocks) is published"
+    if section == "2a":
+        return "head_dim 256 differs from emb/heads; the zoo decoder ties them"
+    prec = str(r.get("precision", "")).lower()
+    if "fp4" in prec:
+        return "NVFP4 GEMMs are not modelled"
+    if prec.startswith("n/s"):
+        return "precision not stated"
+    if (first_number(r.get("cp")) or 1) > 1:
+        return "context parallelism is not in the zoo decoders"
+    hw = str(r.get("system") or r.get("tpu") or r.get("hw") or "").lower()
+    if "int8" in str(r.get("config_name", "")).lower():
+        return "int8-quantized training is not modelled"
+    if section == "2d":
+        if hw == "v6e":
+            return "no compile-only TPU v6e target (libtpu topology) in Flint"
+        if (first_number(r.get("slices")) or 1) > 1:
+            return "multi-slice (DCN) job"
+    if not _preset(name, section):
+        return f"no public dense shape for {name!r} in flint.models.describe"
+    return ""
+
+
+def _preset(name: str, section: str) -> str:
+    for rx, preset in MODELS:
+        if re.search(rx, name.strip(), re.I):
+            return preset
+    return ""
+
+
+def _fill(row: Row, section: str, r: dict, name: str) -> None:
+    num = lambda *cols, default=None: next(  # noqa: E731
+        (first_number(r[c]) for c in cols if first_number(r.get(c)) is not None), default)
+    row.model = _preset(name, section)
+    system = str(r.get("system") or r.get("tpu") or "").lower()
+    if not system:         # 1f: no system column; the README's script is the H100 one
+        system = "dgx-h100"
+    if section == "4":
+        system = "a100"
+        # the source: interleaved pipeline with 3 stages per rank for 175B and 530B
+        row.vp = 3 if row.model in ("gpt3-175b", "gpt-530b") else 1
+    row.system = system
+    row.gpus = int(num("gpus", "chips"))
+    row.gbs = int(num("gbs", "gbs_seqs"))
+    row.mbs = int(num("mbs", "per_device_batch", default=1))
+    row.seq = int(num("seq", "packed_seq"))
+    row.tp, row.pp = int(num("tp", default=1)), int(num("pp", default=1))
+    row.vp = row.vp if section == "4" else int(num("vp", default=1))
+    row.fsdp = (num("fsdp", default=0) or 0) > 0
+    prec = str(r.get("precision") or ("FP8-CS" if section in ("1c", "1f") else
+                                      "FP8" if section == "1b" else "BF16"))
+    row.precision = PRECISION.get(prec.split()[0].lower().replace("_hybrid", ""), "")
+    if not row.precision:
+        row.reason = f"precision {prec!r} not modelled"
+    if str(r.get("remat", "")).lower() == "full":
+        row.remat = "full"
+    tok = num("tok_s_gpu", "tokens_s_device")
+    step = num("step_time_s", "step_s_median", "step_s", "iter_s_seqpar+selective")
+    if section == "2d":
+        row.gbs = int(num("gbs_seqs"))
+        row.fsdp = True
+    row.published_step_s = step if step else row.gbs * row.seq / (tok * row.gpus)
+    if system not in SYSTEMS:
+        row.reason = f"no hardware spec for system {system!r}"
+    elif SYSTEMS[system][0].startswith("tpu") and not _have_libtpu():
+        row.reason = "TPU target needs libtpu (pip install 'flint[tpu]'), not installed"
+
+
+def _have_libtpu() -> bool:
+    try:
+        import libtpu  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def rebuild(row: Row, evaluator, cached_only: bool = False) -> None:
+    """Estimate one row with the sweep machinery (cached extraction + pipeline pass)."""
+    from flint.errors import FlintError
+    from flint.hardware_models.estimate import estimate
+    from flint.models.describe import resolve_model, to_mapping
+    from flint.sweep_space import Config
+
+    compile_target, spec = SYSTEMS[row.system]
+    cfg = resolve_model(row.model).with_(seq_len=row.seq)
+    stage = row.gpus // row.pp
+    if stage % row.tp or row.gpus % row.pp:
+        row.reason = f"{row.gpus} GPUs do not split into tp={row.tp} x pp={row.pp}"
+        return
+    dp = row.gpus // (row.tp * row.pp)
+    if row.gbs % (dp * row.mbs):
+        row.reason = f"GBS {row.gbs} is not a multiple of DP {dp} x MBS {row.mbs}"
+        return
+    c = Config(to_mapping(cfg), row.gpus, row.tp, row.pp, dp, row.fsdp, row.tp > 1,
+               row.mbs, row.gbs // (dp * row.mbs), "interleaved" if row.vp > 1 else "1f1b",
+               row.vp, row.remat, compile_target, (), gemm_precision=row.precision)
+    if cached_only and not (evaluator.directory / "graphs" / f"{c.program_key()}.json").is_file():
+        return
+    t0 = time.perf_counter()
+    try:
+        graph, extracted = evaluator.graph(c)
+        piped, memory = evaluator.pipeline(c, graph)
+        e = estimate(piped, spec, [], memory=memory)
+    except FlintError as err:
+        row.reason = f"Flint could not rebuild it: {err}"
+        return
+    row.result = {"predicted_step_s": e.step_time_s, "mfu": e.mfu, "oom": e.oom,
+                  "memory_gib": e.memory_bytes / 2**30, "extracted": extracted,
+                  "seconds": time.perf_counter() - t0,
+                  "error": e.step_time_s / row.published_step_s - 1}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--table", default=str(TABLE))
+    ap.add_argument("--rows", default="", help="regex: only rebuild rows whose label matches")
+    ap.add_argument("--cache", default=str(REPO / "build" / "compare_published"),
+                    help="graph cache directory (extractions are reused across runs)")
+    ap.add_argument("--json", dest="json_out", default=None, help="also write rows as JSON")
+    ap.add_argument("--cached-only", action="store_true", help="only rows whose extracted "
+                    "graph is already in --cache (a bounded-time rerun)")
+    args = ap.parse_args(argv)
+    from flint.frontends.targets import prepare_environment
+
+    prepare_environment()
+    from flint.sweep import Evaluator
+
+    path = Path(args.table)
+    if not path.is_file():
+        print(f"compare_published: table not found: {path}", file=sys.stderr)
+        return 2
+    rows = [row for heading, recs in tables(path) for row in rows_of(heading, recs)]
+    pick = re.compile(args.rows) if args.rows else None
+    Path(args.cache).mkdir(parents=True, exist_ok=True)
+    ev = Evaluator(Path(args.cache))
+    dense = [r for r in rows if not r.moe]
+    todo = [r for r in dense if not r.reason and (pick is None or pick.search(r.label))]
+    # cheapest extractions first (a partial run covers the most rows), one program's rows
+    # together (the evaluator keeps one graph in memory)
+    from flint.models.decoder import param_count
+    from flint.models.describe import resolve_model
+
+    size = {r.model: param_count(resolve_model(r.model)) for r in todo}
+    todo.sort(key=lambda r: (r.pp > 1, size[r.model] / r.pp, r.model, r.system, r.tp, r.pp,
+                             r.mbs, r.precision, r.remat, r.label))
+    print(f"{'row':58s} {'published':>10s} {'predicted':>10s} {'error':>8s}  note", flush=True)
+    done = []
+    for r in todo:
+        rebuild(r, ev, args.cached_only)
+        if not r.result:
+            continue
+        done.append(r)
+        res = r.result
+        note = ("OOM " if res["oom"] else "") + f"MFU {res['mfu'] * 100:.1f}%"
+        print(f"{r.label[:58]:58s} {r.published_step_s:9.3f}s {res['predicted_step_s']:9.3f}s "
+              f"{res['error'] * 100:+7.1f}%  {note}", flush=True)
+    skipped = [r for r in dense if r.reason]
+    print(f"\nnot rebuildable ({len(skipped)} dense rows):")
+    reasons: dict[str, list[str]] = {}
+    for r in skipped:
+        reasons.setdefault(r.reason, []).append(r.label.split(" ")[0])
+    for why, labels in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
+        print(f"  {len(labels):4d} rows: {why} ({', '.join(labels[:6])}"
+              f"{', ...' if len(labels) > 6 else ''})")
+    not_run = len(dense) - len(skipped) - len(done)
+    print(f"MoE rows (out of scope): {sum(r.moe for r in rows)}; rebuildable dense rows not "
+          f"run (--rows / --cached-only): {not_run}")
+    if args.json_out:
+        from flint.io import write_atomic
+
+        write_atomic(args.json_out, json.dumps([r.__dict__ for r in dense], indent=1,
+                                               sort_keys=True) + "\n")
+    within = sum(abs(r.result["error"]) <= WITHIN for r in done)
+    print(f"published rows: {within} within 10% of {len(done)} rebuilt "
+          f"({len(skipped)} not rebuildable)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
