@@ -132,23 +132,31 @@ def test_chakra_tools_read_every_file(exported, tmp_path, monkeypatch):
 
 
 def test_astra_sim_inputs_describe_the_cluster(exported, tmp_path, tiny_graph):
+    """network.yml carries Flint's own network model in ASTRA-sim's units: bus bandwidth
+    (link rate x bus efficiency) / 2^30, latency per link (a Switch hop is two links)."""
+    from flint.cluster import Cluster
+    from flint.exporters.astra_sim import network_dimensions
+    from flint.hardware_models.network import NetworkModel
+    from flint.hardware_models.spec import load_spec
+
     out, _ = exported
     net = yaml.safe_load((out / "network.yml").read_text())
     assert net["topology"] == ["Switch", "Switch"] and net["npus_count"] == [8, 2]
-    assert net["bandwidth"] == [450.0, 50.0]          # NVLink 450 GB/s, NDR 400 Gb/s
+    spec = load_spec("h100-sxm")
+    model = NetworkModel(spec, tiny_graph.cluster)
+    assert net["bandwidth"] == pytest.approx([model.up.bandwidth / 2**30,
+                                              model.out().bandwidth / 2**30], rel=1e-6)
+    assert net["latency"] == pytest.approx([model.up.latency * 1e9 / 2,
+                                            model.out().latency * 1e9 / 2], rel=1e-3)
     system = json.loads((out / "system.json").read_text())
     assert len(system["all-reduce-implementation"]) == 2 and system["peak-perf"] == 989.4
+    assert system["preferred-dataset-splits"] == 1
     assert json.loads((out / "remote_memory.json").read_text())["memory-type"]
     # 4096 H100s: NVLink node x 32-node leaf group (SuperPOD SU) x 16 leaf groups
-    from flint.exporters.astra_sim import network_dimensions
-    from flint.hardware_models.spec import load_spec
-    from flint.hardware_models.topology import topology_for
-
-    spec = load_spec("h100-sxm")
-    dims = network_dimensions(spec, topology_for(spec, 4096))
+    dims = network_dimensions(NetworkModel(spec, Cluster(4096, (("data", 4096),), "h100-sxm")))
     assert [d["npus"] for d in dims] == [8, 32, 16]
     spec = load_spec("tpu-v5p")
-    dims = network_dimensions(spec, topology_for(spec, 4096))
+    dims = network_dimensions(NetworkModel(spec, Cluster(4096, (("data", 4096),), "tpu-v5p")))
     assert [d["topology"] for d in dims] == ["Ring", "Ring", "Ring"]
     assert [d["npus"] for d in dims] == [16, 16, 16]
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from flint.cluster import Cluster
 from flint.errors import FlintError
 from flint.exporters import chakra_format as cf
-from flint.exporters.chakra_plan import FLINT_NODE, FLINT_PART
+from flint.exporters.chakra_plan import FLINT_NODE, FLINT_PART, ID_SCHEME, flint_id, plain_name
 from flint.graph import Collective, Communicator, Node, NodeKind, WorkloadGraph
 from flint.passes.lower_collectives import CommunicatorTable
 
@@ -133,14 +133,17 @@ def _is_annotated(node) -> bool:
 
 def _rebuild_flint(info: dict, nodes: list, file) -> WorkloadGraph:
     out = []
+    mapped = info.get("ids") == ID_SCHEME       # version 2: Chakra id 2i+1 for node i
+    to_flint = flint_id if mapped else (lambda i: i)
     for p in sorted(nodes, key=lambda p: p.id):
         a = cf.attrs(p)
         if FLINT_PART in a:
             continue            # the SEND half of a collective-permute
         d = json.loads(a[FLINT_NODE])
-        d.update(id=p.id, name=p.name, operands=json.loads(p.inputs.shapes or "[]"),
+        d.setdefault("name", plain_name(p.name) if mapped else p.name)
+        d.update(id=to_flint(p.id), operands=json.loads(p.inputs.shapes or "[]"),
                  outputs=json.loads(p.outputs.shapes or "[]"))
-        d.setdefault("inputs", list(p.data_deps))
+        d.setdefault("inputs", [to_flint(i) for i in p.data_deps])
         out.append(Node.from_json(d))
     try:
         g = WorkloadGraph(Cluster.from_json(info["cluster"]), out,
@@ -170,6 +173,7 @@ def _op_class(name: str) -> str:
 class _ChakraReader:
     def __init__(self, file, rank: int, groups: dict, info: dict | None, ranks_seen: int):
         self.file, self.rank, self.groups = file, rank, groups
+        self.flint_ids = info is not None and info.get("ids") == ID_SCHEME
         if info is not None:
             self.cluster = Cluster.from_json(info["cluster"])
         else:
@@ -206,15 +210,16 @@ class _ChakraReader:
         meta = {"chakra_id": p.id, "recorded_s": 0.0 if (host and device_trace) else recorded}
         if host:
             meta["host"] = True
-        common = dict(id=nid, name=p.name or f"node{p.id}", inputs=deps, control=ctrl,
+        name = plain_name(p.name) if self.flint_ids else p.name
+        common = dict(id=nid, name=name or f"node{p.id}", inputs=deps, control=ctrl,
                       meta=meta)
         if p.type in (cf.COLL, cf.SEND, cf.RECV):
             return self._communication(p, a, common)
         flops = float(a.get("num_ops") or 0)
         moved = float(a.get("tensor_size") or 0)
         kind = NodeKind.MEMORY if p.type in (cf.MEM_LOAD, cf.MEM_STORE) else NodeKind.COMPUTE
-        return Node(kind=kind, op=p.name, op_class="memory" if kind == NodeKind.MEMORY
-                    else _op_class(p.name), flops=flops, bytes_read=moved, **common)
+        return Node(kind=kind, op=common["name"], op_class="memory" if kind == NodeKind.MEMORY
+                    else _op_class(common["name"]), flops=flops, bytes_read=moved, **common)
 
     def _communication(self, p, a: dict, common: dict) -> Node:
         size = a.get("comm_size")
