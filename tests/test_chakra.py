@@ -87,10 +87,16 @@ def test_every_file_follows_astra_sim_conventions(exported, tiny_graph):
             a = attrs(n)
             if n.type == pb.COMM_COLL_NODE:
                 assert kinds["comm_type"] == "int64_val" and kinds["comm_size"] == "int64_val"
-                assert kinds["pg_name"] == "string_val"
                 assert a["comm_type"] in SIMULATED and a["comm_size"] >= 0
-                assert rank in groups[a["pg_name"]]
-                issued[a["pg_name"]].setdefault(rank, []).append((a["comm_type"], a["comm_size"]))
+                if "involved_dim" in a:     # whole network dimensions: no process group
+                    assert kinds["involved_dim"] == "bool_list" and "pg_name" not in a
+                    pg = "dims" + str(a["involved_dim"])
+                    groups.setdefault(pg, list(range(stats.ranks)))
+                else:
+                    assert kinds["pg_name"] == "string_val"
+                    assert rank in groups[a["pg_name"]]
+                    pg = a["pg_name"]
+                issued[pg].setdefault(rank, []).append((a["comm_type"], a["comm_size"]))
             elif n.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
                 for key in ("comm_src", "comm_dst", "comm_tag"):
                     assert kinds[key] == "int32_val"

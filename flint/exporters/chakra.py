@@ -85,13 +85,14 @@ def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
         raise FlintError(f"--annotate must be rank0, all or none, not {annotate!r}")
     t0 = time.perf_counter()
     flat, durations, model = node_durations(graph, hardware, overrides)
-    plain = ChakraPlan(flat, durations, annotate=False) if annotate != "all" else None
-    full = (ChakraPlan(flat, durations, annotate=True)
+    inputs = astra_sim.AstraSimInputs.build(model, flat, durations)
+    dims = [d["npus"] for d in inputs.dims]
+    plain = ChakraPlan(flat, durations, False, dims) if annotate != "all" else None
+    full = (ChakraPlan(flat, durations, True, dims)
             if annotate == "all" or (annotate == "rank0" and 0 in ranks) else None)
     plan = plain or full
     if check:                  # refuse what ASTRA-sim could not run to completion
         check_plan(plan)
-    inputs = astra_sim.AstraSimInputs.build(model, flat, durations)
     encode_s = time.perf_counter() - t0
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial",

@@ -91,12 +91,18 @@ class _PairSlot:
 class ChakraPlan:
     """`rank_bytes(r)` is the complete .et file of rank r."""
 
-    def __init__(self, flat: WorkloadGraph, durations_s: list[float], annotate: bool):
+    def __init__(self, flat: WorkloadGraph, durations_s: list[float], annotate: bool,
+                 dims: list[int] | None = None):
         """`annotate`: also write what Chakra has no field for (Flint's node record with
         exact flops and bytes, op class, meta; operand and result shapes), so that
         `flint import` rebuilds the graph exactly. Without it a file holds standard Chakra
-        fields only: about a quarter of the bytes."""
+        fields only: about a quarter of the bytes. `dims`: ranks per ASTRA-sim network
+        dimension, innermost first; a communicator whose groups are whole dimensions is
+        written with `involved_dim` instead of a process group, so that ASTRA-sim runs
+        it with the per-dimension algorithms of system.json (it runs any process group
+        smaller than the cluster as a plain ring)."""
         self.graph = flat
+        self.dims = list(dims or [])
         self.devices = flat.cluster.devices
         self.stages = max(1, int(flat.meta.get("mpmd_devices", 1) or 1))
         if self.devices % self.stages:
@@ -146,6 +152,26 @@ class ChakraPlan:
                 next_pg += len(g) * self.stages
             self.canonical[comm.id] = seen[key]
         self._pg_attr = [dict() for _ in self.groups]
+        self.involved = [self._involved_dims(g) for g in self.groups]
+
+    def _involved_dims(self, g: np.ndarray) -> list[bool] | None:
+        """The network dimensions a communicator's groups span, when its groups (in every
+        pipeline stage) are exactly the sets of ranks that differ only in those
+        dimensions; else None."""
+        if not self.dims or not g.size or int(np.prod(self.dims)) != self.devices:
+            return None
+        every = np.concatenate([g + s * self.per_stage for s in range(self.stages)])
+        if len(np.unique(every)) != self.devices:
+            return None
+        npus = np.asarray(self.dims, dtype=np.int64)
+        strides = np.concatenate([[1], np.cumprod(npus)[:-1]])
+        coords = (every[:, :, None] // strides) % npus          # [groups, size, dims]
+        varies = (coords != coords[:, :1]).any(axis=1)           # [groups, dims]
+        if not (varies == varies[0]).all():
+            return None
+        if g.shape[1] != int(np.prod(npus[varies[0]])):
+            return None
+        return [bool(v) for v in varies[0]]
 
     def pg_id(self, k: int, stage: int, row: int) -> int:
         return self.pg_base[k] + stage * len(self.groups[k]) + row
@@ -172,7 +198,7 @@ class ChakraPlan:
     # --- encoding -----------------------------------------------------------------
     def _header(self) -> cf.GlobalMetadata:
         g = self.graph
-        info = {"format": "flint.chakra", "version": 2, "ids": ID_SCHEME,
+        info = {"format": "flint.chakra", "version": 2, "ids": ID_SCHEME, "dims": self.dims,
                 "cluster": g.cluster.to_json(),
                 "communicators": [c.to_json() for c in g.communicators], "meta": g.meta}
         return cf.GlobalMetadata(version=cf.ET_VERSION, attr=[
@@ -226,7 +252,15 @@ class ChakraPlan:
                     last_compute = proto.id       # a synchronous collective blocks compute
             else:
                 last_compute = proto.id
-            if comm is not None and comm.kind == "groups" and ctype == cf.COLL:
+            if comm is not None and comm.kind == "groups" and ctype == cf.COLL \
+                    and self.involved[self.canonical[comm.id]] is not None:
+                # the same node on every rank: ASTRA-sim finds the group from the dims
+                k = self.canonical[comm.id]
+                proto.attr.insert(len(proto.attr) - (1 if annotate else 0), cf.Attr(
+                    name="involved_dim", bool_list=cf.BoolList(values=self.involved[k])))
+                run.append(cf.frame(proto))
+                lane.append(("coll", proto.id, deps, (stage, k, _describe(node))))
+            elif comm is not None and comm.kind == "groups" and ctype == cf.COLL:
                 k = self.canonical[comm.id]
                 segments.append(b"".join(run))
                 run.clear()

@@ -174,6 +174,7 @@ class _ChakraReader:
     def __init__(self, file, rank: int, groups: dict, info: dict | None, ranks_seen: int):
         self.file, self.rank, self.groups = file, rank, groups
         self.flint_ids = info is not None and info.get("ids") == ID_SCHEME
+        self.dims = list(info.get("dims") or []) if info is not None else []
         if info is not None:
             self.cluster = Cluster.from_json(info["cluster"])
         else:
@@ -237,7 +238,7 @@ class _ChakraReader:
                                  f"unknown comm_type {t} (Chakra defines "
                                  f"{', '.join(f'{k}={cf.chakra_type_name(k)}' for k in sorted(cf.FROM_CHAKRA))})")
             kind_name = cf.FROM_CHAKRA[int(t)]
-            comm = self._group_comm(a.get("pg_name"), p)
+            comm = self._group_comm(a.get("pg_name"), p, a.get("involved_dim"))
             size_out = {"all-gather": size * comm.size,
                         "reduce-scatter": size // max(comm.size, 1)}.get(kind_name, size)
             coll = Collective(kind_name, comm.id, size, size_out, "u8", is_async=True)
@@ -256,7 +257,10 @@ class _ChakraReader:
                     bytes_read=size if send else 0, bytes_written=0 if send else size,
                     collective=coll, **common)
 
-    def _group_comm(self, pg_name, p) -> Communicator:
+    def _group_comm(self, pg_name, p, involved=None) -> Communicator:
+        if pg_name in (None, "") and involved and len(involved) == len(self.dims):
+            ranks = _dimension_group(self.rank, self.dims, involved)
+            return self.comms.get("groups", "{{" + ",".join(map(str, ranks)) + "}}")
         if pg_name in (None, ""):
             return self.comms.get("groups", "{}")
         ranks = self.groups.get(str(pg_name))
@@ -265,3 +269,18 @@ class _ChakraReader:
                              f"the communicator-group JSON does not define"
                              + ("" if self.groups else " (none was given: --comm-groups)"))
         return self.comms.get("groups", "{{" + ",".join(map(str, ranks)) + "}}")
+
+
+def _dimension_group(rank: int, dims: list[int], involved: list[bool]) -> list[int]:
+    """The ranks that differ from `rank` only in the involved network dimensions (ranks
+    fill dimension 0 first), as ASTRA-sim forms a group from `involved_dim`."""
+    strides, s = [], 1
+    for d in dims:
+        strides.append(s)
+        s *= d
+    members = [rank]
+    for d, stride, used in zip(dims, strides, involved):
+        if used:
+            base = [r - (r // stride % d) * stride for r in members]
+            members = [b + i * stride for b in base for i in range(d)]
+    return sorted(members)
