@@ -223,7 +223,11 @@ class ChakraPlan:
             proto = self._template(node, comm, d, annotate, ctype, local, control)
             chain = set()
             communicates = ctype != cf.COMP or (comm is not None and comm.kind == "pairs")
-            if communicates and node.kind == NodeKind.RECV:
+            # A receive whose send comes earlier (a pipeline's) takes its place in the
+            # order, as on Flint's one p2p stream; one whose send may come later (XLA's
+            # SPMD send/recv) must not block the order: ASTRA-sim lets it wait aside.
+            aside = node.kind == NodeKind.RECV and not any(x in sent for x in node.inputs)
+            if communicates and aside:
                 chain |= {last_compute} - {None}
             elif communicates:
                 chain |= {last_compute, last_comm} - {None}
@@ -244,8 +248,8 @@ class ChakraPlan:
                 chain = {send_base.id}
             _add_ctrl(proto, chain)
             deps = sorted(set(proto.data_deps) | set(proto.ctrl_deps))
-            if communicates and node.kind == NodeKind.RECV:
-                pass          # ASTRA-sim lets receives wait without holding the network
+            if communicates and aside:
+                pass
             elif communicates:
                 last_comm = proto.id
                 if stream_of(node) == "compute":
