@@ -14,13 +14,15 @@ from flint.errors import FlintError
 FORMATS = ("chakra", "json", "perfetto")
 
 
-def load_any_graph(path: str, rank: Optional[int] = None, comm_groups: Optional[str] = None):
-    """A saved graph JSON, a Chakra .et file, or a directory of them."""
+def load_any_graph(path: str, rank: Optional[int] = None, comm_groups: Optional[str] = None,
+                   check: bool = False):
+    """A saved graph JSON, a Chakra .et file, or a directory of them (`check`: all of
+    its ranks must run to completion in ASTRA-sim)."""
     p = Path(path)
     if p.is_dir() or p.suffix == ".et":
         from flint.frontends.chakra import import_chakra
 
-        return import_chakra(p, rank, comm_groups)
+        return import_chakra(p, rank, comm_groups, check=check)
     from flint.graph import WorkloadGraph
 
     return WorkloadGraph.load(p)
@@ -44,7 +46,8 @@ def export(
     graph_file: str = typer.Argument(..., help="a workload graph JSON, a Chakra .et, or a "
                                                "directory of them"),
     fmt: str = typer.Option("chakra", "--format", help="chakra | json | perfetto"),
-    out: str = typer.Option(..., "--out", help="output directory (created if missing)"),
+    out: Optional[str] = typer.Option(None, "--out", help="output directory (created if "
+                                      "missing); without it and with --check, check only"),
     hardware_name: Optional[str] = typer.Option(None, "--hardware", help="cost model for "
                                                 "durations and ASTRA-sim inputs"),
     set_: list[str] = typer.Option([], "--set", help="what-if, e.g. nic_bandwidth=800Gb/s"),
@@ -53,6 +56,10 @@ def export(
                                  "node records for exact import: rank0 | all | none"),
     ranks: Optional[str] = typer.Option(None, help="chakra: write only these ranks, e.g. 0-7"),
     workers: int = typer.Option(4, help="chakra: writer threads"),
+    check: bool = typer.Option(False, "--check", help="chakra: prove the export (or a "
+                               "directory of ETs given as input) runs to completion under "
+                               "ASTRA-sim's issue rule; refuse it otherwise. Exports are "
+                               "always checked before writing"),
     as_json: bool = typer.Option(False, "--json", help="print the export report as JSON"),
 ):
     """Write a workload graph as Chakra ETs (+ ASTRA-sim inputs), Flint JSON or a Perfetto
@@ -60,7 +67,20 @@ def export(
     def go():
         if fmt not in FORMATS:
             raise FlintError(f"unknown --format {fmt!r}; use {' | '.join(FORMATS)}")
-        graph = load_any_graph(graph_file)
+        if out is None and not check:
+            raise FlintError("--out is required (or --check alone, to check only)")
+        graph = load_any_graph(graph_file, check=check)
+        if out is None:
+            from flint.exporters.chakra import check_export
+
+            report = check_export(graph, hardware_name, set_)
+            if as_json:
+                print(json.dumps(report, sort_keys=True, indent=1))
+            else:
+                print(f"check passed: all {report['ranks']} ranks run to completion under "
+                      f"ASTRA-sim's issue rule ({report['lanes_simulated']} lane(s) "
+                      f"simulated, {report['check_s']:.2f} s)")
+            return
         if fmt == "chakra":
             report = _export_chakra(graph, out, hardware_name, set_, prefix, annotate, ranks,
                                     workers)
@@ -146,6 +166,9 @@ def import_(
     comm_groups: Optional[str] = typer.Option(None, help="communicator-group JSON that "
                                               "pg_name refers to (default: DIR/comm_groups.json)"),
     out: Optional[str] = typer.Option(None, help="write the graph as JSON to this file"),
+    check: bool = typer.Option(True, "--check/--no-check", help="for a directory: first "
+                               "prove every rank runs to completion under ASTRA-sim's "
+                               "issue rule (reads every rank's file)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ):
     """Read Chakra execution traces (Flint's, or Chakra's own converter's) into a
@@ -153,7 +176,7 @@ def import_(
     def go():
         from flint.frontends.chakra import import_chakra
 
-        graph = import_chakra(source, rank, comm_groups)
+        graph = import_chakra(source, rank, comm_groups, check=check)
         if out:
             graph.save(out)
         from flint.render import render_summary

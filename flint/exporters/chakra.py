@@ -138,6 +138,19 @@ def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
     return ExportStats(n, len(plan.graph.nodes), total, encode_s, write_s, files)
 
 
+def check_export(graph: WorkloadGraph, hardware: str | None = None, overrides=()) -> dict:
+    """What `export_chakra` checks before writing, alone: encode the plan and prove every
+    rank finishes under ASTRA-sim's issue rule (a DeadlockError otherwise)."""
+    t0 = time.perf_counter()
+    flat, durations, model = node_durations(graph, hardware, overrides)
+    dims = [d["npus"] for d in astra_sim.network_dimensions(model.network)]
+    plan = ChakraPlan(flat, durations, False, dims)
+    check_plan(plan)
+    return {"ranks": plan.devices, "pipeline_stages": plan.stages,
+            "lanes_simulated": len(plan.lanes), "nodes_per_rank": len(flat.nodes),
+            "check_s": time.perf_counter() - t0, "deadlock_free": True}
+
+
 def _move_into(tmp: Path, out: Path, prefix: str, prune: bool) -> list[str]:
     """Rename the finished files into `out`; rank files of an earlier export with the same
     prefix that this one did not write are removed, so the directory is one consistent set."""

@@ -33,8 +33,15 @@ from flint.passes.lower_collectives import CommunicatorTable
 _RANK_FILE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)\.et$")
 
 
-def import_chakra(path, rank: int | None = None, comm_groups=None) -> WorkloadGraph:
+def import_chakra(path, rank: int | None = None, comm_groups=None,
+                  check: bool = False) -> WorkloadGraph:
+    """`check`: for a directory, first prove every rank's file runs to completion under
+    ASTRA-sim's issue rule (exporters.chakra_check; a DeadlockError otherwise)."""
     path = Path(path)
+    if check and path.is_dir():
+        from flint.exporters.chakra_check import check_directory
+
+        check_directory(path, comm_groups)
     ranks_seen = 1
     if path.is_dir():
         files = _rank_files(path)
