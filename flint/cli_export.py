@@ -22,7 +22,11 @@ def load_any_graph(path: str, rank: Optional[int] = None, comm_groups: Optional[
     if p.is_dir() or p.suffix == ".et":
         from flint.frontends.chakra import import_chakra
 
-        return import_chakra(p, rank, comm_groups, check=check)
+        if check and p.is_dir():
+            from flint.frontends.chakra_ranks import check_directory
+
+            check_directory(p, comm_groups)
+        return import_chakra(p, rank, comm_groups)
     from flint.graph import WorkloadGraph
 
     return WorkloadGraph.load(p)
@@ -176,7 +180,11 @@ def import_(
     def go():
         from flint.frontends.chakra import import_chakra
 
-        graph = import_chakra(source, rank, comm_groups, check=check)
+        if check and Path(source).is_dir():
+            from flint.frontends.chakra_ranks import check_directory
+
+            check_directory(source, comm_groups)
+        graph = import_chakra(source, rank, comm_groups)
         if out:
             graph.save(out)
         from flint.render import render_summary

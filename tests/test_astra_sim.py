@@ -12,7 +12,8 @@ from conftest import run_flint
 from flint.errors import FlintError
 from flint.exporters.astra_sim_run import find_astra_sim, run_export
 from flint.exporters.chakra import export_chakra
-from flint.exporters.chakra_check import DeadlockError, check_directory
+from flint.exporters.chakra_check import DeadlockError
+from flint.frontends.chakra_ranks import check_directory
 from flint.graph import WorkloadGraph
 from flint.passes.rescale import Rescale
 

@@ -464,3 +464,18 @@ def _p2p(base: cf.Node, kind: int, src: int, dst: int, tag: int, size: int) -> c
                        cf.Attr(name="comm_size", int64_val=max(0, size))])
     q.attr.extend(flint)
     return q
+
+
+def dimension_group(rank: int, dims: list[int], involved: list[bool]) -> list[int]:
+    """The ranks that differ from `rank` only in the involved network dimensions (ranks
+    fill dimension 0 first), as ASTRA-sim forms a group from `involved_dim`."""
+    strides, s = [], 1
+    for d in dims:
+        strides.append(s)
+        s *= d
+    members = [rank]
+    for d, stride, used in zip(dims, strides, involved):
+        if used:
+            base = [r - (r // stride % d) * stride for r in members]
+            members = [b + i * stride for b in base for i in range(d)]
+    return sorted(members)

@@ -26,22 +26,16 @@ from pathlib import Path
 from flint.cluster import Cluster
 from flint.errors import FlintError
 from flint.exporters import chakra_format as cf
-from flint.exporters.chakra_plan import FLINT_NODE, FLINT_PART, ID_SCHEME, flint_id, plain_name
+from flint.exporters.chakra_plan import (FLINT_NODE, FLINT_PART, ID_SCHEME, dimension_group,
+                                         flint_id, plain_name)
 from flint.graph import Collective, Communicator, Node, NodeKind, WorkloadGraph
 from flint.passes.lower_collectives import CommunicatorTable
 
 _RANK_FILE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)\.et$")
 
 
-def import_chakra(path, rank: int | None = None, comm_groups=None,
-                  check: bool = False) -> WorkloadGraph:
-    """`check`: for a directory, first prove every rank's file runs to completion under
-    ASTRA-sim's issue rule (exporters.chakra_check; a DeadlockError otherwise)."""
+def import_chakra(path, rank: int | None = None, comm_groups=None) -> WorkloadGraph:
     path = Path(path)
-    if check and path.is_dir():
-        from flint.exporters.chakra_check import check_directory
-
-        check_directory(path, comm_groups)
     ranks_seen = 1
     if path.is_dir():
         files = _rank_files(path)
@@ -266,7 +260,7 @@ class _ChakraReader:
 
     def _group_comm(self, pg_name, p, involved=None) -> Communicator:
         if pg_name in (None, "") and involved and len(involved) == len(self.dims):
-            ranks = _dimension_group(self.rank, self.dims, involved)
+            ranks = dimension_group(self.rank, self.dims, involved)
             return self.comms.get("groups", "{{" + ",".join(map(str, ranks)) + "}}")
         if pg_name in (None, ""):
             return self.comms.get("groups", "{}")
@@ -277,17 +271,3 @@ class _ChakraReader:
                              + ("" if self.groups else " (none was given: --comm-groups)"))
         return self.comms.get("groups", "{{" + ",".join(map(str, ranks)) + "}}")
 
-
-def _dimension_group(rank: int, dims: list[int], involved: list[bool]) -> list[int]:
-    """The ranks that differ from `rank` only in the involved network dimensions (ranks
-    fill dimension 0 first), as ASTRA-sim forms a group from `involved_dim`."""
-    strides, s = [], 1
-    for d in dims:
-        strides.append(s)
-        s *= d
-    members = [rank]
-    for d, stride, used in zip(dims, strides, involved):
-        if used:
-            base = [r - (r // stride % d) * stride for r in members]
-            members = [b + i * stride for b in base for i in range(d)]
-    return sorted(members)
