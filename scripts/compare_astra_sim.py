@@ -27,19 +27,25 @@ GRAPHS = {
     # model=4: gpt2-small's 12 heads do not split 8 ways
     "torch": lambda n: ["--framework", "torch", "--model", "gpt2-small", "--devices", str(n),
                         "--mesh", f"fsdp={n // 4},model=4"],
-    "pipeline": lambda n: ["--model", "gpt2-small", "--unroll", "--devices", str(n // 4),
-                           "--passes", "pipeline{stages=4,microbatches=8,schedule=1f1b,"
-                           "split=layers}"],
+    # one stage's program; PipelineParallel makes the 4-stage MPMD graph
+    "pipeline": lambda n: ["--model", "gpt2-small", "--unroll", "--devices", str(n // 4)],
 }
 
 
 def extract(name: str, ranks: int, work: Path) -> Path:
     out = work / f"{name}.{ranks}.json"
     if not out.is_file():
+        raw = work / f"{name}.{ranks}.stage.json" if name == "pipeline" else out
         r = subprocess.run([sys.executable, "-m", "flint.cli", "extract", *GRAPHS[name](ranks),
-                            "--out", str(out), "--json"], capture_output=True, text=True)
+                            "--out", str(raw), "--json"], capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr else "failed")
+        if name == "pipeline":
+            from flint.graph import WorkloadGraph
+            from flint.passes.pipeline import PipelineParallel
+
+            PipelineParallel(stages=4, microbatches=8, schedule="1f1b", split="layers").run(
+                WorkloadGraph.load(raw)).save(out)
     return out
 
 

@@ -63,6 +63,9 @@ class AstraSimInputs:
         """From a CostModel (its `network` and `spec`) and, when given, the exported graph
         with its durations (for the algorithms Flint chose)."""
         dims = network_dimensions(model.network)
+        stages = int((flat.meta.get("mpmd_devices", 1) if flat is not None else 1) or 1)
+        if stages > 1:
+            dims = split_at(dims, model.network.topology.devices // stages)
         algorithms = chosen_algorithms(model.network, dims, flat, durations)
         return cls(dims, algorithms, round(model.spec.peak("bf16") / 1e12, 3))
 
@@ -123,6 +126,24 @@ def network_dimensions(network) -> list[dict]:
         raise FlintError(f"cannot describe {n} devices of {network.spec.name} as ASTRA-sim "
                          f"dimensions ({' x '.join(str(d['npus']) for d in dims)})")
     return dims
+
+
+def split_at(dims: list[dict], block: int) -> list[dict]:
+    """The same network with a dimension boundary after every `block` ranks (a pipeline
+    stage): the dimension the boundary falls in becomes two of the same kind and figures,
+    so that a stage's data-parallel groups are whole dimensions (ASTRA-sim then runs them
+    with system.json's algorithms) and stages differ in the outer one."""
+    out, inner = [], 1
+    for d in dims:
+        if inner < block < inner * d["npus"] and block % inner == 0 \
+                and d["npus"] % (block // inner) == 0:
+            first = block // inner
+            out.append(dict(d, npus=first, level=d["level"] + " (within a stage)"))
+            out.append(dict(d, npus=d["npus"] // first, level=d["level"] + " (across stages)"))
+        else:
+            out.append(d)
+        inner *= d["npus"]
+    return out
 
 
 def _switched_dimensions(network) -> list[dict]:
