@@ -97,6 +97,11 @@ def estimate(
     trace: Optional[str] = typer.Option(None, help="write the predicted timeline "
                                                    "(Chrome/Perfetto trace JSON)"),
     plot: Optional[str] = typer.Option(None, help="write a PNG breakdown of the step"),
+    backend: str = typer.Option("flint", help="flint | astra-sim: also run ASTRA-sim on a "
+                                "Chakra export of the graph and compare the steps"),
+    astra_sim: Optional[str] = typer.Option(None, "--astra-sim", help="ASTRA-sim binary or "
+                                            "directory (default: $ASTRA_SIM, "
+                                            "../shared/tools/astra-sim)"),
     as_json: bool = typer.Option(False, "--json", help="print the estimate as JSON"),
 ):
     """Predict the step time of a workload graph with the built-in cost model."""
@@ -106,6 +111,11 @@ def estimate(
         for flag, path in (("--trace", trace), ("--plot", plot)):
             if path:
                 _check_output_dir(path, flag)
+        if backend != "flint":
+            from flint.exporters.astra_sim_run import report_second_opinion
+
+            return report_second_opinion(load_any_graph(graph_file), hardware_name, set_,
+                                         backend, astra_sim, as_json)
         _estimate(load_any_graph(graph_file), hardware_name, set_, algorithm, trace,
                   as_json, plot)
 

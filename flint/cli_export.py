@@ -42,12 +42,18 @@ def glob_escape(text: str) -> str:
     return glob.escape(text)
 
 
-def load_any_graph(path: str, rank: Optional[int] = None, comm_groups: Optional[str] = None):
-    """A saved graph JSON, a Chakra .et file, or a directory of them."""
+def load_any_graph(path: str, rank: Optional[int] = None, comm_groups: Optional[str] = None,
+                   check: bool = False):
+    """A saved graph JSON, a Chakra .et file, or a directory of them (`check`: all of
+    its ranks must run to completion in ASTRA-sim)."""
     p = Path(path)
     if p.is_dir() or p.suffix == ".et":
         from flint.frontends.chakra import import_chakra
 
+        if check and p.is_dir():
+            from flint.frontends.chakra_ranks import check_directory
+
+            check_directory(p, comm_groups)
         return import_chakra(p, rank, comm_groups)
     from flint.graph import WorkloadGraph
 
@@ -72,7 +78,8 @@ def export(
     graph_file: str = typer.Argument(..., help="a workload graph JSON, a Chakra .et, or a "
                                                "directory of them"),
     fmt: str = typer.Option("chakra", "--format", help="chakra | json | perfetto"),
-    out: str = typer.Option(..., "--out", help="output directory (created if missing)"),
+    out: Optional[str] = typer.Option(None, "--out", help="output directory (created if "
+                                      "missing); without it and with --check, check only"),
     hardware_name: Optional[str] = typer.Option(None, "--hardware", help="cost model for "
                                                 "durations and ASTRA-sim inputs"),
     set_: list[str] = typer.Option([], "--set", help="what-if, e.g. nic_bandwidth=800Gb/s"),
@@ -81,6 +88,10 @@ def export(
                                  "node records for exact import: rank0 | all | none"),
     ranks: Optional[str] = typer.Option(None, help="chakra: write only these ranks, e.g. 0-7"),
     workers: int = typer.Option(4, help="chakra: writer threads"),
+    check: bool = typer.Option(False, "--check", help="chakra: prove the export (or a "
+                               "directory of ETs given as input) runs to completion under "
+                               "ASTRA-sim's issue rule; refuse it otherwise. Exports are "
+                               "always checked before writing"),
     as_json: bool = typer.Option(False, "--json", help="print the export report as JSON"),
 ):
     """Write a workload graph as Chakra ETs (+ ASTRA-sim inputs), Flint JSON or a Perfetto
@@ -95,12 +106,26 @@ def export(
             raise FlintError(f"--annotate must be rank0, all or none, not {annotate!r}")
         if workers < 1:
             raise FlintError(f"--workers must be at least 1, not {workers}")
-        check_output_dir(out)
+        if out is None and not check:
+            raise FlintError("--out is required (or --check alone, to check only)")
+        if out is not None:
+            check_output_dir(out)
         if hardware_name is not None or set_:
             from flint.hardware_models.spec import load_spec
 
             load_spec(hardware_name or "h100-sxm", set_)   # bad figures fail before the work
-        graph = load_any_graph(graph_file)
+        graph = load_any_graph(graph_file, check=check)
+        if out is None:
+            from flint.exporters.chakra import check_export
+
+            report = check_export(graph, hardware_name, set_)
+            if as_json:
+                print(json.dumps(report, sort_keys=True, indent=1))
+            else:
+                print(f"check passed: all {report['ranks']} ranks run to completion under "
+                      f"ASTRA-sim's issue rule ({report['lanes_simulated']} lane(s) "
+                      f"simulated, {report['check_s']:.2f} s)")
+            return
         if fmt == "chakra":
             remove_stale_partials(out)
         if fmt == "chakra":
@@ -188,6 +213,9 @@ def import_(
     comm_groups: Optional[str] = typer.Option(None, help="communicator-group JSON that "
                                               "pg_name refers to (default: DIR/comm_groups.json)"),
     out: Optional[str] = typer.Option(None, help="write the graph as JSON to this file"),
+    check: bool = typer.Option(True, "--check/--no-check", help="for a directory: first "
+                               "prove every rank runs to completion under ASTRA-sim's "
+                               "issue rule (reads every rank's file)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ):
     """Read Chakra execution traces (Flint's, or Chakra's own converter's) into a
@@ -199,6 +227,10 @@ def import_(
             from flint.cli import _check_output_dir
 
             _check_output_dir(out)
+        if check and Path(source).is_dir():
+            from flint.frontends.chakra_ranks import check_directory
+
+            check_directory(source, comm_groups)
         graph = import_chakra(source, rank, comm_groups)
         if out:
             graph.save(out)

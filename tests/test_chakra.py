@@ -87,10 +87,16 @@ def test_every_file_follows_astra_sim_conventions(exported, tiny_graph):
             a = attrs(n)
             if n.type == pb.COMM_COLL_NODE:
                 assert kinds["comm_type"] == "int64_val" and kinds["comm_size"] == "int64_val"
-                assert kinds["pg_name"] == "string_val"
                 assert a["comm_type"] in SIMULATED and a["comm_size"] >= 0
-                assert rank in groups[a["pg_name"]]
-                issued[a["pg_name"]].setdefault(rank, []).append((a["comm_type"], a["comm_size"]))
+                if "involved_dim" in a:     # whole network dimensions: no process group
+                    assert kinds["involved_dim"] == "bool_list" and "pg_name" not in a
+                    pg = "dims" + str(a["involved_dim"])
+                    groups.setdefault(pg, list(range(stats.ranks)))
+                else:
+                    assert kinds["pg_name"] == "string_val"
+                    assert rank in groups[a["pg_name"]]
+                    pg = a["pg_name"]
+                issued[pg].setdefault(rank, []).append((a["comm_type"], a["comm_size"]))
             elif n.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
                 for key in ("comm_src", "comm_dst", "comm_tag"):
                     assert kinds[key] == "int32_val"
@@ -132,23 +138,31 @@ def test_chakra_tools_read_every_file(exported, tmp_path, monkeypatch):
 
 
 def test_astra_sim_inputs_describe_the_cluster(exported, tmp_path, tiny_graph):
+    """network.yml carries Flint's own network model in ASTRA-sim's units: bus bandwidth
+    (link rate x bus efficiency) / 2^30, latency per link (a Switch hop is two links)."""
+    from flint.cluster import Cluster
+    from flint.exporters.astra_sim import network_dimensions
+    from flint.hardware_models.network import NetworkModel
+    from flint.hardware_models.spec import load_spec
+
     out, _ = exported
     net = yaml.safe_load((out / "network.yml").read_text())
     assert net["topology"] == ["Switch", "Switch"] and net["npus_count"] == [8, 2]
-    assert net["bandwidth"] == [450.0, 50.0]          # NVLink 450 GB/s, NDR 400 Gb/s
+    spec = load_spec("h100-sxm")
+    model = NetworkModel(spec, tiny_graph.cluster)
+    assert net["bandwidth"] == pytest.approx([model.up.bandwidth / 2**30,
+                                              model.out().bandwidth / 2**30], rel=1e-6)
+    assert net["latency"] == pytest.approx([model.up.latency * 1e9 / 2,
+                                            model.out().latency * 1e9 / 2], rel=1e-3)
     system = json.loads((out / "system.json").read_text())
     assert len(system["all-reduce-implementation"]) == 2 and system["peak-perf"] == 989.4
+    assert system["preferred-dataset-splits"] == 1
     assert json.loads((out / "remote_memory.json").read_text())["memory-type"]
     # 4096 H100s: NVLink node x 32-node leaf group (SuperPOD SU) x 16 leaf groups
-    from flint.exporters.astra_sim import network_dimensions
-    from flint.hardware_models.spec import load_spec
-    from flint.hardware_models.topology import topology_for
-
-    spec = load_spec("h100-sxm")
-    dims = network_dimensions(spec, topology_for(spec, 4096))
+    dims = network_dimensions(NetworkModel(spec, Cluster(4096, (("data", 4096),), "h100-sxm")))
     assert [d["npus"] for d in dims] == [8, 32, 16]
     spec = load_spec("tpu-v5p")
-    dims = network_dimensions(spec, topology_for(spec, 4096))
+    dims = network_dimensions(NetworkModel(spec, Cluster(4096, (("data", 4096),), "tpu-v5p")))
     assert [d["topology"] for d in dims] == ["Ring", "Ring", "Ring"]
     assert [d["npus"] for d in dims] == [16, 16, 16]
 

@@ -76,7 +76,9 @@ def graphs(draw):
 def test_export_import_round_trip(graph, annotate):
     graph.check()
     with tempfile.TemporaryDirectory() as tmp:
-        export_chakra(graph, tmp + "/et", hardware="h100-sxm", annotate=annotate, workers=2)
+        # random graphs are not runnable programs (a recv may have no send): format only
+        export_chakra(graph, tmp + "/et", hardware="h100-sxm", annotate=annotate, workers=2,
+                      check=False)
         back = import_chakra(tmp + "/et", rank=0)
         assert dumps_json(back.to_json()) == dumps_json(graph.to_json())
         if annotate == "all":

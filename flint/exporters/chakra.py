@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -27,10 +28,20 @@ from pathlib import Path
 
 from flint.errors import FlintError
 from flint.exporters import astra_sim
+from flint.exporters.chakra_check import check_plan
 from flint.exporters.chakra_plan import ChakraPlan
 from flint.graph import WorkloadGraph, dumps_json
 from flint.io import current_umask
 from flint.hardware_models.estimate import node_durations
+from flint.hardware_models.schedule import simulate
+
+
+def flint_step_s(flat: WorkloadGraph, durations: list[float]) -> float:
+    """Flint's own step time for the exported (loop-free) graph and durations."""
+    return simulate(flat, durations).step_time
+
+
+_PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
 
 @dataclass
@@ -54,11 +65,15 @@ class ExportStats:
 
 def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
                   hardware: str | None = None, overrides=(), annotate: str = "rank0",
-                  ranks: range | None = None, workers: int = 4, progress=None) -> ExportStats:
+                  ranks: range | None = None, workers: int = 4, progress=None,
+                  check: bool = True) -> ExportStats:
     """Write the export into `out_dir` (created if missing). `ranks` limits which rank
-    files are written (default all); `progress(n_done)` is called as files complete."""
-    if not prefix or "/" in prefix or prefix.startswith("."):
-        raise FlintError(f"bad file prefix {prefix!r}")
+    files are written (default all); `progress(n_done)` is called as files complete.
+    `check`: first prove that every rank runs to completion under ASTRA-sim's issue rule
+    (chakra_check) and refuse the export otherwise."""
+    if not _PREFIX.fullmatch(prefix):
+        raise FlintError(f"bad file prefix {prefix!r}: use letters, digits, _ . - (not "
+                         f"starting with . or -)")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise FlintError(f"--out {out} exists and is not a directory")
@@ -70,11 +85,14 @@ def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
         raise FlintError(f"--annotate must be rank0, all or none, not {annotate!r}")
     t0 = time.perf_counter()
     flat, durations, model = node_durations(graph, hardware, overrides)
-    plain = ChakraPlan(flat, durations, annotate=False) if annotate != "all" else None
-    full = (ChakraPlan(flat, durations, annotate=True)
+    inputs = astra_sim.AstraSimInputs.build(model, flat, durations)
+    dims = [d["npus"] for d in inputs.dims]
+    plain = ChakraPlan(flat, durations, False, dims) if annotate != "all" else None
+    full = (ChakraPlan(flat, durations, True, dims)
             if annotate == "all" or (annotate == "rank0" and 0 in ranks) else None)
     plan = plain or full
-    dims = astra_sim.network_dimensions(model.spec, model.network.topology)
+    if check:                  # refuse what ASTRA-sim could not run to completion
+        check_plan(plan)
     encode_s = time.perf_counter() - t0
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial",
@@ -98,15 +116,17 @@ def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
         write_s = time.perf_counter() - t1
         side = {
             "comm_groups.json": json.dumps(plan.comm_groups(), separators=(",", ":")) + "\n",
-            "network.yml": astra_sim.network_yaml(dims),
-            "system.json": astra_sim.system_json(model.spec, dims),
+            "network.yml": inputs.network_yaml(),
+            "system.json": inputs.system_json(),
             "remote_memory.json": astra_sim.REMOTE_MEMORY_JSON,
-            "run_astra_sim.sh": astra_sim.run_script(prefix),
+            "run_astra_sim.sh": astra_sim.run_script(prefix, n),
             "flint_export.json": dumps_json({
                 "format": "flint.chakra-export", "version": 1, "prefix": prefix,
                 "ranks": n, "files_written": len(ranks), "hardware": model.spec.name,
                 "overrides": list(overrides), "nodes_per_rank": len(plan.graph.nodes),
-                "annotate": annotate, "network_dimensions": dims}),
+                "annotate": annotate, "chakra_ids": "2i+1",
+                "network_dimensions": inputs.dims, "algorithms": inputs.algorithms,
+                "flint_step_s": flint_step_s(flat, durations)}),
         }
         for name, text in side.items():
             (tmp / name).write_text(text)
@@ -116,6 +136,19 @@ def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return ExportStats(n, len(plan.graph.nodes), total, encode_s, write_s, files)
+
+
+def check_export(graph: WorkloadGraph, hardware: str | None = None, overrides=()) -> dict:
+    """What `export_chakra` checks before writing, alone: encode the plan and prove every
+    rank finishes under ASTRA-sim's issue rule (a DeadlockError otherwise)."""
+    t0 = time.perf_counter()
+    flat, durations, model = node_durations(graph, hardware, overrides)
+    dims = [d["npus"] for d in astra_sim.network_dimensions(model.network)]
+    plan = ChakraPlan(flat, durations, False, dims)
+    check_plan(plan)
+    return {"ranks": plan.devices, "pipeline_stages": plan.stages,
+            "lanes_simulated": len(plan.lanes), "nodes_per_rank": len(flat.nodes),
+            "check_s": time.perf_counter() - t0, "deadlock_free": True}
 
 
 def _move_into(tmp: Path, out: Path, prefix: str, prune: bool) -> list[str]:

@@ -27,6 +27,7 @@ ET_VERSION = "1.0.0"          # what mlc-chakra's own generator writes in Global
 Node = pb.Node
 GlobalMetadata = pb.GlobalMetadata
 Attr = pb.AttributeProto
+BoolList = pb.BoolList
 
 COMP, COLL, SEND, RECV = pb.COMP_NODE, pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE
 MEM_LOAD, MEM_STORE, METADATA = pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE, pb.METADATA_NODE

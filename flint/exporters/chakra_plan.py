@@ -6,7 +6,25 @@ followed by one `pg_name` attribute naming this rank's group: `attr` is the last
 a Chakra Node, and protobuf parses a message followed by more fields of it as the merged
 message, so `template + pg_attr` is byte for byte what serializing the whole node gives
 (a test checks this against mlc-chakra's own encoder). A rank's file is then a join of
-constant runs and per-rank pieces: O(collectives) work per rank, not O(nodes).
+constant runs and per-rank pieces: O(collectives) work per rank, not O(nodes). An MPMD
+graph (pipeline stages, `meta["device"]`) is encoded once per stage; rank r runs stage
+r // (ranks per stage).
+
+What ASTRA-sim needs to run the files to completion (its README in ../shared/tools/
+astra-sim, and `chakra_check`, which proves it before anything is written):
+- Chakra ids are 2i+1 for Flint node i; the SEND half of a collective-permute is 2i,
+  right before the RECV that stands for the node. ASTRA-sim issues ready nodes smallest
+  id first.
+- Every communication node of a rank is chained to the previous one by a control
+  dependency, in program order: one order per rank, shared by all members of every
+  communicator, so no two ranks wait on each other in different collectives.
+- Compute-stream nodes are chained in program order (one in-order GPU stream, as Flint's
+  schedule runs them); an asynchronous collective also waits for the compute node before
+  it, which is when Flint's schedule issues it.
+- Names start with the Chakra node type (`COMP_NODE:fusion.3`): Chakra's timeline
+  visualizer tells node types by name. Durations are whole microseconds (the field's
+  unit); the rounding error is carried along the compute chain so the running total
+  stays within a microsecond of the model's, and no compute node lasts 0 us.
 
 Point-to-point traffic (collective-permute, send, recv) becomes COMM_SEND / COMM_RECV
 pairs per rank, built with protobuf for the ranks that take part.
@@ -14,15 +32,39 @@ pairs per rank, built with protobuf for the ranks that take part.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from flint.errors import FlintError
 from flint.exporters import chakra_format as cf
 from flint.graph import Communicator, Node, NodeKind, WorkloadGraph
+from flint.hardware_models.schedule import stream_of
 
 FLINT_NODE = "flint_node"      # attribute holding what Chakra has no field for (round trip)
 FLINT_PART = "flint_part"      # "send" on the extra SEND node a collective-permute makes
+ID_SCHEME = "2i+1"             # header field naming how Chakra ids map to Flint ids
+_UNSAFE = re.compile(r"[,=\r\n]")   # separators of ASTRA-sim's trace lines
+_TYPED = re.compile(r"^[A-Z_]+_NODE:")
+
+
+def chakra_id(flint_id: int) -> int:
+    return 2 * flint_id + 1
+
+
+def flint_id(cid: int) -> int:
+    return cid >> 1
+
+
+def chakra_name(kind: int, name: str) -> str:
+    return f"{cf.Node.DESCRIPTOR.fields_by_name['type'].enum_type.values_by_number[kind].name}:" \
+           + _UNSAFE.sub("_", name)
+
+
+def plain_name(name: str) -> str:
+    """A Flint-written Chakra name without its node-type prefix."""
+    return _TYPED.sub("", name, count=1)
 
 
 @dataclass
@@ -31,15 +73,17 @@ class _GroupSlot:
     index: int                 # canonical communicator
     body: bytes
     noop: bytes                # framed no-op for ranks outside every group
+    cid: int
+    deps: list[int]
 
 
 @dataclass
 class _PairSlot:
     """A permute / send / recv: SEND and RECV nodes for the ranks that take part."""
     node: Node
-    extra_id: int              # id of the SEND a collective-permute adds
     tag: int
-    base: "cf.Node"            # template proto, specialized per rank
+    base: "cf.Node"            # template proto of the node (id 2i+1), specialized per rank
+    send_base: "cf.Node | None"   # a permute's SEND half (id 2i)
     target_of: dict            # source rank -> target rank
     source_of: dict            # target rank -> source rank
 
@@ -47,50 +91,44 @@ class _PairSlot:
 class ChakraPlan:
     """`rank_bytes(r)` is the complete .et file of rank r."""
 
-    def __init__(self, flat: WorkloadGraph, durations_s: list[float], annotate: bool):
+    def __init__(self, flat: WorkloadGraph, durations_s: list[float], annotate: bool,
+                 dims: list[int] | None = None):
         """`annotate`: also write what Chakra has no field for (Flint's node record with
         exact flops and bytes, op class, meta; operand and result shapes), so that
         `flint import` rebuilds the graph exactly. Without it a file holds standard Chakra
-        fields only: about a quarter of the bytes."""
+        fields only: about a quarter of the bytes. `dims`: ranks per ASTRA-sim network
+        dimension, innermost first; a communicator whose groups are whole dimensions is
+        written with `involved_dim` instead of a process group, so that ASTRA-sim runs
+        it with the per-dimension algorithms of system.json (it runs any process group
+        smaller than the cluster as a plain ring)."""
         self.graph = flat
+        self.dims = list(dims or [])
         self.devices = flat.cluster.devices
+        self.stages = max(1, int(flat.meta.get("mpmd_devices", 1) or 1))
+        if self.devices % self.stages:
+            raise FlintError(f"{self.devices} ranks do not split into {self.stages} stages")
+        self.per_stage = self.devices // self.stages
         self._canonical_communicators()
-        self.segments: list[bytes] = []
-        self.slots: list[_GroupSlot | _PairSlot] = []
         self.header = self._header().SerializeToString()
-        run: list[bytes] = []
-        last_on: dict[int, int] = {}
-        extra = extra_tag = len(flat.nodes)
-        for node, d in zip(flat.nodes, durations_s):
-            c = node.collective
-            comm = flat.communicators[c.communicator] if c is not None else None
-            proto = self._template(node, comm, d, annotate)
-            if comm is not None and comm.kind == "groups":
-                k = self.canonical[comm.id]
-                if k in last_on:   # members issue a communicator's collectives in one order
-                    proto.ctrl_deps[:] = sorted(set(proto.ctrl_deps) | {last_on[k]})
-                last_on[k] = node.id
-                self._flush(run)
-                self.slots.append(_GroupSlot(k, proto.SerializeToString(),
-                                             cf.frame(_p2p(proto, cf.COMP, 0, 0, 0, 0))))
-            elif comm is not None:
-                self._flush(run)
-                # A permute's SEND and RECV share its node id as tag; a send and its recv
-                # are separate nodes that share only their communicator.
-                tag = node.id if node.op == "collective-permute" else extra_tag + comm.id
-                self.slots.append(_PairSlot(node, extra, tag, proto, *_peers(comm)))
-                extra += node.op == "collective-permute"
-            else:
-                run.append(cf.frame(proto))
-        self._flush(run)
+        on = [int(n.meta.get("device", 0)) if self.stages > 1 else 0 for n in flat.nodes]
+        if any(not 0 <= s < self.stages for s in on):
+            raise FlintError("a node's meta device is outside the graph's pipeline stages")
+        sent = {i for n in flat.nodes if n.kind == NodeKind.RECV for i in n.inputs
+                if flat.nodes[i].kind == NodeKind.SEND}
+        self.segments: list[list[bytes]] = []
+        self.slots: list[list] = []
+        self.lanes: list[list[tuple]] = []       # per stage: what chakra_check simulates
+        for stage in range(self.stages):
+            self._encode_stage(stage, on, durations_s, annotate, sent)
 
     # --- communicators ------------------------------------------------------------
     def _canonical_communicators(self) -> None:
         """Communicators with the same groups are one Chakra process group set (pg ids are
-        1-based and unique across the file set); rank -> group row per canonical one."""
+        1-based and unique across the file set, one block per pipeline stage); rank ->
+        group row per canonical one."""
         self.canonical: dict[int, int] = {}
         self.groups: list[np.ndarray] = []
-        self.row_of: list[np.ndarray] = []      # [devices] group row, -1 if not a member
+        self.row_of: list[np.ndarray] = []      # [ranks per stage] group row, -1 if none
         self.pg_base: list[int] = []
         seen: dict[bytes, int] = {}
         next_pg = 1
@@ -99,49 +137,168 @@ class ChakraPlan:
                 continue
             g = np.sort(np.asarray(comm.groups(), dtype=np.int64), axis=1)
             g = g[np.argsort(g[:, 0], kind="stable")] if len(g) else g.reshape(0, 1)
+            if g.size and g.max() >= self.per_stage:
+                raise FlintError(f"communicator {comm.id} names rank {int(g.max())}, outside "
+                                 f"a pipeline stage's {self.per_stage} ranks")
             key = g.tobytes() + bytes(str(g.shape), "ascii")
             if key not in seen:
                 seen[key] = len(self.groups)
-                rows = np.full(self.devices, -1, dtype=np.int64)
+                rows = np.full(self.per_stage, -1, dtype=np.int64)
                 if g.size:
                     rows[g.ravel()] = np.repeat(np.arange(len(g)), g.shape[1])
                 self.groups.append(g)
                 self.row_of.append(rows)
                 self.pg_base.append(next_pg)
-                next_pg += len(g)
+                next_pg += len(g) * self.stages
             self.canonical[comm.id] = seen[key]
         self._pg_attr = [dict() for _ in self.groups]
+        self.involved = [self._involved_dims(g) for g in self.groups]
+
+    def _involved_dims(self, g: np.ndarray) -> list[bool] | None:
+        """The network dimensions a communicator's groups span, when its groups (in every
+        pipeline stage) are exactly the sets of ranks that differ only in those
+        dimensions; else None."""
+        if not self.dims or not g.size or int(np.prod(self.dims)) != self.devices:
+            return None
+        every = np.concatenate([g + s * self.per_stage for s in range(self.stages)])
+        if len(np.unique(every)) != self.devices:
+            return None
+        npus = np.asarray(self.dims, dtype=np.int64)
+        strides = np.concatenate([[1], np.cumprod(npus)[:-1]])
+        coords = (every[:, :, None] // strides) % npus          # [groups, size, dims]
+        varies = (coords != coords[:, :1]).any(axis=1)           # [groups, dims]
+        if not (varies == varies[0]).all():
+            return None
+        if g.shape[1] != int(np.prod(npus[varies[0]])):
+            return None
+        return [bool(v) for v in varies[0]]
+
+    def pg_id(self, k: int, stage: int, row: int) -> int:
+        return self.pg_base[k] + stage * len(self.groups[k]) + row
 
     def comm_groups(self) -> dict[str, list[int]]:
         """The communicator-group JSON ASTRA-sim reads: {"pg id": [ranks]}."""
         out = {}
-        for base, g in zip(self.pg_base, self.groups):
-            for row, members in enumerate(g):
-                out[str(base + row)] = [int(r) for r in members]
+        for k, g in enumerate(self.groups):
+            for stage in range(self.stages):
+                offset = stage * self.per_stage
+                for row, members in enumerate(g):
+                    out[str(self.pg_id(k, stage, row))] = [int(r) + offset for r in members]
         return out
 
-    def _pg(self, k: int, row: int) -> bytes:
+    def _pg(self, k: int, stage: int, row: int) -> bytes:
         cache = self._pg_attr[k]
-        b = cache.get(row)
+        b = cache.get((stage, row))
         if b is None:
-            holder = cf.Node(attr=[cf.Attr(name="pg_name", string_val=str(self.pg_base[k] + row))])
-            b = cache[row] = holder.SerializeToString()
+            holder = cf.Node(attr=[cf.Attr(name="pg_name",
+                                           string_val=str(self.pg_id(k, stage, row)))])
+            b = cache[(stage, row)] = holder.SerializeToString()
         return b
 
     # --- encoding -----------------------------------------------------------------
     def _header(self) -> cf.GlobalMetadata:
         g = self.graph
-        info = {"format": "flint.chakra", "version": 1, "cluster": g.cluster.to_json(),
+        info = {"format": "flint.chakra", "version": 2, "ids": ID_SCHEME, "dims": self.dims,
+                "cluster": g.cluster.to_json(),
                 "communicators": [c.to_json() for c in g.communicators], "meta": g.meta}
         return cf.GlobalMetadata(version=cf.ET_VERSION, attr=[
             cf.Attr(name="flint_graph", string_val=json.dumps(info, sort_keys=True,
                                                               separators=(",", ":")))])
 
+    def _encode_stage(self, stage, on, durations_s, annotate, sent) -> None:
+        flat = self.graph
+        segments, slots, lane = [], [], []
+        run: list[bytes] = []
+        last_compute = last_comm = None
+        modeled = written = 0.0        # running compute totals, microseconds
+        n = len(flat.nodes)
+        for node, d in zip(flat.nodes, durations_s):
+            if on[node.id] != stage:
+                continue
+            c = node.collective
+            comm = flat.communicators[c.communicator] if c is not None else None
+            ctype = _chakra_type(node)
+            local = [x for x in node.inputs if on[x] == stage]
+            control = [x for x in node.control if on[x] == stage]
+            proto = self._template(node, comm, d, annotate, ctype, local, control)
+            chain = set()
+            communicates = ctype != cf.COMP or (comm is not None and comm.kind == "pairs")
+            # A receive whose send comes earlier (a pipeline's) takes its place in the
+            # order, as on Flint's one p2p stream; one whose send may come later (XLA's
+            # SPMD send/recv) must not block the order: ASTRA-sim lets it wait aside.
+            aside = node.kind == NodeKind.RECV and not any(x in sent for x in node.inputs)
+            if communicates and aside:
+                chain |= {last_compute} - {None}
+            elif communicates:
+                chain |= {last_compute, last_comm} - {None}
+            else:
+                chain |= {last_compute} - {None}
+            if ctype == cf.COMP and not communicates:
+                modeled += d * node.repeat * 1e6
+                micros = max(1, round(modeled - written))
+                written += micros
+                proto.duration_micros = micros
+            send_base = None
+            if node.op == "collective-permute":
+                send_base = cf.Node()
+                send_base.CopyFrom(proto)
+                send_base.id = chakra_id(node.id) - 1
+                send_base.name = chakra_name(cf.SEND, node.name + "/send")
+                _add_ctrl(send_base, chain)
+                chain = {send_base.id}
+            _add_ctrl(proto, chain)
+            deps = sorted(set(proto.data_deps) | set(proto.ctrl_deps))
+            if communicates and aside:
+                pass
+            elif communicates:
+                last_comm = proto.id
+                if stream_of(node) == "compute":
+                    last_compute = proto.id       # a synchronous collective blocks compute
+            else:
+                last_compute = proto.id
+            if comm is not None and comm.kind == "groups" and ctype == cf.COLL \
+                    and self.involved[self.canonical[comm.id]] is not None:
+                # the same node on every rank: ASTRA-sim finds the group from the dims
+                k = self.canonical[comm.id]
+                proto.attr.insert(len(proto.attr) - (1 if annotate else 0), cf.Attr(
+                    name="involved_dim", bool_list=cf.BoolList(values=self.involved[k])))
+                run.append(cf.frame(proto))
+                lane.append(("coll", proto.id, deps, (stage, k, _describe(node))))
+            elif comm is not None and comm.kind == "groups" and ctype == cf.COLL:
+                k = self.canonical[comm.id]
+                segments.append(b"".join(run))
+                run.clear()
+                slots.append(_GroupSlot(k, proto.SerializeToString(),
+                                        cf.frame(_p2p(proto, cf.COMP, 0, 0, 0, 0)),
+                                        proto.id, deps))
+                lane.append(("coll", proto.id, deps, (stage, k, _describe(node))))
+            elif comm is not None and comm.kind == "pairs":
+                segments.append(b"".join(run))
+                run.clear()
+                if node.op == "collective-permute" or node.kind == NodeKind.SEND:
+                    tag = node.id if (node.op == "collective-permute" or node.id in sent) \
+                        else n + comm.id
+                else:
+                    tag = next((x for x in node.inputs if x in sent), n + comm.id)
+                target_of, source_of = _peers(comm)
+                slot = _PairSlot(node, tag, proto, send_base, target_of, source_of)
+                slots.append(slot)
+                lane.extend(self._pair_lane(slot, stage, deps))
+            else:
+                run.append(cf.frame(proto))
+                lane.append(("comp", proto.id, deps, None))
+        segments.append(b"".join(run))
+        self.segments.append(segments)
+        self.slots.append(slots)
+        self.lanes.append(lane)
+
     def _template(self, node: Node, comm: Communicator | None, seconds: float,
-                  annotate: bool) -> cf.Node:
+                  annotate: bool, ctype: int, inputs: list[int], control: list[int]) -> cf.Node:
         c = node.collective
-        p = cf.Node(id=node.id, name=node.name, type=_chakra_type(node),
-                    data_deps=sorted(set(node.inputs)), ctrl_deps=sorted(set(node.control)),
+        data = sorted({chakra_id(x) for x in inputs})
+        p = cf.Node(id=chakra_id(node.id), name=chakra_name(ctype, node.name), type=ctype,
+                    data_deps=data,
+                    ctrl_deps=sorted({chakra_id(x) for x in control} - set(data)),
                     duration_micros=max(0, round(seconds * node.repeat * 1e6)))
         if annotate:
             p.inputs.shapes = json.dumps(node.operands, separators=(",", ":"))
@@ -160,38 +317,104 @@ class ChakraPlan:
             p.attr.append(cf.Attr(name=FLINT_NODE, string_val=_flint_record(node)))
         return p
 
-    def _flush(self, run: list[bytes]) -> None:
-        self.segments.append(b"".join(run))
-        run.clear()
+    def _pair_lane(self, slot: _PairSlot, stage: int, deps: list[int]) -> list[tuple]:
+        """The SEND/RECV a stage's ranks run for a pair slot, as chakra_check sees them:
+        ranks of one stage are alike, so one lane per stage stands for all of them."""
+        node, out = slot.node, []
+        ranks = range(stage * self.per_stage, (stage + 1) * self.per_stage)
+        targets = {self._peer(slot.target_of, r) for r in ranks} - {None}
+        sources = {self._peer(slot.source_of, r) for r in ranks} - {None}
+        send_id = slot.send_base.id if slot.send_base is not None else slot.base.id
+        send_deps = sorted(set(slot.send_base.data_deps) | set(slot.send_base.ctrl_deps)) \
+            if slot.send_base is not None else deps
+        if node.op == "collective-permute" or node.kind == NodeKind.SEND:
+            to = {t // self.per_stage for t in targets}
+            out.append(("send" if to else "comp", send_id, send_deps,
+                        (sorted(to), slot.tag, _describe(node))))
+        if node.op == "collective-permute" or node.kind == NodeKind.RECV:
+            frm = {s // self.per_stage for s in sources}
+            out.append(("recv" if frm else "comp", slot.base.id, deps,
+                        (sorted(frm), slot.tag, _describe(node))))
+        return out
+
+    def _peer(self, table: dict, rank: int):
+        """A rank's peer. Pipeline stages name their pairs by each stage's first rank
+        (passes/pipeline.py): rank l of a stage talks to rank l of the peer stage."""
+        if self.stages == 1:
+            return table.get(rank)
+        first = rank - rank % self.per_stage
+        peer = table.get(first)
+        return None if peer is None else peer + rank % self.per_stage
 
     # --- per rank -----------------------------------------------------------------
     def rank_bytes(self, rank: int) -> bytes:
         # `attr` is GlobalMetadata's last field too: the rank attribute is appended bytes.
         rank_attr = cf.GlobalMetadata(attr=[cf.Attr(name="rank", int64_val=rank)])
         tail = rank_attr.SerializeToString()
-        parts = [cf.varint(len(self.header) + len(tail)), self.header, tail, self.segments[0]]
-        for slot, seg in zip(self.slots, self.segments[1:]):
+        stage, local = divmod(rank, self.per_stage)
+        segments = self.segments[stage]
+        parts = [cf.varint(len(self.header) + len(tail)), self.header, tail, segments[0]]
+        for slot, seg in zip(self.slots[stage], segments[1:]):
             if isinstance(slot, _GroupSlot):
-                row = int(self.row_of[slot.index][rank])
+                row = int(self.row_of[slot.index][local])
                 if row < 0:
                     parts.append(slot.noop)
                 else:
-                    pg = self._pg(slot.index, row)
+                    pg = self._pg(slot.index, stage, row)
                     parts.append(cf.varint(len(slot.body) + len(pg)))
                     parts.append(slot.body)
                     parts.append(pg)
             else:
-                parts.extend(_pair_nodes(slot, rank))
+                parts.extend(self._pair_nodes(slot, rank))
             parts.append(seg)
         return b"".join(parts)
 
+    def _pair_nodes(self, slot: _PairSlot, rank: int) -> list[bytes]:
+        target = self._peer(slot.target_of, rank)
+        source = self._peer(slot.source_of, rank)
+        node, c = slot.node, slot.node.collective
+        out = []
+        if node.op == "collective-permute":
+            sends = target is not None and not (target == rank and source == rank)
+            half = _p2p(slot.send_base, cf.SEND if sends else cf.COMP, rank,
+                        target if sends else rank, slot.tag, c.bytes_in if sends else 0)
+            half.attr.append(cf.Attr(name=FLINT_PART, string_val="send"))
+            out.append(cf.frame(half))
+            if target == rank and source == rank:
+                local = _p2p(slot.base, cf.COMP, rank, rank, slot.tag, 0)
+                local.duration_micros = max(1, slot.base.duration_micros)  # a copy to itself
+                out.append(cf.frame(local))
+                return out
+        elif node.kind == NodeKind.SEND:
+            kind = cf.SEND if target is not None else cf.COMP
+            out.append(cf.frame(_p2p(slot.base, kind, rank, target if target is not None
+                                     else rank, slot.tag, c.bytes_in)))
+            return out
+        if source is not None:
+            out.append(cf.frame(_p2p(slot.base, cf.RECV, source, rank, slot.tag,
+                                     c.bytes_out)))
+        else:
+            out.append(cf.frame(_p2p(slot.base, cf.COMP, rank, rank, slot.tag, 0)))
+        return out
+
+
+def _add_ctrl(p: cf.Node, extra: set) -> None:
+    if extra - set(p.ctrl_deps) - set(p.data_deps):
+        p.ctrl_deps[:] = sorted((set(p.ctrl_deps) | extra) - set(p.data_deps))
+
+
+def _describe(node: Node) -> str:
+    return f"{node.op} {node.name!r}"
+
 
 def _flint_record(node: Node) -> str:
-    """The Node as Flint's JSON minus what the Chakra fields already say (id, name,
-    dependencies, shapes)."""
+    """The Node as Flint's JSON minus what the Chakra fields already say (id, name when
+    the Chakra name keeps it, dependencies, shapes)."""
     d = node.to_json()
-    for key in ("id", "name", "operands", "outputs"):
+    for key in ("id", "operands", "outputs"):
         del d[key]
+    if not _UNSAFE.search(node.name):
+        del d["name"]
     if node.inputs == sorted(set(node.inputs)):
         del d["inputs"]           # data_deps say it
     return json.dumps(d, sort_keys=True, separators=(",", ":"))
@@ -221,39 +444,13 @@ def _peers(comm: Communicator) -> tuple[dict[int, int], dict[int, int]]:
     return ({int(s): int(t) for s, t in pairs}, {int(t): int(s) for s, t in pairs})
 
 
-def _pair_nodes(slot: _PairSlot, rank: int) -> list[bytes]:
-    target, source = slot.target_of.get(rank), slot.source_of.get(rank)
-    node, c = slot.node, slot.node.collective
-    if node.op == "collective-permute" and target == rank and source == rank:
-        local = _p2p(slot.base, cf.COMP, rank, rank, slot.tag, 0)
-        local.duration_micros = slot.base.duration_micros     # a copy to itself
-        return [cf.frame(local)]
-    out = []
-    if node.kind == NodeKind.SEND or node.op == "collective-permute":
-        if target is not None:
-            send = _p2p(slot.base, cf.SEND, rank, target, slot.tag, c.bytes_in)
-            if node.op == "collective-permute":
-                send.id = slot.extra_id
-                send.name = node.name + "/send"
-                send.attr.append(cf.Attr(name=FLINT_PART, string_val="send"))
-            out.append(cf.frame(send))
-        elif node.kind == NodeKind.SEND:
-            out.append(cf.frame(_p2p(slot.base, cf.COMP, rank, rank, slot.tag, 0)))
-    if node.kind == NodeKind.RECV or node.op == "collective-permute":
-        if source is not None:
-            out.append(cf.frame(_p2p(slot.base, cf.RECV, source, rank, slot.tag,
-                                     c.bytes_out)))
-        else:
-            out.append(cf.frame(_p2p(slot.base, cf.COMP, rank, rank, slot.tag, 0)))
-    return out
-
-
 def _p2p(base: cf.Node, kind: int, src: int, dst: int, tag: int, size: int) -> cf.Node:
     """`base` as a SEND or RECV between src and dst, or as a zero-time COMP no-op (what a
     rank outside a collective's groups, or outside a transfer, runs in its place)."""
     q = cf.Node()
     q.CopyFrom(base)
     q.type = kind
+    q.name = chakra_name(kind, plain_name(base.name))
     flint = [a for a in q.attr if a.name == FLINT_NODE]
     keep = [a for a in q.attr if a.name in ("is_cpu_op", "num_ops", "tensor_size")]
     del q.attr[:]
@@ -267,3 +464,18 @@ def _p2p(base: cf.Node, kind: int, src: int, dst: int, tag: int, size: int) -> c
                        cf.Attr(name="comm_size", int64_val=max(0, size))])
     q.attr.extend(flint)
     return q
+
+
+def dimension_group(rank: int, dims: list[int], involved: list[bool]) -> list[int]:
+    """The ranks that differ from `rank` only in the involved network dimensions (ranks
+    fill dimension 0 first), as ASTRA-sim forms a group from `involved_dim`."""
+    strides, s = [], 1
+    for d in dims:
+        strides.append(s)
+        s *= d
+    members = [rank]
+    for d, stride, used in zip(dims, strides, involved):
+        if used:
+            base = [r - (r // stride % d) * stride for r in members]
+            members = [b + i * stride for b in base for i in range(d)]
+    return sorted(members)

@@ -29,7 +29,8 @@ from pydantic import BaseModel, ConfigDict
 from flint.cluster import MAX_DEVICES, Cluster
 from flint.errors import FlintError
 from flint.exporters import chakra_format as cf
-from flint.exporters.chakra_plan import FLINT_NODE, FLINT_PART
+from flint.exporters.chakra_plan import (FLINT_NODE, FLINT_PART, ID_SCHEME, dimension_group,
+                                         flint_id, plain_name)
 from flint.graph import Collective, Communicator, Node, NodeKind, WorkloadGraph
 from flint.graph_schema import ClusterSchema, CommunicatorSchema, check_node_json
 from flint.schema import Bool, Int, NonNegInt, NonNegNumber, Str, Strict, validated
@@ -203,6 +204,8 @@ def _is_annotated(node) -> bool:
 
 def _rebuild_flint(info: dict, nodes: list, file) -> WorkloadGraph:
     out = []
+    mapped = info.get("ids") == ID_SCHEME       # version 2: Chakra id 2i+1 for node i
+    to_flint = flint_id if mapped else (lambda i: i)
     for p in sorted(nodes, key=lambda p: p.id):
         a = cf.attrs(p)
         if FLINT_PART in a:
@@ -210,10 +213,11 @@ def _rebuild_flint(info: dict, nodes: list, file) -> WorkloadGraph:
         d = _json_record(a[FLINT_NODE], file, f"node {p.id} flint_node")
         if not isinstance(d, dict):
             raise FlintError(f"{file}: node {p.id}'s flint_node record is not a JSON object")
-        d.update(id=p.id, name=p.name,
+        d.setdefault("name", plain_name(p.name) if mapped else p.name)
+        d.update(id=to_flint(p.id),
                  operands=_json_record(p.inputs.shapes or "[]", file, f"node {p.id} shapes"),
                  outputs=_json_record(p.outputs.shapes or "[]", file, f"node {p.id} shapes"))
-        d.setdefault("inputs", list(p.data_deps))
+        d.setdefault("inputs", [to_flint(i) for i in p.data_deps])
         check_node_json(d, f"{file}: node {p.id}")
         out.append(Node.from_json(d))
     try:
@@ -244,6 +248,8 @@ def _op_class(name: str) -> str:
 class _ChakraReader:
     def __init__(self, file, rank: int, groups: dict, info: dict | None, ranks_seen: int):
         self.file, self.rank, self.groups = file, rank, groups
+        self.flint_ids = info is not None and info.get("ids") == ID_SCHEME
+        self.dims = list(info.get("dims") or []) if info is not None else []
         if info is not None:
             self.cluster = Cluster.from_json(info["cluster"])
         else:
@@ -286,15 +292,16 @@ class _ChakraReader:
         meta = {"chakra_id": p.id, "recorded_s": 0.0 if (host and device_trace) else recorded}
         if host:
             meta["host"] = True
-        common = dict(id=nid, name=p.name or f"node{p.id}", inputs=deps, control=ctrl,
+        name = plain_name(p.name) if self.flint_ids else p.name
+        common = dict(id=nid, name=name or f"node{p.id}", inputs=deps, control=ctrl,
                       meta=meta)
         if p.type in (cf.COLL, cf.SEND, cf.RECV):
             return self._communication(p, a, common)
         flops = float(a.get("num_ops") or 0)
         moved = float(a.get("tensor_size") or 0)
         kind = NodeKind.MEMORY if p.type in (cf.MEM_LOAD, cf.MEM_STORE) else NodeKind.COMPUTE
-        return Node(kind=kind, op=p.name, op_class="memory" if kind == NodeKind.MEMORY
-                    else _op_class(p.name), flops=flops, bytes_read=moved, **common)
+        return Node(kind=kind, op=common["name"], op_class="memory" if kind == NodeKind.MEMORY
+                    else _op_class(common["name"]), flops=flops, bytes_read=moved, **common)
 
     def _communication(self, p, a: dict, common: dict) -> Node:
         size = a.get("comm_size")
@@ -312,7 +319,7 @@ class _ChakraReader:
                                  f"unknown comm_type {t} (Chakra defines "
                                  f"{', '.join(f'{k}={cf.chakra_type_name(k)}' for k in sorted(cf.FROM_CHAKRA))})")
             kind_name = cf.FROM_CHAKRA[int(t)]
-            comm = self._group_comm(a.get("pg_name"), p)
+            comm = self._group_comm(a.get("pg_name"), p, a.get("involved_dim"))
             size_out = {"all-gather": size * comm.size,
                         "reduce-scatter": size // max(comm.size, 1)}.get(kind_name, size)
             coll = Collective(kind_name, comm.id, size, size_out, "u8", is_async=True)
@@ -331,7 +338,10 @@ class _ChakraReader:
                     bytes_read=size if send else 0, bytes_written=0 if send else size,
                     collective=coll, **common)
 
-    def _group_comm(self, pg_name, p) -> Communicator:
+    def _group_comm(self, pg_name, p, involved=None) -> Communicator:
+        if pg_name in (None, "") and involved and len(involved) == len(self.dims):
+            ranks = dimension_group(self.rank, self.dims, involved)
+            return self.comms.get("groups", "{{" + ",".join(map(str, ranks)) + "}}")
         if pg_name in (None, ""):
             return self.comms.get("groups", "{}")
         ranks = self.groups.get(str(pg_name))
@@ -340,3 +350,4 @@ class _ChakraReader:
                              f"the communicator-group JSON does not define"
                              + ("" if self.groups else " (none was given: --comm-groups)"))
         return self.comms.get("groups", "{{" + ",".join(map(str, ranks)) + "}}")
+

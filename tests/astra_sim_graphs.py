@@ -1,0 +1,34 @@
+"""Build the small graphs tests/test_astra_sim.py runs through ASTRA-sim, in one process
+(one JAX start for every zoo model at both sizes): python tests/astra_sim_graphs.py OUT
+
+Every zoo model with 2 layers (1 for the 70B) and sequence length 256 at 8 ranks (default
+zoo mesh), and the torch twin of llama3-8b (2 layers) at 8 ranks; the tests rescale them
+to 64 ranks (passes.rescale, weak scaling of the data-parallel axis)."""
+import sys
+from pathlib import Path
+
+ZOO = {"gpt2-small": 2, "llama3-8b": 2, "llama3-70b": 1, "tiny": None, "mlp": None}
+SIZES = (8,)
+
+
+def main(out: Path) -> None:
+    from flint.frontends.targets import prepare_environment
+
+    prepare_environment()        # compile-only H100s, as the CLI does
+    from flint.cli_targets import captured_step
+
+    for model, layers in ZOO.items():
+        for n in SIZES:
+            step, args, label, _ = captured_step(None, n, None, "h100-sxm", model, True,
+                                                 layers, 256, 1, None, False, None, None)
+            graph = step.lower(*args).compile().workload()
+            graph.meta["model"] = label
+            graph.save(out / f"{model}.{n}.json")
+    import flint.torch as ft
+
+    for n in SIZES:
+        ft.zoo("llama3-8b", world_size=n, seq_len=256, layers=2).save(out / f"torch.{n}.json")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,0 +1,190 @@
+"""Flint's Chakra exports run to completion in the real ASTRA-sim (the shared prebuilt
+analytical backend; skipped when ../shared/tools/astra-sim is absent) and its step time
+agrees with Flint's own estimate; the built-in deadlock check refuses what would hang."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import run_flint
+from flint.errors import FlintError
+from flint.exporters.astra_sim_run import find_astra_sim, run_export
+from flint.exporters.chakra import export_chakra
+from flint.exporters.chakra_check import DeadlockError
+from flint.frontends.chakra_ranks import check_directory
+from flint.graph import WorkloadGraph
+from flint.passes.rescale import Rescale
+
+ROOT = Path(__file__).parent.parent
+SHARED = ROOT.parent / "shared" / "tools" / "astra-sim"
+BINARY = find_astra_sim(str(SHARED)) if SHARED.is_dir() else None
+needs_astra_sim = pytest.mark.skipif(BINARY is None, reason="../shared/tools/astra-sim absent")
+GRAPHS = ["gpt2-small", "llama3-8b", "llama3-70b", "tiny", "mlp", "torch"]
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory):
+    """Every zoo model and a torch graph at 8 ranks (one process, tests/astra_sim_graphs.py)
+    and rescaled to 64."""
+    out = tmp_path_factory.mktemp("astra_graphs")
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "astra_sim_graphs.py"), str(out)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    found = {}
+    for name in GRAPHS:
+        g = WorkloadGraph.load(out / f"{name}.8.json")
+        found[(name, 8)] = g
+        found[(name, 64)] = Rescale(devices=64).run(g)
+    return found
+
+
+@pytest.fixture(scope="module")
+def exports(graphs, tmp_path_factory):
+    """Exported (un-annotated, checked) once per graph and size."""
+    root = tmp_path_factory.mktemp("astra_exports")
+    done = {}
+    for (name, n), g in graphs.items():
+        export_chakra(g, root / f"{name}.{n}", hardware="h100-sxm", annotate="none")
+        done[(name, n)] = root / f"{name}.{n}"
+    return done
+
+
+@needs_astra_sim
+@pytest.mark.parametrize("ranks", [8, 64])
+@pytest.mark.parametrize("name", GRAPHS)
+def test_astra_sim_finishes_and_agrees_with_flint(exports, name, ranks):
+    r = run_export(exports[(name, ranks)], BINARY, timeout_s=300)
+    assert r.ok, f"{r.finished} of {r.ranks} ranks finished: {r.log_tail}"
+    assert r.flint_step_s > 0
+    assert abs(r.difference) < 0.05, (r.astra_sim_step_s, r.flint_step_s)
+
+
+def _reorder(path: Path, groups: dict) -> None:
+    """Rewrite one rank's file so that it issues a collective later than its program
+    order (and every other rank) does: collective a moves behind a later collective b on
+    another group that also holds rank 0 and does not need a's result; the rank keeps its
+    data dependencies and the new order, nothing else."""
+    import io
+
+    import networkx as nx
+    from chakra.src.third_party.utils.protolib import encodeMessage
+
+    from flint.exporters import chakra_format as cf
+
+    meta, nodes = cf.read_et(path)
+    comm = [n for n in nodes if n.type in (cf.COLL, cf.SEND)]
+    is_comm = {n.id for n in comm}
+    g = nx.DiGraph()                       # data dependencies only
+    for n in nodes:
+        g.add_node(n.id)
+        for d in n.data_deps:
+            g.add_edge(d, n.id)
+
+    def group(n):
+        a = cf.attrs(n)
+        return ("pg", a["pg_name"]) if "pg_name" in a else ("dims", str(a.get("involved_dim")))
+
+    def holds_rank0(n):
+        a = cf.attrs(n)
+        return "pg_name" not in a or 0 in groups[a["pg_name"]]
+
+    for i, a in enumerate(comm):
+        if a.type != cf.COLL or not holds_rank0(a):
+            continue
+        for j in range(i + 1, len(comm)):
+            b = comm[j]
+            if nx.has_path(g, a.id, b.id):
+                break
+            if b.type == cf.COLL and group(b) != group(a) and holds_rank0(b):
+                order = comm[:i] + comm[i + 1:j + 1] + [a] + comm[j + 1:]
+                for n in nodes:            # this rank: data dependencies, the new order
+                    del n.ctrl_deps[:]
+                for prev, n in zip(order, order[1:]):
+                    n.ctrl_deps.append(prev.id)
+                buf = io.BytesIO()
+                for m in [meta, *nodes]:
+                    encodeMessage(buf, m)
+                path.write_bytes(buf.getvalue())
+                return
+    raise AssertionError("no pair of collectives to reorder")
+
+
+def two_collectives_graph() -> WorkloadGraph:
+    """4 ranks; two all-reduces that need nothing from each other, one over all ranks and
+    one over pairs {0,1},{2,3}: ranks 0 and 1 share both groups."""
+    from flint.cluster import Cluster
+    from flint.graph import Collective, Communicator, Node, NodeKind
+
+    cluster = Cluster(4, (("data", 2), ("model", 2)), "h100-sxm", devices_per_host=4)
+    comms = [Communicator(0, "groups", "{{0,1,2,3}}", 4, 4, 1, ("data", "model")),
+             Communicator(1, "groups", "{{0,1},{2,3}}", 4, 2, 2, ("model",))]
+
+    def ar(i, comm):
+        return Node(i, f"all-reduce.{i}", NodeKind.COLLECTIVE, "all-reduce", "collective",
+                    inputs=[0], bytes_read=1 << 20, bytes_written=1 << 20,
+                    collective=Collective("all-reduce", comm, 1 << 20, 1 << 20, "bf16", "add",
+                                          True))
+    nodes = [Node(0, "dot.0", NodeKind.COMPUTE, "dot", "gemm", flops=1e12, bytes_read=1e8),
+             ar(1, 0), ar(2, 1),
+             Node(3, "add.3", NodeKind.COMPUTE, "add", "elementwise", inputs=[1, 2],
+                  bytes_read=4e6)]
+    return WorkloadGraph(cluster, nodes, comms, [], {"model": "two collectives"})
+
+
+def test_checker_refuses_a_reordered_export(tmp_path):
+    et = tmp_path / "et"
+    export_chakra(two_collectives_graph(), et, hardware="h100-sxm", annotate="none")
+    assert check_directory(et) == 4
+    if BINARY is not None:
+        assert run_export(et, BINARY, timeout_s=60).ok
+    groups = json.loads((et / "comm_groups.json").read_text())
+    (et / "workload.1.et").chmod(0o644)
+    _reorder(et / "workload.1.et", groups)
+    with pytest.raises(DeadlockError, match="deadlock in ASTRA-sim: rank 0 waits in "):
+        check_directory(et)
+    r = run_flint("import", str(et))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "would deadlock in ASTRA-sim" in r.stderr
+    r = run_flint("export", str(et), "--check")
+    assert r.returncode == 2 and "would deadlock" in r.stderr
+    if BINARY is not None:       # and the real simulator indeed does not finish
+        assert not run_export(et, BINARY, timeout_s=60).ok
+
+
+def test_plan_check_sees_a_cycle_between_ranks():
+    """The simulation itself: two lanes that take two groups in opposite orders."""
+    from flint.exporters.chakra_check import simulate
+
+    a = [("coll", 1, [], ("x", (0, 1), "ar", "all-reduce x")),
+         ("coll", 3, [1], ("y", (0, 1), "ag", "all-gather y"))]
+    b = [("coll", 1, [], ("y", (0, 1), "ag", "all-gather y")),
+         ("coll", 3, [1], ("x", (0, 1), "ar", "all-reduce x"))]
+    simulate({0: a, 1: a})
+    with pytest.raises(FlintError, match="rank 0 waits in all-reduce x .* rank 1, which "
+                                         "waits in all-gather y"):
+        simulate({0: a, 1: b})
+
+
+def test_generated_script_quotes_and_refuses(graphs, tmp_path):
+    from flint.exporters.astra_sim import run_script
+
+    script = run_script("we'ird$(x)", 8)
+    assert "PREFIX='we'\"'\"'ird$(x)'" in script
+    with pytest.raises(FlintError, match="bad file prefix"):
+        export_chakra(graphs[("mlp", 8)], tmp_path / "x", prefix="a;rm -rf")
+    if BINARY is None:
+        return
+    et = tmp_path / "et"
+    export_chakra(graphs[("mlp", 8)], et, hardware="h100-sxm", annotate="none")
+    r = subprocess.run(["bash", str(et / "run_astra_sim.sh")], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "ASTRA_SIM": str(SHARED),
+                            "ASTRA_SIM_OUT": str(tmp_path / "res")})
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "res" / "astra_sim_result.json").read_text())
+    assert res["finished"] == 8 and abs(res["difference"]) < 0.05
+    r = subprocess.run(["bash", str(et / "run_astra_sim.sh")], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "ASTRA_SIM": str(SHARED),
+                            "ASTRA_SIM_AWARE": "1", "ASTRA_SIM_OUT": str(tmp_path / "r2")})
+    assert r.returncode == 0, r.stderr          # 8 ranks: one dimension, aware binary runs
