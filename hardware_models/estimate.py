@@ -123,6 +123,18 @@ def node_durations(graph: WorkloadGraph, hardware: str | None = None, overrides=
     return flat, durations, model
 
 
+def as_run(tl: Timeline) -> list[float]:
+    """Each node's time as it ran in the timeline: compute stretched by the communication
+    it overlapped (schedule.simulate's slowdown) counts at its stretched length."""
+    return [f - s for s, f in zip(tl.start, tl.finish)]
+
+
+def durations_as_run(flat: WorkloadGraph, durations: list[float], model) -> list[float]:
+    """`durations` of a loop-free graph after the overlap slowdown of `model`: what a
+    consumer that does not model contention (a Chakra export) should be given."""
+    return as_run(simulate(flat, durations, getattr(model, "overlap_slowdown", None)))
+
+
 def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
              cost_model: CostModel | None = None, algorithm: str = "auto",
              memory: MemoryEstimate | None = None) -> Estimate:
@@ -130,8 +142,7 @@ def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
     depends on the graph only, so hardware what-ifs of one graph can share it)."""
     flat, durations, model = node_durations(graph, hardware, overrides, cost_model, algorithm)
     tl = simulate(flat, durations, getattr(model, "overlap_slowdown", None))
-    # Compute stretched by overlapping communication counts as it ran.
-    durations = [f - s for s, f in zip(tl.start, tl.finish)]
+    durations = as_run(tl)
     step = tl.step_time
     busy: dict[str, float] = defaultdict(float)
     by_class: dict[str, float] = defaultdict(float)

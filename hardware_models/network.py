@@ -51,6 +51,7 @@ class NetworkModel:
     cluster: Cluster
     algorithm: str = "auto"
     protocol: str = "auto"
+    latency_free: bool = False       # bandwidth terms only (to split a time in two)
     topology: Topology = field(init=False)
 
     def __post_init__(self):
@@ -85,6 +86,8 @@ class NetworkModel:
     def phase(self, bus_bytes: float, steps: int, level: Level, algorithm: str = "ring",
               nodes: int = 1, all_reduce: bool = False, launch: bool = True) -> float:
         """One algorithm phase: `bus_bytes` per rank over `steps` hops on `level`."""
+        if self.latency_free:
+            return bus_bytes / level.bandwidth
         if not self.nccl:
             return bus_bytes / level.bandwidth + steps * level.latency
         return nccl.collective_time(bus_bytes, steps, level.bandwidth, level.link, algorithm,

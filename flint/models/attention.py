@@ -40,12 +40,18 @@ def attention(q, k, v, causal: bool = True, spec: P | None = None):
     if k.shape[2] % tp_size:
         rep = q.shape[2] // k.shape[2]
         k, v = jnp.repeat(k, rep, axis=2), jnp.repeat(v, rep, axis=2)
+    heads = q.shape[2]
+    if heads % tp_size:
+        # Heads that do not split evenly over the tensor-parallel ranks (GPT-2's 12 over 8)
+        # run padded to the next multiple: the busiest rank's work, which sets the step.
+        pad = [(0, 0), (0, 0), (0, -heads % tp_size), (0, 0)]
+        q, k, v = (jnp.pad(t, pad) for t in (q, k, v))
     # Keys and values are whole along the sequence (gathered first under context
     # parallelism, where only the queries are split).
     kv_spec = P(spec[0], None, *spec[2:])
     fn = jax.shard_map(partial(_core, causal=causal), mesh=mesh,
                        in_specs=(spec, kv_spec, kv_spec), out_specs=spec, check_vma=False)
-    return fn(q, k, v)
+    return fn(q, k, v)[:, :, :heads]
 
 
 def _has_mesh() -> bool:
