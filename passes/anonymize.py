@@ -58,6 +58,7 @@ from flint.errors import FlintError
 from flint.graph import Collective, Loop, Node, WorkloadGraph
 from flint.hardware_models.memory import argument_category
 from flint.hlo.shapes import parse_shape, shapes_bytes
+from flint.passes.attention import FUSED_ATTENTION_OP
 from flint.passes.hlo_cost import is_known
 from flint.passes.pipeline_stages import layer_index
 
@@ -78,7 +79,17 @@ NODE_META = {"phase": _vocab("forward", "backward", "optimizer", "unknown"),
              "task": _vocab("pre", "F", "B", "R", "post", "p2p"),
              "device": _int, "chunk": _int, "microbatch": _int, "template": _int,
              "async": lambda v: isinstance(v, bool), "recorded_s": _number,
-             "stream": _vocab("fsdp-all-gather")}
+             "stream": _vocab("fsdp-all-gather"),
+             # a fused attention call's shapes (numbers and flags only): the cost model
+             # prices it by them
+             "attention": lambda v: isinstance(v, dict) and all(
+                 isinstance(x, (int, float, bool)) or x in ("bf16", "f16", "f32", "fp8",
+                                                            "flash2", "native")
+                 for x in v.values())}
+
+
+# Op names Flint's own passes give (a public vocabulary, like HLO's and ATen's).
+FLINT_OPS = (FUSED_ATTENTION_OP,)
 
 
 @dataclass(frozen=True)
@@ -116,7 +127,8 @@ def _loop(lp: Loop, loops: dict) -> Loop:
 
 def _node(n: Node, graph: WorkloadGraph, loops: dict, labels: "_Labels",
           sizes: "_Sizes | None") -> Node:
-    op = n.op if is_known(n.op) or n.meta.get("aten") == f"aten::{n.op}" else n.op_class
+    op = (n.op if is_known(n.op) or n.op in FLINT_OPS or n.meta.get("aten") == f"aten::{n.op}"
+          else n.op_class)
     meta = {k: v for k, v in n.meta.items() if k in NODE_META and NODE_META[k](v)}
     if n.meta.get("layer"):
         meta["layer"] = labels(str(n.meta["layer"]))

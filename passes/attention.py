@@ -27,6 +27,8 @@ MARKER = re.compile(r"flashattn_(fwd|bwd)_b(\d+)_h(\d+)_kv(\d+)_sq(\d+)_skv(\d+)
                     r"(causal|full)")
 
 
+FUSED_ATTENTION_OP = "fused-attention"
+
 def scope_name(phase: str, b, h, kv, sq, skv, d, causal: bool) -> str:
     """The named scope a fused-attention call is traced in (per-device shapes)."""
     return (f"flashattn_{phase}_b{b}_h{h}_kv{kv}_sq{sq}_skv{skv}_d{d}_"
@@ -175,7 +177,7 @@ def _attention_node(graph: WorkloadGraph, key: tuple, ids: list[int]):
     shape_kv = f"bf16[{b},{skv},{kv},{d}]"
     operands = [shape_q, shape_kv, shape_kv] + ([shape_q, shape_q] if backward else [])
     outputs = [shape_q, shape_kv, shape_kv] if backward else [shape_q, f"f32[{b},{h},{sq}]"]
-    return replace(last, kind=NodeKind.COMPUTE, op="fused-attention", op_class="attention",
+    return replace(last, kind=NodeKind.COMPUTE, op=FUSED_ATTENTION_OP, op_class="attention",
                    flops=flops, transcendentals=0.0, bytes_read=float(read),
                    bytes_written=float(written), operands=operands, outputs=outputs,
                    meta=meta)

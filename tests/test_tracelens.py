@@ -58,7 +58,7 @@ def test_gemm_and_attention_nodes_from_recorded_shapes(qwen_step6):
                                          "seq_kv": s, "head_dim": 64, "causal": True,
                                          "backward": False, "dtype": "bf16", "impl": "flash2"}
     assert attn[0].meta["causal_recorded"]
-    assert attn[0].flops == pytest.approx(4 * 16 * 16 * s * s * 64 * (s + 1) / (2 * s))
+    assert attn[0].flops == pytest.approx(4 * 16 * 16 * s * s * 64 / 2)   # causal: half
 
 
 def _event(name, cat, ts, dur, tid=1, **args):

@@ -10,14 +10,14 @@ lane then holds only its communication, which is what the simulation needs.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from flint.errors import FlintError
 from flint.exporters import chakra_format as cf
 from flint.exporters.chakra_check import simulate
 from flint.exporters.chakra_plan import dimension_group
-from flint.frontends.chakra import _checked_order, _rank_files, _read_comm_groups
+from flint.frontends.chakra import (_checked_order, _graph_record, _rank_files,
+                                    _read_comm_groups)
 
 
 def lanes_from_files(files: dict, groups: dict, dims: list[int] | None = None) -> dict:
@@ -88,6 +88,6 @@ def check_directory(directory, comm_groups=None) -> int:
     groups = _read_comm_groups(path) if Path(path).is_file() else {}
     meta, _ = cf.read_et(files[min(files)])
     header = cf.attrs(meta)
-    info = json.loads(header["flint_graph"]) if "flint_graph" in header else {}
+    info = _graph_record(header["flint_graph"], files[min(files)]) if "flint_graph" in header else {}
     simulate(lanes_from_files(files, groups, info.get("dims")))
     return len(files)
