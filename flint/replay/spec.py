@@ -128,6 +128,12 @@ class _SpecBuilder:
             return {**base, "op": "nop", "in": [], "shapes": []}
         if n.collective is not None:
             return {**base, **self.collective(n, operands)}
+        if n.op_class == "attention" and isinstance(n.meta.get("attention"), dict):
+            fused = self.attention(n, operands)
+            if fused is not None:
+                extra_shape, op = fused
+                return {**base, "in": sources + [self.buffer(extra_shape)],
+                        "shapes": operands + [extra_shape], **op}
         if n.op_class in GEMM_CLASSES:
             gemm = self.gemm(n, operands)
             if gemm is not None:
@@ -172,6 +178,22 @@ class _SpecBuilder:
         if batch * m * nn != e_out:
             return None
         return {"op": "gemm", "bmkn": [batch, m, k, nn], "lhs": a, "rhs": b}
+
+    def attention(self, n, operands: list):
+        """A fused attention call as one batched matmul with its flops: the queries
+        [B*H, Sq, D] against a [B*H, D, N] operand from a persistent buffer, N = flops /
+        (2 B H Sq D) (the key length, halved when causal, x2.5 for the backward)."""
+        a = n.meta["attention"]
+        try:
+            bh, sq, d = int(a["batch"]) * int(a["heads"]), int(a["seq_q"]), int(a["head_dim"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        if not operands or bh * sq * d != _elements(operands[0]) or n.flops <= 0:
+            return None
+        width = max(1, round(n.flops / (2 * bh * sq * d)))
+        extra = [operands[0][0], [bh, d, width]]
+        return extra, {"op": "gemm", "bmkn": [bh, sq, d, width], "lhs": 0,
+                       "rhs": len(operands)}
 
     def elementwise(self, n) -> dict:
         out = self.outputs[n.id] or [["f32", [max(1, int(n.bytes_written) // 4)]]]
