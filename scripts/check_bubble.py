@@ -17,30 +17,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-GEMM = 1e14          # FLOP per forward layer: ~0.1 s on an H100
-
-
 def uniform_model(layers: int):
     from flint.cluster import Cluster
-    from flint.graph import Node, NodeKind, WorkloadGraph
+    from flint.models.synthetic import uniform_layers
 
-    nodes: list[Node] = []
-
-    def add(name, phase, layer, flops, inputs):
-        nodes.append(Node(len(nodes), name, NodeKind.COMPUTE, "dot", "gemm", list(inputs),
-                          flops=flops, bytes_read=1e6, bytes_written=1e6,
-                          outputs=["bf16[4,2048,4096]"],
-                          meta={"phase": phase, "layer": f"layer_{layer}"}))
-        return len(nodes) - 1
-
-    fwd, prev = [], None
-    for i in range(layers):
-        prev = add(f"fwd{i}", "forward", i, GEMM, [] if prev is None else [prev])
-        fwd.append(prev)
-    grad = None
-    for i in reversed(range(layers)):
-        grad = add(f"bwd{i}", "backward", i, 2 * GEMM, [fwd[i]] + ([grad] if grad else []))
-    return WorkloadGraph(Cluster(8, (("model", 8),), "h100-sxm"), nodes, [], [], {})
+    return uniform_layers(layers, Cluster(8, (("model", 8),), "h100-sxm"), "bf16[4,2048,4096]")
 
 
 CASES = [("gpipe", 4, 16, 1), ("gpipe", 8, 32, 1), ("1f1b", 4, 16, 1), ("1f1b", 8, 32, 1),

@@ -8,32 +8,14 @@ from flint.errors import FlintError
 from flint.graph import Node, NodeKind, WorkloadGraph
 from flint.hardware_models.estimate import estimate
 from flint.hlo.shapes import parse_shape
+from flint.models.synthetic import uniform_layers
 from flint.passes import parse_pipeline
 from flint.passes.pipeline import PipelineParallel, apply_placement
 from flint.passes.pipeline_stages import device_order, layer_index, task_of
 
-GEMM = 1e14          # FLOP per forward layer: ~0.1 s on an H100, so link latency is noise
-
-
 def uniform_model(layers: int = 16) -> WorkloadGraph:
     """Identical layers, no embedding or head: the setting of the textbook bubble formula."""
-    nodes: list[Node] = []
-
-    def add(name, phase, layer, flops, inputs):
-        nodes.append(Node(len(nodes), name, NodeKind.COMPUTE, "dot", "gemm", list(inputs),
-                          flops=flops, bytes_read=1e6, bytes_written=1e6,
-                          outputs=["bf16[1024,1024]"],
-                          meta={"phase": phase, "layer": f"layer_{layer}"}))
-        return len(nodes) - 1
-
-    fwd, prev = [], None
-    for i in range(layers):
-        prev = add(f"fwd{i}", "forward", i, GEMM, [] if prev is None else [prev])
-        fwd.append(prev)
-    grad = None
-    for i in reversed(range(layers)):
-        grad = add(f"bwd{i}", "backward", i, 2 * GEMM, [fwd[i]] + ([grad] if grad else []))
-    return WorkloadGraph(Cluster(1, (("data", 1),), "h100-sxm"), nodes, [], [], {})
+    return uniform_layers(layers, Cluster(1, (("data", 1),), "h100-sxm"))
 
 
 def bubble(stages, microbatches, schedule="1f1b", virtual=1):

@@ -35,8 +35,6 @@ LINKS = {"Switch": 2, "Ring": 1}   # links per step that ASTRA-sim charges laten
 def matched_latencies(network, dims: list[dict], algorithms: dict, flat, durations,
                       families: dict, simulated) -> list[dict]:
     """`dims` with each dimension's `latency_ns` fitted to Flint's latency terms."""
-    from flint.exporters.astra_sim import spanned_dimensions
-
     if flat is None or not getattr(network, "nccl", False):
         return dims
     free = replace(network, latency_free=True)
@@ -67,4 +65,17 @@ def matched_latencies(network, dims: list[dict], algorithms: dict, flat, duratio
         if charged[d] and paid[d] > 0:
             dim = dict(dim, latency_ns=float(paid[d] / charged[d] * 1e9))
         out.append(dim)
+    return out
+
+
+def spanned_dimensions(network, comm, dims: list[dict]) -> list[int]:
+    """Indices of the dimensions the first group of `comm` spans (ranks fill dimension 0
+    first, so rank r's coordinate in dimension i is r // prod(npus before i) % npus_i)."""
+    group = comm.groups()[0]
+    out, stride = [], 1
+    for i, d in enumerate(dims):
+        coords = {(int(r) // stride) % d["npus"] for r in group}
+        if len(coords) > 1:
+            out.append(i)
+        stride *= d["npus"]
     return out

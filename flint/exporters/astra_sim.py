@@ -35,7 +35,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from flint.errors import FlintError
-from flint.exporters.astra_latency import matched_latencies
+from flint.exporters.astra_latency import matched_latencies, spanned_dimensions
 from flint.exporters.chakra_format import SIMULATED
 
 GIB = 2 ** 30
@@ -233,19 +233,6 @@ def algorithm_for(network, node, comm) -> str | None:
     if network.algorithm != "auto" and network.algorithm in options:
         return network.algorithm
     return min(sorted(options), key=options.get)
-
-
-def spanned_dimensions(network, comm, dims: list[dict]) -> list[int]:
-    """Indices of the dimensions the first group of `comm` spans (ranks fill dimension 0
-    first, so rank r's coordinate in dimension i is r // prod(npus before i) % npus_i)."""
-    group = comm.groups()[0]
-    out, stride = [], 1
-    for i, d in enumerate(dims):
-        coords = {(int(r) // stride) % d["npus"] for r in group}
-        if len(coords) > 1:
-            out.append(i)
-        stride *= d["npus"]
-    return out
 
 
 # ASTRA-sim charges each collective step's local reduction again at `local-mem-bw`; Flint's
