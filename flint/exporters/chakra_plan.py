@@ -248,14 +248,12 @@ class ChakraPlan:
                 chain = {send_base.id}
             _add_ctrl(proto, chain)
             deps = sorted(set(proto.data_deps) | set(proto.ctrl_deps))
-            if communicates and aside:
-                pass
-            elif communicates:
+            if not communicates:
+                last_compute = proto.id
+            elif not aside:                     # a receive waiting aside keeps no place
                 last_comm = proto.id
                 if stream_of(node) == "compute":
                     last_compute = proto.id       # a synchronous collective blocks compute
-            else:
-                last_compute = proto.id
             if comm is not None and comm.kind == "groups" and ctype == cf.COLL \
                     and self.involved[self.canonical[comm.id]] is not None:
                 # the same node on every rank: ASTRA-sim finds the group from the dims
