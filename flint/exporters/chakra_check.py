@@ -29,7 +29,7 @@ from flint.errors import FlintError
 
 
 class DeadlockError(FlintError):
-    pass
+    """An export some rank would never finish under ASTRA-sim's issue rule."""
 
 
 def check_plan(plan) -> None:

@@ -32,7 +32,6 @@ pairs per rank, built with protobuf for the ranks that take part.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,32 +39,8 @@ import numpy as np
 from flint.errors import FlintError
 from flint.exporters import chakra_format as cf
 from flint.graph import Communicator, Node, NodeKind, WorkloadGraph
+from flint.exporters.chakra_nodes import (FLINT_NODE, FLINT_PART, ID_SCHEME, add_ctrl, chakra_id, chakra_name, chakra_type, comm_size, describe, flint_record, p2p_node, peers)
 from flint.hardware_models.schedule import stream_of
-
-FLINT_NODE = "flint_node"      # attribute holding what Chakra has no field for (round trip)
-FLINT_PART = "flint_part"      # "send" on the extra SEND node a collective-permute makes
-ID_SCHEME = "2i+1"             # header field naming how Chakra ids map to Flint ids
-_UNSAFE = re.compile(r"[,=\r\n]")   # separators of ASTRA-sim's trace lines
-_TYPED = re.compile(r"^[A-Z_]+_NODE:")
-
-
-def chakra_id(flint_id: int) -> int:
-    return 2 * flint_id + 1
-
-
-def flint_id(cid: int) -> int:
-    return cid >> 1
-
-
-def chakra_name(kind: int, name: str) -> str:
-    return f"{cf.Node.DESCRIPTOR.fields_by_name['type'].enum_type.values_by_number[kind].name}:" \
-           + _UNSAFE.sub("_", name)
-
-
-def plain_name(name: str) -> str:
-    """A Flint-written Chakra name without its node-type prefix."""
-    return _TYPED.sub("", name, count=1)
-
 
 @dataclass
 class _GroupSlot:
@@ -217,7 +192,7 @@ class ChakraPlan:
                 continue
             c = node.collective
             comm = flat.communicators[c.communicator] if c is not None else None
-            ctype = _chakra_type(node)
+            ctype = chakra_type(node)
             local = [x for x in node.inputs if on[x] == stage]
             control = [x for x in node.control if on[x] == stage]
             proto = self._template(node, comm, d, annotate, ctype, local, control)
@@ -244,9 +219,9 @@ class ChakraPlan:
                 send_base.CopyFrom(proto)
                 send_base.id = chakra_id(node.id) - 1
                 send_base.name = chakra_name(cf.SEND, node.name + "/send")
-                _add_ctrl(send_base, chain)
+                add_ctrl(send_base, chain)
                 chain = {send_base.id}
-            _add_ctrl(proto, chain)
+            add_ctrl(proto, chain)
             deps = sorted(set(proto.data_deps) | set(proto.ctrl_deps))
             if not communicates:
                 last_compute = proto.id
@@ -261,15 +236,15 @@ class ChakraPlan:
                 proto.attr.insert(len(proto.attr) - (1 if annotate else 0), cf.Attr(
                     name="involved_dim", bool_list=cf.BoolList(values=self.involved[k])))
                 run.append(cf.frame(proto))
-                lane.append(("coll", proto.id, deps, (stage, k, _describe(node))))
+                lane.append(("coll", proto.id, deps, (stage, k, describe(node))))
             elif comm is not None and comm.kind == "groups" and ctype == cf.COLL:
                 k = self.canonical[comm.id]
                 segments.append(b"".join(run))
                 run.clear()
                 slots.append(_GroupSlot(k, proto.SerializeToString(),
-                                        cf.frame(_p2p(proto, cf.COMP, 0, 0, 0, 0)),
+                                        cf.frame(p2p_node(proto, cf.COMP, 0, 0, 0, 0)),
                                         proto.id, deps))
-                lane.append(("coll", proto.id, deps, (stage, k, _describe(node))))
+                lane.append(("coll", proto.id, deps, (stage, k, describe(node))))
             elif comm is not None and comm.kind == "pairs":
                 segments.append(b"".join(run))
                 run.clear()
@@ -278,7 +253,7 @@ class ChakraPlan:
                         else n + comm.id
                 else:
                     tag = next((x for x in node.inputs if x in sent), n + comm.id)
-                target_of, source_of = _peers(comm)
+                target_of, source_of = peers(comm)
                 slot = _PairSlot(node, tag, proto, send_base, target_of, source_of)
                 slots.append(slot)
                 lane.extend(self._pair_lane(slot, stage, deps))
@@ -310,9 +285,9 @@ class ChakraPlan:
                        cf.Attr(name="tensor_size", uint64_val=max(1, moved * node.repeat))])
         if c is not None and c.type in cf.SIMULATED:
             p.attr.extend([cf.Attr(name="comm_type", int64_val=cf.SIMULATED[c.type]),
-                           cf.Attr(name="comm_size", int64_val=_comm_size(c, comm))])
+                           cf.Attr(name="comm_size", int64_val=comm_size(c, comm))])
         if annotate:
-            p.attr.append(cf.Attr(name=FLINT_NODE, string_val=_flint_record(node)))
+            p.attr.append(cf.Attr(name=FLINT_NODE, string_val=flint_record(node)))
         return p
 
     def _pair_lane(self, slot: _PairSlot, stage: int, deps: list[int]) -> list[tuple]:
@@ -328,11 +303,11 @@ class ChakraPlan:
         if node.op == "collective-permute" or node.kind == NodeKind.SEND:
             to = {t // self.per_stage for t in targets}
             out.append(("send" if to else "comp", send_id, send_deps,
-                        (sorted(to), slot.tag, _describe(node))))
+                        (sorted(to), slot.tag, describe(node))))
         if node.op == "collective-permute" or node.kind == NodeKind.RECV:
             frm = {s // self.per_stage for s in sources}
             out.append(("recv" if frm else "comp", slot.base.id, deps,
-                        (sorted(frm), slot.tag, _describe(node))))
+                        (sorted(frm), slot.tag, describe(node))))
         return out
 
     def _peer(self, table: dict, rank: int):
@@ -374,106 +349,23 @@ class ChakraPlan:
         out = []
         if node.op == "collective-permute":
             sends = target is not None and not (target == rank and source == rank)
-            half = _p2p(slot.send_base, cf.SEND if sends else cf.COMP, rank,
+            half = p2p_node(slot.send_base, cf.SEND if sends else cf.COMP, rank,
                         target if sends else rank, slot.tag, c.bytes_in if sends else 0)
             half.attr.append(cf.Attr(name=FLINT_PART, string_val="send"))
             out.append(cf.frame(half))
             if target == rank and source == rank:
-                local = _p2p(slot.base, cf.COMP, rank, rank, slot.tag, 0)
+                local = p2p_node(slot.base, cf.COMP, rank, rank, slot.tag, 0)
                 local.duration_micros = max(1, slot.base.duration_micros)  # a copy to itself
                 out.append(cf.frame(local))
                 return out
         elif node.kind == NodeKind.SEND:
             kind = cf.SEND if target is not None else cf.COMP
-            out.append(cf.frame(_p2p(slot.base, kind, rank, target if target is not None
+            out.append(cf.frame(p2p_node(slot.base, kind, rank, target if target is not None
                                      else rank, slot.tag, c.bytes_in)))
             return out
         if source is not None:
-            out.append(cf.frame(_p2p(slot.base, cf.RECV, source, rank, slot.tag,
+            out.append(cf.frame(p2p_node(slot.base, cf.RECV, source, rank, slot.tag,
                                      c.bytes_out)))
         else:
-            out.append(cf.frame(_p2p(slot.base, cf.COMP, rank, rank, slot.tag, 0)))
+            out.append(cf.frame(p2p_node(slot.base, cf.COMP, rank, rank, slot.tag, 0)))
         return out
-
-
-def _add_ctrl(p: cf.Node, extra: set) -> None:
-    if extra - set(p.ctrl_deps) - set(p.data_deps):
-        p.ctrl_deps[:] = sorted((set(p.ctrl_deps) | extra) - set(p.data_deps))
-
-
-def _describe(node: Node) -> str:
-    return f"{node.op} {node.name!r}"
-
-
-def _flint_record(node: Node) -> str:
-    """The Node as Flint's JSON minus what the Chakra fields already say (id, name when
-    the Chakra name keeps it, dependencies, shapes)."""
-    d = node.to_json()
-    for key in ("id", "operands", "outputs"):
-        del d[key]
-    if not _UNSAFE.search(node.name):
-        del d["name"]
-    if node.inputs == sorted(set(node.inputs)):
-        del d["inputs"]           # data_deps say it
-    return json.dumps(d, sort_keys=True, separators=(",", ":"))
-
-
-def _chakra_type(node: Node) -> int:
-    if node.kind == NodeKind.SEND:
-        return cf.SEND
-    if node.kind == NodeKind.RECV:
-        return cf.RECV
-    if node.collective is not None and node.collective.type in cf.SIMULATED:
-        return cf.COLL
-    return cf.COMP
-
-
-def _comm_size(c, comm: Communicator) -> int:
-    """Bytes of this rank's input buffer (ASTRA-sim's meaning for all four types). A
-    broadcast of S bytes is written as an all-gather of S/p-byte shards."""
-    if c.type == "collective-broadcast":
-        return max(1, c.bytes_in // max(comm.size, 1))
-    return max(0, c.bytes_in)
-
-
-def _peers(comm: Communicator) -> tuple[dict[int, int], dict[int, int]]:
-    """(source -> target, target -> source) of a pairs communicator, built once."""
-    pairs = comm.groups()
-    return ({int(s): int(t) for s, t in pairs}, {int(t): int(s) for s, t in pairs})
-
-
-def _p2p(base: cf.Node, kind: int, src: int, dst: int, tag: int, size: int) -> cf.Node:
-    """`base` as a SEND or RECV between src and dst, or as a zero-time COMP no-op (what a
-    rank outside a collective's groups, or outside a transfer, runs in its place)."""
-    q = cf.Node()
-    q.CopyFrom(base)
-    q.type = kind
-    q.name = chakra_name(kind, plain_name(base.name))
-    flint = [a for a in q.attr if a.name == FLINT_NODE]
-    keep = [a for a in q.attr if a.name in ("is_cpu_op", "num_ops", "tensor_size")]
-    del q.attr[:]
-    q.attr.extend(keep)
-    if kind == cf.COMP:
-        q.duration_micros = 0
-    else:
-        q.attr.extend([cf.Attr(name="comm_src", int32_val=src),
-                       cf.Attr(name="comm_dst", int32_val=dst),
-                       cf.Attr(name="comm_tag", int32_val=tag),
-                       cf.Attr(name="comm_size", int64_val=max(0, size))])
-    q.attr.extend(flint)
-    return q
-
-
-def dimension_group(rank: int, dims: list[int], involved: list[bool]) -> list[int]:
-    """The ranks that differ from `rank` only in the involved network dimensions (ranks
-    fill dimension 0 first), as ASTRA-sim forms a group from `involved_dim`."""
-    strides, s = [], 1
-    for d in dims:
-        strides.append(s)
-        s *= d
-    members = [rank]
-    for d, stride, used in zip(dims, strides, involved):
-        if used:
-            base = [r - (r // stride % d) * stride for r in members]
-            members = [b + i * stride for b in base for i in range(d)]
-    return sorted(members)

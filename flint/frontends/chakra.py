@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 from flint.cluster import MAX_DEVICES, Cluster
 from flint.errors import FlintError
 from flint.exporters import chakra_format as cf
-from flint.exporters.chakra_plan import (FLINT_NODE, FLINT_PART, ID_SCHEME, dimension_group,
+from flint.exporters.chakra_nodes import (FLINT_NODE, FLINT_PART, ID_SCHEME, dimension_group,
                                          flint_id, plain_name)
 from flint.graph import Collective, Communicator, Node, NodeKind, WorkloadGraph
 from flint.graph_schema import ClusterSchema, CommunicatorSchema, check_node_json
@@ -70,7 +70,7 @@ def import_chakra(path, rank: int | None = None, comm_groups=None) -> WorkloadGr
 
 # --- records: the schemas of what Flint (and Chakra) put in a file ---------------------
 class _GraphRecord(Strict):
-    """The rank-0 metadata record `flint_graph` (flint/exporters/chakra_plan.py)."""
+    """The rank-0 metadata record `flint_graph` (flint/exporters/chakra_plan.py writes it)."""
 
     format: Literal["flint.chakra"] = "flint.chakra"
     version: Literal[1, 2] = 1      # 2: Chakra ids are 2i+1 (`ids`), network `dims` recorded

@@ -15,7 +15,7 @@ from pathlib import Path
 from flint.errors import FlintError
 from flint.exporters import chakra_format as cf
 from flint.exporters.chakra_check import simulate
-from flint.exporters.chakra_plan import dimension_group
+from flint.exporters.chakra_nodes import dimension_group
 from flint.frontends.chakra import (_checked_order, _graph_record, _rank_files,
                                     _read_comm_groups)
 
