@@ -15,7 +15,7 @@ from flint.errors import FlintError
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Flint: training step -> workload graph of a cluster of any size.")
 err = Console(stderr=True)
-REMAT_POLICIES = ("none", "full", "dots")
+REMAT_POLICIES = ("none", "full", "dots", "selective")  # = flint.models.decoder.REMAT_POLICIES (no jax import here)
 
 
 @app.callback()

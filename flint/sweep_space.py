@@ -43,7 +43,7 @@ SETTINGS = {"model": "llama3-8b", "framework": "jax", "global_batch": 0, "seq_le
 MAX_CONFIGURATIONS = 100_000
 MAX_AXIS_VALUES = 1000
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-REMAT_POLICIES = ("none", "full", "dots")
+REMAT_POLICIES = ("none", "full", "dots", "selective")  # = flint.models.decoder.REMAT_POLICIES (no jax import here)
 
 
 def _axis(t):

@@ -41,9 +41,12 @@ class RooflineCompute:
     def memory_bandwidth(self, node: Node) -> float:
         """Bytes/s a memory-bound node sustains: the stream share of HBM bandwidth, and for
         compiler-generated GPU kernels (anything not from an ATen/library kernel) the
-        per-SM in-flight bound of kernels.GENERATED_BYTES_PER_SM_S."""
+        per-SM in-flight bound of kernels.GENERATED_BYTES_PER_SM_S. A node whose meta
+        says `kernel_source: library` stands for a hand-vectorized library kernel (e.g. a
+        Transformer Engine fused norm/cast when the workload models a Megatron run)."""
         bw = self.spec.hbm_bandwidth * self.figure("hbm_fraction")
-        generated = "aten" not in node.meta and node.op_class not in TENSOR_CLASSES
+        generated = ("aten" not in node.meta and node.meta.get("kernel_source") != "library"
+                     and node.op_class not in TENSOR_CLASSES)
         if self.sms and generated and "hbm_fraction" not in self.efficiency:
             bw = min(bw, self.sms * kernels.GENERATED_BYTES_PER_SM_S)
         return bw

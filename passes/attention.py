@@ -53,7 +53,8 @@ def attention_cost(b, h, kv, sq, skv, d, causal: bool, backward: bool,
 @dataclass(frozen=True)
 class CollapseAttention:
     """Contract: ids stay dense and deps point backwards; loops, collective windows and
-    control edges are remapped; nodes outside attention scopes are unchanged."""
+    control edges are remapped; nodes outside attention scopes keep their relative order
+    except that consumers of a call may move after it (and its late inputs before it)."""
 
     name: str = "collapse-attention"
 
@@ -68,89 +69,160 @@ class CollapseAttention:
         if not groups:
             return graph
         users = graph.users
-        placed: dict[int, tuple] = {}          # member -> (slot key of the merged node, group)
         skipped = 0
-        collapsed = []
+        calls: list[tuple[tuple, list[int]]] = []
+        taken: set[int] = set()
         for key, ids in groups.items():
             members = set(ids)
             if all(p in members for i in ids for p in graph.nodes[i].inputs):
                 continue        # loop-invariant pieces (the mask) hoisted out of the call
-            ids = _sandwiched(graph, users, members)
-            if ids is None:
+            hull = _convex_hull(graph, users, members)
+            if hull is None or taken & set(hull):
                 skipped += 1
                 continue
-            members = set(ids)
-            ext_in = [p for i in ids for p in graph.nodes[i].inputs + graph.nodes[i].control
-                      if p not in members]
-            ext_users = [u for i in ids for u in users[i] if u not in members]
-            # the merged kernel goes right before its first outside consumer (XLA may
-            # schedule a weight-gradient GEMM on dQ before the core's last op)
-            anchor = min(ext_users, default=max(ids) + 1)
-            if ext_in and max(ext_in) >= anchor:
-                skipped += 1
-                continue
-            for i in ids:
-                placed[i] = ((anchor, 0), len(collapsed))
-            collapsed.append((key, ids))
-        order = sorted({placed[i][0] if i in placed else (i, 1) for i in range(len(graph.nodes))})
-        slot_id = {slot: k for k, slot in enumerate(order)}
-        remap = [slot_id[placed[i][0] if i in placed else (i, 1)] for i in range(len(graph.nodes))]
-        merged = {slot_id[(a, 0)]: collapsed[g] for (a, _), g in
-                  {placed[i] for i in placed}}
-        nodes = []
-        for k, slot in enumerate(order):
-            if k in merged:
-                key, ids = merged[k]
-                n = _attention_node(graph, key, ids)
-                old_inputs = [p for i in ids for p in graph.nodes[i].inputs]
-                old_control = [p for i in ids for p in graph.nodes[i].control]
-            else:
-                n = graph.nodes[slot[0]]
-                old_inputs, old_control = n.inputs, n.control
-            inputs = sorted({remap[p] for p in old_inputs if remap[p] != k})
-            control = sorted({remap[p] for p in old_control if remap[p] != k} - set(inputs))
-            node = replace(n, id=k, inputs=inputs, control=control)
-            if n.collective is not None and n.collective.window is not None:
-                lo, hi = (remap[w] for w in n.collective.window)
-                node.collective = replace(n.collective, window=(lo, hi) if lo <= hi else None)
-            if "window" in n.meta:
-                lo, hi = (remap[w] for w in n.meta["window"])
-                node.meta = dict(n.meta, window=[lo, max(lo, hi)])
-            nodes.append(node)
-        keep = [slot[0] for slot in order]
-        loops = [_remap_loop(lp, remap, keep) for lp in graph.loops]
-        meta = dict(graph.meta, attention_calls=len(collapsed))
-        if skipped:
-            meta["attention_uncollapsed"] = skipped
-        out = replace(graph, nodes=nodes, loops=loops, meta=meta)
-        out.check()
-        return out
+            taken.update(hull)
+            calls.append((key, hull))
+        while calls:
+            order = _contracted_order(graph, calls)
+            broken = _loops_split(graph, calls, order)
+            if not broken:
+                break
+            skipped += len(broken)
+            calls = [c for k, c in enumerate(calls) if k not in broken]
+        if not calls:
+            return _with_counts(graph, graph, 0, skipped)
+        return _with_counts(graph, _rebuild(graph, calls, order), len(calls), skipped)
 
 
-def _sandwiched(graph: WorkloadGraph, users, members: set) -> list[int] | None:
-    """The call's nodes plus the outside ops that both consume and feed them (layout
-    copies and converts XLA emits without the scope's metadata): they are part of the
-    kernel. None when such an op is a collective."""
-    members = set(members)
-    changed = True
-    while changed:
-        changed = False
-        for i in sorted(members):
-            for u in users[i]:
-                if u in members or not any(w in members for w in users[u]):
-                    continue
-                if graph.nodes[u].collective is not None:
-                    return None
-                members.add(u)
-                changed = True
-    return sorted(members)
+def _with_counts(graph: WorkloadGraph, out: WorkloadGraph, calls: int, skipped: int):
+    meta = dict(out.meta, attention_calls=calls)
+    if skipped:
+        meta["attention_uncollapsed"] = skipped
+    out = replace(out, meta=meta)
+    out.check()
+    return out
+
+
+def _convex_hull(graph: WorkloadGraph, users, members: set) -> list[int] | None:
+    """The call's nodes plus every node on a path from one of them to another (layout
+    copies, converts and head-group sums XLA emits without the scope's metadata): the
+    smallest set that contracts to one node without a cycle. None when the hull would
+    swallow a collective or a matrix multiply of its own (a projection GEMM is not part
+    of the attention kernel)."""
+    lo, hi = min(members), max(members)
+    # deps point backwards, so every such path stays inside [lo, hi]
+    after: set[int] = set()
+    for i in range(lo, hi + 1):
+        n = graph.nodes[i]
+        if i in members or any(p in after for p in n.inputs + n.control):
+            after.add(i)
+    before: set[int] = set()
+    controls: dict[int, list[int]] = {}
+    for i in range(lo, hi + 1):
+        for p in graph.nodes[i].control:
+            controls.setdefault(p, []).append(i)
+    for i in range(hi, lo - 1, -1):
+        if i in members or any(u in before for u in users[i] + controls.get(i, [])):
+            before.add(i)
+    hull = sorted(after & before)
+    for i in hull:
+        n = graph.nodes[i]
+        if i not in members and (n.collective is not None or n.kind != NodeKind.COMPUTE
+                                 and n.kind != NodeKind.MEMORY
+                                 or n.op_class in ("gemm", "conv", "attention")):
+            return None
+    return hull
+
+
+def _contracted_order(graph: WorkloadGraph, calls) -> list[tuple]:
+    """Slots in the new schedule: ("n", id) for a kept node, ("g", k) for call k. A
+    stable topological order of the contracted graph: every slot goes as early as its
+    inputs allow and ties keep the compiler's order (a call ranks at its first node), so
+    nothing moves unless a call's late input or early consumer forces it."""
+    import heapq
+
+    owner = {i: k for k, (_, ids) in enumerate(calls) for i in ids}
+    slot = lambda i: ("g", owner[i]) if i in owner else ("n", i)  # noqa: E731
+    rank = {("g", k): (ids[0], 0) for k, (_, ids) in enumerate(calls)}
+    deps: dict[tuple, set] = {}
+    for n in graph.nodes:
+        s = slot(n.id)
+        rank.setdefault(s, (n.id, 1))
+        d = deps.setdefault(s, set())
+        d.update(slot(p) for p in n.inputs + n.control)
+        d.discard(s)
+    waiting = {s: len(d) for s, d in deps.items()}
+    downstream: dict[tuple, list] = {}
+    for s, d in deps.items():
+        for p in d:
+            downstream.setdefault(p, []).append(s)
+    ready = [(rank[s], s) for s, k in waiting.items() if k == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, s = heapq.heappop(ready)
+        order.append(s)
+        for u in downstream.get(s, ()):
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, (rank[u], u))
+    if len(order) != len(deps):      # the hull makes contraction acyclic; guard anyway
+        raise AssertionError("collapse-attention: contracted graph has a cycle")
+    return order
+
+
+def _loops_split(graph: WorkloadGraph, calls, order) -> set[int]:
+    """Calls to leave alone because the reordering they need would break a loop body's
+    contiguous id range: every call with a member in, or a slot inside, such a body."""
+    owner = {i: k for k, (_, ids) in enumerate(calls) for i in ids}
+    pos = {s: k for k, s in enumerate(order)}
+    broken: set[int] = set()
+    for lp in graph.loops:
+        if lp.last < lp.first:
+            continue
+        at = sorted({pos[("g", owner[i])] if i in owner else pos[("n", i)]
+                     for i in range(lp.first, lp.last + 1)})
+        if at[-1] - at[0] + 1 == len(at):
+            continue
+        broken.update(k for k in range(len(calls))
+                      if at[0] <= pos[("g", k)] <= at[-1]
+                      or any(lp.first <= i <= lp.last for i in calls[k][1]))
+    return broken
+
+
+def _rebuild(graph: WorkloadGraph, calls, order) -> WorkloadGraph:
+    owner = {i: k for k, (_, ids) in enumerate(calls) for i in ids}
+    new_id = {s: k for k, s in enumerate(order)}
+    remap = [new_id[("g", owner[i])] if i in owner else new_id[("n", i)]
+             for i in range(len(graph.nodes))]
+    nodes = []
+    for k, (tag, x) in enumerate(order):
+        if tag == "g":
+            key, ids = calls[x]
+            n = _attention_node(graph, key, ids)
+            old_inputs = [p for i in ids for p in graph.nodes[i].inputs]
+            old_control = [p for i in ids for p in graph.nodes[i].control]
+        else:
+            n = graph.nodes[x]
+            old_inputs, old_control = n.inputs, n.control
+        inputs = sorted({remap[p] for p in old_inputs if remap[p] != k})
+        control = sorted({remap[p] for p in old_control if remap[p] != k} - set(inputs))
+        node = replace(n, id=k, inputs=inputs, control=control)
+        if n.collective is not None and n.collective.window is not None:
+            lo, hi = (remap[w] for w in n.collective.window)
+            node.collective = replace(n.collective, window=(lo, hi) if lo <= hi else None)
+        if "window" in n.meta:
+            lo, hi = (remap[w] for w in n.meta["window"])
+            node.meta = dict(n.meta, window=[lo, max(lo, hi)])
+        nodes.append(node)
+    keep = [x if tag == "n" else calls[x][1][0] for tag, x in order]
+    loops = [_remap_loop(lp, remap, keep) for lp in graph.loops]
+    return replace(graph, nodes=nodes, loops=loops)
 
 
 def _remap_loop(lp, remap: list[int], keep: list[int]):
-    import bisect
-
     if lp.last < lp.first:          # an empty body stays empty, at its place
-        first = bisect.bisect_left(keep, lp.first)
+        first = sum(k < lp.first for k in keep)
         first_last = (first, first - 1)
     else:
         body = [remap[i] for i in range(lp.first, lp.last + 1)]

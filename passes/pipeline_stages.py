@@ -118,6 +118,10 @@ def _reduces_over_data(graph: WorkloadGraph, node) -> bool:
     c = node.collective
     if c is None or c.type not in ("all-reduce", "reduce-scatter"):
         return False
+    # a gradient is summed; a max/min over the data axis is a per-microbatch statistic
+    # (FP8 current scaling's amax of an activation gradient), not a gradient reduction
+    if c.reduction not in (None, "add", "sum"):
+        return False
     axes = graph.communicators[c.communicator].mesh_axes
     return any(a in DATA_PARALLEL_AXES for a in axes)
 

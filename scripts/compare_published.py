@@ -224,39 +224,82 @@ def _have_libtpu() -> bool:
         return False
 
 
-def rebuild(row: Row, evaluator, cached_only: bool = False) -> None:
-    """Estimate one row with the sweep machinery (cached extraction + pipeline pass)."""
-    from flint.errors import FlintError
-    from flint.hardware_models.estimate import estimate
-    from flint.models.describe import resolve_model, to_mapping
-    from flint.sweep_space import Config
+TEMPLATE_LAYERS = 3
 
-    compile_target, spec = SYSTEMS[row.system]
+
+def template_program(row: Row) -> dict:
+    """The program a row's layer template is extracted from: one pipeline stage's data x
+    tensor-parallel mesh, TEMPLATE_LAYERS unrolled layers of the row's model."""
+    from flint.models.describe import resolve_model, to_mapping
+
+    compile_target, _ = SYSTEMS[row.system]
+    dp = row.gpus // (row.tp * row.pp)
+    mesh = [["fsdp" if row.fsdp else "data", dp]] + ([["model", row.tp]] if row.tp > 1 else [])
+    return {"framework": "jax", "model": to_mapping(resolve_model(row.model).with_(
+                seq_len=row.seq)), "devices": dp * row.tp, "mesh": mesh,
+            "batch_per_replica": row.mbs, "remat": row.remat, "sequence_parallel": row.tp > 1,
+            "scan": False, "seq_len": row.seq, "layers": TEMPLATE_LAYERS,
+            "hardware": compile_target,
+            **({"gemm_precision": row.precision} if row.precision != "bf16" else {})}
+
+
+def rebuild(row: Row, cache: Path, cached_only: bool = False) -> None:
+    """Estimate one row: extract (or load) its layer template, widen it to the model's
+    layers (passes.layer_template), pipeline it over the row's stages and microbatches,
+    and estimate it on the row's hardware spec."""
+    from flint.errors import FlintError
+    from flint.graph import WorkloadGraph
+    from flint.hardware_models.estimate import estimate
+    from flint.models.decoder import model_flops
+    from flint.models.describe import resolve_model
+    from flint.passes.layer_template import LayerTemplate
+    from flint.passes.pipeline import PipelineParallel
+    from flint.sweep import extract_program
+    from flint.sweep_space import _digest
+
+    _, spec = SYSTEMS[row.system]
     cfg = resolve_model(row.model).with_(seq_len=row.seq)
-    stage = row.gpus // row.pp
-    if stage % row.tp or row.gpus % row.pp:
+    if row.gpus % row.pp or (row.gpus // row.pp) % row.tp:
         row.reason = f"{row.gpus} GPUs do not split into tp={row.tp} x pp={row.pp}"
         return
     dp = row.gpus // (row.tp * row.pp)
     if row.gbs % (dp * row.mbs):
         row.reason = f"GBS {row.gbs} is not a multiple of DP {dp} x MBS {row.mbs}"
         return
-    c = Config(to_mapping(cfg), row.gpus, row.tp, row.pp, dp, row.fsdp, row.tp > 1,
-               row.mbs, row.gbs // (dp * row.mbs), "interleaved" if row.vp > 1 else "1f1b",
-               row.vp, row.remat, compile_target, (), gemm_precision=row.precision)
-    if cached_only and not (evaluator.directory / "graphs" / f"{c.program_key()}.json").is_file():
+    if cfg.n_layers % (row.pp * row.vp):
+        row.reason = (f"{cfg.n_layers} layers do not split evenly into PP {row.pp} x VP "
+                      f"{row.vp} chunks (uneven layouts are not rebuilt)")
+        return
+    program = template_program(row)
+    path = cache / "templates" / f"{_digest(program)}.json"
+    extracted = not path.is_file()
+    if extracted and cached_only:
         return
     t0 = time.perf_counter()
     try:
-        graph, extracted = evaluator.graph(c)
-        piped, memory = evaluator.pipeline(c, graph)
-        e = estimate(piped, spec, [], memory=memory)
+        if extracted:
+            template = extract_program(program)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            template.save(path)
+        else:
+            template = WorkloadGraph.load(path)
+        for n in template.nodes:        # Megatron-Core + Transformer Engine kernels
+            n.meta["kernel_source"] = "library"
+        layered = LayerTemplate(cfg.n_layers, spec).run(template)
+        # one microbatch of the stage's data-parallel group, per device of the stage
+        layered.meta["model_flops_per_device"] = model_flops(cfg, row.mbs * dp * row.seq) / (
+            dp * row.tp)
+        microbatches = row.gbs // (dp * row.mbs)
+        piped = PipelineParallel(row.pp, microbatches,
+                                 "interleaved" if row.vp > 1 else "1f1b", row.vp).run(layered)
+        e = estimate(piped, spec)
     except FlintError as err:
         row.reason = f"Flint could not rebuild it: {err}"
         return
-    row.result = {"predicted_step_s": e.step_time_s, "mfu": e.mfu, "oom": e.oom,
-                  "memory_gib": e.memory_bytes / 2**30, "extracted": extracted,
-                  "seconds": time.perf_counter() - t0,
+    row.result = {"predicted_step_s": e.step_time_s, "mfu": e.mfu,
+                  "exposed_communication_s": e.exposed_communication_s,
+                  "bubble_fraction": e.pipeline.get("bubble_fraction", 0.0),
+                  "extracted": extracted, "seconds": time.perf_counter() - t0,
                   "error": e.step_time_s / row.published_step_s - 1}
 
 
@@ -273,8 +316,6 @@ def main(argv=None) -> int:
     from flint.frontends.targets import prepare_environment
 
     prepare_environment()
-    from flint.sweep import Evaluator
-
     path = Path(args.table)
     if not path.is_file():
         print(f"compare_published: table not found: {path}", file=sys.stderr)
@@ -282,7 +323,6 @@ def main(argv=None) -> int:
     rows = [row for heading, recs in tables(path) for row in rows_of(heading, recs)]
     pick = re.compile(args.rows) if args.rows else None
     Path(args.cache).mkdir(parents=True, exist_ok=True)
-    ev = Evaluator(Path(args.cache))
     dense = [r for r in rows if not r.moe]
     todo = [r for r in dense if not r.reason and (pick is None or pick.search(r.label))]
     # cheapest extractions first (a partial run covers the most rows), one program's rows
@@ -291,17 +331,19 @@ def main(argv=None) -> int:
     from flint.models.describe import resolve_model
 
     size = {r.model: param_count(resolve_model(r.model)) for r in todo}
-    todo.sort(key=lambda r: (r.pp > 1, size[r.model] / r.pp, r.model, r.system, r.tp, r.pp,
+    todo.sort(key=lambda r: (size[r.model] / r.pp, r.model, r.system, r.tp, r.pp,
                              r.mbs, r.precision, r.remat, r.label))
     print(f"{'row':58s} {'published':>10s} {'predicted':>10s} {'error':>8s}  note", flush=True)
     done = []
     for r in todo:
-        rebuild(r, ev, args.cached_only)
+        rebuild(r, Path(args.cache), args.cached_only)
         if not r.result:
             continue
         done.append(r)
         res = r.result
-        note = ("OOM " if res["oom"] else "") + f"MFU {res['mfu'] * 100:.1f}%"
+        note = (f"MFU {res['mfu'] * 100:.1f}%, exposed comm "
+                f"{res['exposed_communication_s'] * 1e3:.0f} ms"
+                + (f", bubble {res['bubble_fraction'] * 100:.1f}%" if r.pp > 1 else ""))
         print(f"{r.label[:58]:58s} {r.published_step_s:9.3f}s {res['predicted_step_s']:9.3f}s "
               f"{res['error'] * 100:+7.1f}%  {note}", flush=True)
     skipped = [r for r in dense if r.reason]

@@ -1,0 +1,83 @@
+"""What the zoo workloads must look like to a cost model: one fused attention call per
+layer and phase whatever XLA's schedule (GQA, selective remat), and per-microbatch work
+repeated for every microbatch while only gradient sums run once per step."""
+import pytest
+
+from flint.models.describe import resolve_model, to_mapping
+
+
+def _program(**over):
+    dims = resolve_model("tiny").with_(n_layers=2, d_model=512, n_heads=8, n_kv_heads=2,
+                                       d_ff=1024, vocab=1024, seq_len=512)
+    return {"framework": "jax", "model": to_mapping(dims), "devices": 2,
+            "mesh": [["data", 2]], "batch_per_replica": 1, "remat": "selective",
+            "sequence_parallel": False, "scan": True, "seq_len": 512, "layers": 2,
+            "hardware": "h100-sxm", **over}
+
+
+@pytest.fixture(scope="module")
+def fp8_graph():
+    from flint.sweep import extract_program
+
+    return extract_program(_program(gemm_precision="fp8"))
+
+
+def test_gqa_attention_collapses_under_selective_remat(fp8_graph):
+    # XLA schedules a consumer of the backward core before one of its inputs; the call
+    # still becomes one node (the pass reorders around it instead of giving up)
+    g = fp8_graph
+    assert g.meta.get("attention_uncollapsed") is None
+    attn = [n for n in g.nodes if n.op_class == "attention"]
+    assert sorted(n.meta["attention"]["backward"] for n in attn) == [False, True]
+    assert all(n.meta["attention"]["kv_heads"] == 2 and n.repeat == 2 for n in attn)
+    g.check()
+
+
+def test_only_gradient_sums_run_once_per_step(fp8_graph):
+    # FP8 current scaling all-reduces each activation gradient's amax over the data axis
+    # (a max): per-microbatch work, not the gradient reduction
+    from flint.passes.expand_loops import ExpandLoops
+    from flint.passes.pipeline import PipelineParallel
+
+    g = ExpandLoops().run(fp8_graph)
+    maxes = [n for n in g.nodes if n.collective is not None
+             and n.collective.reduction == "maximum"]
+    assert maxes, "the FP8 workload should reduce amax over the data axis"
+    piped = PipelineParallel(1, 3).run(g)
+    gemm = lambda graph: sum(n.flops for n in graph.nodes if n.op_class in  # noqa: E731
+                             ("gemm", "attention"))
+    assert gemm(piped) == pytest.approx(3 * gemm(g), rel=1e-9)
+    once = [n for n in piped.nodes if n.meta.get("task") == "R" and n.collective is not None]
+    assert once and all(n.collective.reduction == "add" for n in once)
+
+
+def test_collapse_reorders_around_an_interleaved_schedule():
+    # XLA's order: core dot A, a consumer of A outside the call, an input the call's
+    # second dot B needs, then B. No single slot in that order takes the fused kernel;
+    # moving the consumer after it (and the late input before it) does.
+    from flint.cluster import Cluster
+    from flint.graph import Node, NodeKind, WorkloadGraph
+    from flint.passes.attention import CollapseAttention, scope_name
+
+    scope = "jit(step)/attn/" + scope_name("bwd", 1, 4, 2, 128, 128, 64, True)
+    nodes = []
+
+    def add(name, inputs, op_name="", op_class="elementwise"):
+        nodes.append(Node(len(nodes), name, NodeKind.COMPUTE, "fusion", op_class,
+                          list(inputs), flops=1.0, outputs=["bf16[8]"],
+                          meta={"op_name": op_name, "phase": "backward"}))
+        return len(nodes) - 1
+
+    q = add("q", [])
+    a = add("core_a", [q], scope, "gemm")
+    use = add("use_of_a", [a])
+    late = add("late_input", [q])
+    b = add("core_b", [a, late], scope, "gemm")
+    add("after", [use, b])
+    g = WorkloadGraph(Cluster(2, (("data", 2),), "h100-sxm"), nodes, [], [], {})
+    out = CollapseAttention().run(g)
+    assert out.meta["attention_calls"] == 1 and "attention_uncollapsed" not in out.meta
+    names = [n.name for n in out.nodes]
+    attn = next(n for n in out.nodes if n.op_class == "attention")
+    assert names.index("late_input") < attn.id < names.index("use_of_a")
+    assert attn.meta["attention"]["backward"] and len(out.nodes) == 5
