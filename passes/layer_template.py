@@ -161,6 +161,13 @@ class _Writer:
         L = self.layers
         act = self.crossing(("F", self.a), ("F", self.b))
         grad = self.crossing(("B", self.b), ("B", self.a))
+        # A stage boundary carries the residual stream forward and its gradient backward,
+        # tensors of one shape (Megatron's send_forward/send_backward): the shapes both
+        # crossings share. Other values one layer reads from the previous (rotary tables,
+        # a weight gradient on its way to a reduce-scatter) do not cross stages.
+        both = sorted(set(act) & set(grad))
+        if both:
+            act = grad = both
         names = [f"layer_{j}" for j in range(L)]
         pre = [self.add(f"pre.{n}", None, n, once["pre"] * layer_share, []) for n in names]
         pre_rest = self.add("pre.rest", None, "", once["pre"] * rest_share, [])

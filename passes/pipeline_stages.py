@@ -89,7 +89,32 @@ def task_of(graph: WorkloadGraph) -> list[str]:
             if t != tasks[i]:
                 tasks[i], changed = t, True
     _mark_gradient_reduction(graph, tasks)
+    _hoist_parameter_work(graph, tasks)
     return tasks
+
+
+_INTEGER = re.compile(r"^[su](8|16|32|64)\[\d")     # an integer array: token ids, labels
+
+
+def _hoist_parameter_work(graph: WorkloadGraph, tasks: list[str]) -> None:
+    """Per-microbatch casts, transposes and reductions that read no microbatch data and no
+    collective result (a parameter's cast to the GEMM dtype and its amax, its transpose,
+    rotary tables) compute the same
+    value for every microbatch: they run once per step, before the pipeline ('pre'), as
+    Transformer Engine caches a step's FP8 weights across microbatches (Megatron passes
+    is_first_microbatch) and XLA hoists loop-invariant code out of an accumulation loop.
+    A node reading microbatch data is one with an integer array operand and no graph
+    input (the token ids and labels), or anything downstream of one."""
+    batch = [False] * len(tasks)
+    for n in graph.nodes:
+        i = n.id
+        small = (n.collective is None and n.operands
+                 and n.op_class in ("elementwise", "data_movement", "reduction"))
+        batch[i] = (not small or any(batch[p] for p in n.inputs + n.control)
+                    or not n.inputs and any(_INTEGER.match(o) for o in n.operands))
+    for n in graph.nodes:
+        if tasks[n.id] in ("F", "B") and not batch[n.id]:
+            tasks[n.id] = "pre"
 
 
 def _mark_gradient_reduction(graph: WorkloadGraph, tasks: list[str]) -> None:

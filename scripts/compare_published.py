@@ -10,9 +10,10 @@ is rebuilt from its stated configuration with the zoo decoder (flint.models.desc
 presets) and estimated with the default cost model; the comparison is tokens/s/GPU
 (equivalently step time, derived_step_s = GBS*seq / (tokens/s/GPU * GPUs)) or the
 published step time, never TFLOP/s (FLOP conventions differ between releases; see the
-table's caveats). Extracted graphs are cached by program under --cache, so a rerun only
-estimates. The full table extracts dozens of distinct programs, several of them whole
-70B-405B models unrolled for pipelining: use --rows to pick rows (regex on the label).
+table's caveats). Each row's program is a layer template (TEMPLATE_LAYERS unrolled layers
+on one pipeline stage's data x tensor-parallel mesh), cached under --cache/templates, widened
+to the model's layers by passes.layer_template and pipelined by passes.pipeline; a rerun
+only estimates.
 
 Assumptions (the same for every row, never chosen per row):
 - Model shapes: the presets of flint.models.describe (public configs); GPT-style rows use
@@ -27,8 +28,19 @@ Assumptions (the same for every row, never chosen per row):
   parallel (Megatron's distributed optimizer's reduce-scatter/all-gather are not modelled
   separately). Tensor parallelism with sequence parallelism on (Megatron-Core's default
   with TP > 1).
+- Context parallelism (CP > 1): the zoo's all-gather CP (keys and values gathered over the
+  context axis, load-balanced causal chunks); Megatron runs ring attention (the same
+  bytes as point-to-point steps overlapped with the attention blocks).
 - Microbatch and gradient accumulation as stated: GA = GBS / (DP * MBS); pipeline rows
   use 1F1B, or interleaved 1F1B with VP chunks when VP > 1, with the pipeline pass.
+- Kernels: the rows ran Megatron-Core with Transformer Engine, so layers are unrolled
+  (no lax.scan stacking copies), and elementwise, norm and cast kernels are library
+  kernels (hand-vectorized: the stream share of HBM), not XLA-generated ones (which the
+  cost model caps per SM): node meta `kernel_source: library`.
+- Pipeline stages are balanced by predicted time, embedding and loss included (Megatron's
+  uneven layouts and --account-for-embedding/loss-in-pipeline-split), for every PP row.
+- Optimizer: Adam on each rank's full parameters (Megatron's distributed optimizer would
+  shard the update over DP; the update is ~1-2% of these steps).
 - Hardware: DGX-H100 -> h100-sxm; DGX-B200 -> b200; DGX-B300 -> b300 spec (compiled for
   the b200 target, same SM generation); DGX-GB200 / GB300 -> gb200-nvl72 / gb300-nvl72
   specs (72-GPU NVLink domains; compiled for b200); A100 -> a100-80gb-sxm; TPU v4/v5e/v5p
@@ -156,8 +168,6 @@ def _not_rebuildable(section: str, r: dict, name: str) -> str:
         return "NVFP4 GEMMs are not modelled"
     if prec.startswith("n/s"):
         return "precision not stated"
-    if (first_number(r.get("cp")) or 1) > 1:
-        return "context parallelism is not in the zoo decoders"
     hw = str(r.get("system") or r.get("tpu") or r.get("hw") or "").lower()
     if "int8" in str(r.get("config_name", "")).lower():
         return "int8-quantized training is not modelled"
@@ -189,12 +199,26 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
         system = "a100"
         # the source: interleaved pipeline with 3 stages per rank for 175B and 530B
         row.vp = 3 if row.model in ("gpt3-175b", "gpt-530b") else 1
+    if section == "6c":    # "512 GB200 (8x NVL72)" in the accelerators column
+        acc = str(r.get("accelerators", "")).lower()
+        system = "dgx-gb300" if "gb300" in acc else "dgx-gb200" if "gb200" in acc else system
     row.system = system
-    row.gpus = int(num("gpus", "chips"))
-    row.gbs = int(num("gbs", "gbs_seqs"))
+    gpus = num("gpus", "chips", "accelerators")
+    if gpus is None:
+        row.reason = "no GPU count in the row"
+        return
+    row.gpus = int(gpus)
+    # 6c: "seq 8192" is stated in the section heading, not per row
+    seq = num("seq", "packed_seq", default=8192 if section == "6c" else None)
+    gbs = num("gbs", "gbs_seqs")
+    if seq is None or gbs is None:
+        row.reason = "no sequence length or global batch in the row"
+        return
+    row.gbs = int(gbs)
     row.mbs = int(num("mbs", "per_device_batch", default=1))
-    row.seq = int(num("seq", "packed_seq"))
+    row.seq = int(seq)
     row.tp, row.pp = int(num("tp", default=1)), int(num("pp", default=1))
+    row.cp = int(num("cp", default=1))
     row.vp = row.vp if section == "4" else int(num("vp", default=1))
     row.fsdp = (num("fsdp", default=0) or 0) > 0
     prec = str(r.get("precision") or ("FP8-CS" if section in ("1c", "1f") else
@@ -233,10 +257,13 @@ def template_program(row: Row) -> dict:
     from flint.models.describe import resolve_model, to_mapping
 
     compile_target, _ = SYSTEMS[row.system]
-    dp = row.gpus // (row.tp * row.pp)
-    mesh = [["fsdp" if row.fsdp else "data", dp]] + ([["model", row.tp]] if row.tp > 1 else [])
+    dp = row.gpus // (row.tp * row.pp * row.cp)
+    # Megatron's rank order: TP innermost, then CP, then DP (the mesh's last axis is
+    # innermost)
+    mesh = ([["fsdp" if row.fsdp else "data", dp]] + ([["context", row.cp]] if row.cp > 1
+            else []) + ([["model", row.tp]] if row.tp > 1 else []))
     return {"framework": "jax", "model": to_mapping(resolve_model(row.model).with_(
-                seq_len=row.seq)), "devices": dp * row.tp, "mesh": mesh,
+                seq_len=row.seq)), "devices": dp * row.cp * row.tp, "mesh": mesh,
             "batch_per_replica": row.mbs, "remat": row.remat, "sequence_parallel": row.tp > 1,
             "scan": False, "seq_len": row.seq, "layers": TEMPLATE_LAYERS,
             "hardware": compile_target,
@@ -259,10 +286,11 @@ def rebuild(row: Row, cache: Path, cached_only: bool = False) -> None:
 
     _, spec = SYSTEMS[row.system]
     cfg = resolve_model(row.model).with_(seq_len=row.seq)
-    if row.gpus % row.pp or (row.gpus // row.pp) % row.tp:
-        row.reason = f"{row.gpus} GPUs do not split into tp={row.tp} x pp={row.pp}"
+    if row.gpus % row.pp or (row.gpus // row.pp) % (row.tp * row.cp):
+        row.reason = (f"{row.gpus} GPUs do not split into tp={row.tp} x cp={row.cp} x "
+                      f"pp={row.pp}")
         return
-    dp = row.gpus // (row.tp * row.pp)
+    dp = row.gpus // (row.tp * row.pp * row.cp)
     if row.gbs % (dp * row.mbs):
         row.reason = f"GBS {row.gbs} is not a multiple of DP {dp} x MBS {row.mbs}"
         return
@@ -288,10 +316,13 @@ def rebuild(row: Row, cache: Path, cached_only: bool = False) -> None:
         layered = LayerTemplate(cfg.n_layers, spec).run(template)
         # one microbatch of the stage's data-parallel group, per device of the stage
         layered.meta["model_flops_per_device"] = model_flops(cfg, row.mbs * dp * row.seq) / (
-            dp * row.tp)
+            dp * row.cp * row.tp)
         microbatches = row.gbs // (dp * row.mbs)
-        piped = PipelineParallel(row.pp, microbatches,
-                                 "interleaved" if row.vp > 1 else "1f1b", row.vp).run(layered)
+        # stages balanced by predicted time (embedding and loss included), as Megatron's
+        # uneven pipeline layouts and --account-for-embedding/loss-in-pipeline-split do
+        piped = PipelineParallel(row.pp, microbatches, "interleaved" if row.vp > 1 else "1f1b",
+                                 row.vp, split="time" if row.pp > 1 else "layers",
+                                 hardware=spec).run(layered)
         e = estimate(piped, spec)
     except FlintError as err:
         row.reason = f"Flint could not rebuild it: {err}"
