@@ -249,6 +249,10 @@ def _have_libtpu() -> bool:
 
 
 TEMPLATE_LAYERS = 3
+# Bumped whenever the zoo's workload changes (cached templates of older versions are
+# not reused): 2 = MLP hidden activations constrained to the tensor-parallel split;
+# 3 = vocab-parallel embedding lookup and LM head.
+WORKLOAD_VERSION = 3
 
 
 def template_program(row: Row) -> dict:
@@ -266,7 +270,7 @@ def template_program(row: Row) -> dict:
                 seq_len=row.seq)), "devices": dp * row.cp * row.tp, "mesh": mesh,
             "batch_per_replica": row.mbs, "remat": row.remat, "sequence_parallel": row.tp > 1,
             "scan": False, "seq_len": row.seq, "layers": TEMPLATE_LAYERS,
-            "hardware": compile_target,
+            "hardware": compile_target, "workload_version": WORKLOAD_VERSION,
             **({"gemm_precision": row.precision} if row.precision != "bf16" else {})}
 
 

@@ -36,7 +36,7 @@ def test_expand_counts_programs_and_skips_invalid():
     ({"devices": []}, "empty search space"),
     ({"devices": [3], "tp": [2]}, "empty search space"),
     ({"what_if": [{"nic_bandwidth": "fast"}]}, "nic_bandwidth"),
-    ({"remat": ["some"]}, "remat.*'none', 'full' or 'dots'"),
+    ({"remat": ["some"]}, "remat.*'none', 'full', 'dots' or 'selective'"),
     ({"colour": 1}, "unknown search-space key"),
 ])
 def test_bad_spaces_are_errors(doc, message):

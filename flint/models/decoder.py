@@ -241,10 +241,16 @@ def _quantize_fp8(t, kind: str, axis: int):
     return (blocks / scale).astype(f8).reshape(t.shape), scale
 
 
-def _mlp(x, p, cfg: DecoderConfig):
-    up = _mm(x, p["w_up"], cfg)
+def _mlp(x, p, cfg: DecoderConfig, hidden_spec=None):
+    """`hidden_spec` shards the [batch, seq, ffn] hidden activations: Megatron's column-
+    then row-parallel MLP keeps them split over the tensor-parallel axis. Without it XLA
+    may all-gather the FFN weights instead (it does for FP8 operands)."""
+    def constrain(t):
+        return t if hidden_spec is None else jax.lax.with_sharding_constraint(t, hidden_spec)
+
+    up = constrain(_mm(x, p["w_up"], cfg))
     if cfg.mlp == "swiglu":
-        up = jax.nn.silu(_mm(x, p["w_gate"], cfg)) * up
+        up = jax.nn.silu(constrain(_mm(x, p["w_gate"], cfg))) * up
     elif cfg.mlp == "relu2":       # squared ReLU (So et al. 2021, Primer), as Nemotron-4
         up = jnp.square(jax.nn.relu(up))
     else:
@@ -257,12 +263,15 @@ def forward(params, tokens, cfg: DecoderConfig, act_spec=None, attn_spec=None, k
     `attn_spec` shards the attention core's [batch, seq, heads, head_dim] queries;
     `kv_spec` the keys' and values' ([batch, seq, kv heads, head dim]) in attention."""
     cd = jnp.dtype(cfg.compute_dtype)
+    # the MLP's hidden activations split like the attention heads: batch, sequence (context
+    # parallelism) and the tensor-parallel axis on the FFN dimension
+    hidden_spec = None if attn_spec is None else P(*tuple(attn_spec)[:3])
 
     def constrain(x):
         return x if act_spec is None else jax.lax.with_sharding_constraint(x, act_spec)
 
     with jax.named_scope("embed"):
-        x = params["embed"][tokens].astype(cd)
+        x = _embed(params["embed"], tokens, cd, attn_spec)
         if cfg.pos == "learned":
             x = x + params["pos_embed"][: tokens.shape[1]].astype(cd)
         x = constrain(x)
@@ -271,7 +280,7 @@ def forward(params, tokens, cfg: DecoderConfig, act_spec=None, attn_spec=None, k
         with jax.named_scope("attention"):
             x = x + _attention(_norm(x, p["attn_norm"], cfg.norm), p, cfg, attn_spec, kv_spec)
         with jax.named_scope("mlp"):
-            x = x + _mlp(_norm(x, p["mlp_norm"], cfg.norm), p, cfg)
+            x = x + _mlp(_norm(x, p["mlp_norm"], cfg.norm), p, cfg, hidden_spec)
         return constrain(x)
 
     if cfg.remat == "full":
@@ -293,4 +302,36 @@ def forward(params, tokens, cfg: DecoderConfig, act_spec=None, attn_spec=None, k
     with jax.named_scope("head"):
         x = _norm(x, params["final_norm"], cfg.norm)
         w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
-        return jnp.einsum("bsd,dv->bsv", x, w.astype(cd), preferred_element_type=jnp.float32)
+        logits = jnp.einsum("bsd,dv->bsv", x, w.astype(cd), preferred_element_type=jnp.float32)
+        # column-parallel LM head: logits stay split over the vocabulary (the hidden
+        # states are gathered, never the [hidden, vocab] weight)
+        return logits if attn_spec is None else jax.lax.with_sharding_constraint(
+            logits, P(*tuple(attn_spec)[:3]))
+
+
+def _embed(table, tokens, cd, attn_spec):
+    """Token embeddings. Under tensor parallelism a vocab-parallel lookup (Megatron's
+    VocabParallelEmbedding): each rank looks its tokens up in its rows of the table,
+    zeroes the ones it does not hold, and the partial embeddings are summed over the
+    tensor-parallel group; the table is never gathered."""
+    from flint.models.attention import _has_mesh
+
+    tp = None if attn_spec is None else tuple(attn_spec)[2]
+    if not isinstance(tp, str) or not _has_mesh():
+        return table[tokens].astype(cd)
+    mesh = jax.sharding.get_abstract_mesh()
+    ranks = mesh.shape[tp]
+    if table.shape[0] % ranks:
+        return table[tokens].astype(cd)
+    rows = table.shape[0] // ranks
+    batch, seq = tuple(attn_spec)[:2]
+
+    def local(tab, tok):
+        idx = tok - jax.lax.axis_index(tp) * rows
+        mine = (idx >= 0) & (idx < rows)
+        out = jnp.where(mine[..., None], tab[jnp.clip(idx, 0, rows - 1)].astype(cd), 0)
+        return jax.lax.psum(out, tp)
+
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(tp, None), P(batch, seq)),
+                       out_specs=P(batch, seq, None), check_vma=False)
+    return fn(table, tokens)
