@@ -132,9 +132,17 @@ def _mark_gradient_reduction(graph: WorkloadGraph, tasks: list[str]) -> None:
     # weight-gradient GEMM that feeds it is per-microbatch work (it accumulates into the
     # gradient buffer), and so is a tensor-parallel all-reduce whose result only the
     # weight gradients of the first layer read.
+    # ... and only a reduction no matrix multiply reads afterwards: a gradient on its way
+    # to the optimizer is cast and scaled, never multiplied, while an activation's
+    # gradient summed over the context-parallel ranks (dK, dV) feeds the backward GEMMs
+    # of the layers below.
+    multiplied = [False] * len(tasks)
+    for i in range(len(tasks) - 1, -1, -1):
+        multiplied[i] = any(graph.nodes[u].op_class in ("gemm", "conv", "attention")
+                            or multiplied[u] for u in users[i])
     for n in graph.nodes:
         i = n.id
-        if tail[i] and (_reduces_over_data(graph, n)
+        if tail[i] and (_reduces_over_data(graph, n) and not multiplied[i]
                         or any(tasks[d] == "R" for d in n.inputs)):
             tasks[i] = "R"
 

@@ -81,3 +81,18 @@ def test_collapse_reorders_around_an_interleaved_schedule():
     attn = next(n for n in out.nodes if n.op_class == "attention")
     assert names.index("late_input") < attn.id < names.index("use_of_a")
     assert attn.meta["attention"]["backward"] and len(out.nodes) == 5
+
+
+def test_context_parallel_activation_gradients_stay_per_microbatch():
+    # dK/dV are summed over the context axis (a DP-like axis) in every microbatch's
+    # backward; only the weight gradients' sums run once per step
+    from flint.passes.expand_loops import ExpandLoops
+    from flint.passes.pipeline import PipelineParallel
+    from flint.sweep import extract_program
+
+    g = ExpandLoops().run(extract_program(_program(
+        devices=4, mesh=[["data", 2], ["context", 2]], scan=False)))
+    piped = PipelineParallel(1, 3).run(g)
+    gemm = lambda graph: sum(n.flops for n in graph.nodes if n.op_class in  # noqa: E731
+                             ("gemm", "attention"))
+    assert gemm(piped) == pytest.approx(3 * gemm(g), rel=1e-9)
