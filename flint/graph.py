@@ -49,6 +49,12 @@ class Collective:
     # work this collective may overlap with.
     window: tuple[int, int] | None = None
 
+    @property
+    def size_bytes(self) -> int:
+        """The collective's size as nccl-tests reports it (its "size" column): the gathered
+        output buffer for all-gather, the input buffer for every other collective."""
+        return self.bytes_out if self.type == "all-gather" else self.bytes_in
+
 
 @dataclass
 class Node:
@@ -284,3 +290,8 @@ class WorkloadGraph:
 def dumps_json(obj) -> str:
     """Deterministic JSON: sorted keys, compact separators, trailing newline."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n"
+
+
+def collective_size_bytes(node: Node) -> int:
+    """A node's collective size (Collective.size_bytes); 0 for a node that moves nothing."""
+    return node.collective.size_bytes if node.collective is not None else 0

@@ -187,7 +187,7 @@ def run_sweep(space: SearchSpace, directory, executor: str = "local", workers: i
     elif executor == "ray":
         from flint.sweep_ray import run_groups
 
-        run_groups(str(directory), groups, workers, record)
+        run_groups(str(directory), groups, workers, record, evaluate_group)
     else:
         raise FlintError(f"unknown executor {executor!r}; use local or ray")
     return [done[c.key()] for c in configs]

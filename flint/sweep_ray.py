@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 
 
-def run_groups(directory: str, groups, workers: int, record) -> None:
+def run_groups(directory: str, groups, workers: int, record, evaluate_group) -> None:
+    """`evaluate_group(directory, configs) -> rows` runs in one Ray task per group (the
+    caller passes flint.sweep.evaluate_group: this module does not import the sweep)."""
     try:
         import ray
     except ImportError:
@@ -24,8 +26,6 @@ def run_groups(directory: str, groups, workers: int, record) -> None:
         else:
             ray.init(num_cpus=max(workers, 1), include_dashboard=False, log_to_driver=False)
     try:
-        from flint.sweep import evaluate_group
-
         task = ray.remote(num_cpus=1)(evaluate_group)
         pending = [task.remote(directory, group) for group in groups]
         while pending:
