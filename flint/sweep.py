@@ -27,20 +27,16 @@ RESULTS = "results.jsonl"
 def extract_program(program: dict) -> WorkloadGraph:
     """Compile one zoo program for its compile-only devices and lower it (as `flint
     extract` does)."""
-    from flint.cli_targets import captured_step
-    from flint.frontends.targets import prepare_environment
+    from flint.frontends.request import ExtractRequest, extract
 
-    prepare_environment()
-    mesh = ",".join(f"{n}={s}" for n, s in program["mesh"])
-    devices = program["devices"]
-    step, args, label, info = captured_step(
-        None, devices, mesh, program["hardware"], program["model"], program["scan"],
-        program["layers"] or None, program["seq_len"] or None, program["batch_per_replica"],
-        program["remat"], program["sequence_parallel"], None, "example_args",
+    request = ExtractRequest(
+        devices=program["devices"], mesh=",".join(f"{n}={s}" for n, s in program["mesh"]),
+        hardware=program["hardware"], model=program["model"], scan=program["scan"],
+        layers=program["layers"] or None, seq_len=program["seq_len"] or None,
+        batch_per_replica=program["batch_per_replica"], remat=program["remat"],
+        sequence_parallel=program["sequence_parallel"],
         gemm_precision=program.get("gemm_precision"))
-    graph = step.lower(*args).compile().workload()
-    graph.meta["model"] = label
-    graph.meta["model_flops_per_device"] = info["model_flops"] / devices
+    graph, _ = extract(request)
     return graph
 
 

@@ -1,14 +1,11 @@
 """`flint sweep`: a design-space sweep from a YAML space file and/or flags."""
 from __future__ import annotations
 
-import json
 import statistics
 from typing import Optional
 
 import typer
-from rich.console import Console
-
-from flint.cli import _run, app, err
+from flint.cli._common import err, report_out, run
 from flint.errors import FlintError
 
 EXECUTORS = ("local", "ray")
@@ -49,7 +46,6 @@ def _space_doc(space_file, flags: dict) -> dict:
     return doc
 
 
-@app.command()
 def sweep(
     space_file: Optional[str] = typer.Argument(None, help="search space YAML (axes: devices, "
                                                "tp, pp, microbatch, remat, what_if, ...)"),
@@ -123,12 +119,9 @@ def sweep(
                 err.print(f"{len(values)} configurations with {kind}: median "
                           f"{statistics.median(values):.2f} s, max {max(values):.2f} s per "
                           f"configuration")
-        if as_json:
-            print(json.dumps({"pareto": {k: [r["key"] for r in v] for k, v in fronts.items()},
-                              "configurations": len(rows), "outputs": paths},
-                             sort_keys=True, indent=1))
-        else:
-            render_front(fronts, Console())
-            err.print("wrote " + ", ".join(paths.values()), markup=False)
+        report = {"pareto": {k: [r["key"] for r in v] for k, v in fronts.items()},
+                  "configurations": len(rows), "outputs": paths}
+        report_out(report, as_json, lambda _, console: render_front(fronts, console),
+                   None if as_json else "wrote " + ", ".join(paths.values()))
 
-    _run(go)
+    run(go)

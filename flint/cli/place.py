@@ -1,4 +1,4 @@
-"""`flint place` (registered on the main app): Baechi device placement of a workload graph
+"""`flint place`: Baechi device placement of a workload graph
 over memory-limited devices, and the placed step's predicted time."""
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from flint.cli import _check_output_dir, _run, app, report_out
+from flint.cli._common import check_output_file, report_out, run
 from flint.errors import FlintError
 
 
-@app.command(name="place")
 def place_command(
     graph_file: str = typer.Argument(..., help="a workload graph JSON (flint extract --out), "
                                                "a Chakra .et, or a directory of them"),
@@ -33,7 +32,7 @@ def place_command(
             placed.save(out)
         report_out(report, as_json, render_place, out and f"wrote {out}")
 
-    _run(go)
+    run(go)
 
 
 def place_report(graph_file, algorithm, devices, memory_limit, hardware_name, out=None):
@@ -53,12 +52,12 @@ def place_report(graph_file, algorithm, devices, memory_limit, hardware_name, ou
         if limit <= 0:
             raise FlintError(f"--memory-limit {memory_limit!r} must be more than zero")
     if out:
-        _check_output_dir(out)
-    from flint.cli_export import load_any_graph
+        check_output_file(out)
+    from flint.frontends.saved import load_graph
     from flint.hardware_models.estimate import estimate
     from flint.passes.place import place, transfers
 
-    graph = load_any_graph(graph_file)
+    graph = load_graph(graph_file)
     result = place(graph, algorithm, devices, limit, hardware_name)
     predicted = estimate(result.graph, hardware_name)
     count, nbytes = transfers(result.graph)
