@@ -75,6 +75,19 @@ class Node:
     collective: Collective | None = None
     meta: dict = field(default_factory=dict)
 
+    @property
+    def device(self) -> int | None:
+        """The device (pipeline stage or placed device) this node runs on in an MPMD graph
+        (passes.pipeline, passes.place: stored as meta["device"]); None in an SPMD graph,
+        where every device runs every node."""
+        device = self.meta.get("device")
+        return None if device is None else int(device)
+
+    @property
+    def device_or_0(self) -> int:
+        """`device`, with an SPMD node on device 0 (what per-device accounting wants)."""
+        return self.device or 0
+
     def to_json(self) -> dict:
         d = asdict(self)
         d["kind"] = self.kind.value

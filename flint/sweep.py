@@ -19,6 +19,7 @@ from typing import Callable
 
 from flint.errors import FlintError
 from flint.graph import WorkloadGraph
+from flint.hardware_models.pluggable import cost_model_name, resolve_cost_model
 from flint.sweep_space import Config, SearchSpace
 
 RESULTS = "results.jsonl"
@@ -47,6 +48,8 @@ class Evaluator:
 
     directory: Path
     extract: Callable[[dict], WorkloadGraph] = extract_program
+    # a third-party cost model (a factory, hardware_models.pluggable); None: the built-in
+    cost_model: Callable | None = None
     graphs: dict = field(default_factory=dict)
     pipelined: dict = field(default_factory=dict)
 
@@ -76,7 +79,8 @@ class Evaluator:
         if shape not in self.pipelined:
             piped = graph if cfg.pp == 1 and cfg.microbatches == 1 else PipelineParallel(
                 stages=cfg.pp, microbatches=cfg.microbatches, schedule=cfg.schedule,
-                virtual=cfg.virtual, split=cfg.pipeline_split, hardware=shape[-1]).run(graph)
+                virtual=cfg.virtual, split=cfg.pipeline_split, hardware=shape[-1],
+                cost_model=self.cost_model).run(graph)
             self.pipelined[shape] = (piped, estimate_memory(piped))
         return self.pipelined[shape]
 
@@ -85,11 +89,14 @@ class Evaluator:
 
         t0 = time.perf_counter()
         row = {"key": cfg.key(), "program": cfg.program_key(), **cfg.to_json()}
+        if self.cost_model is not None:
+            row["cost_model"] = cost_model_name(self.cost_model)
         try:
             graph, extracted = self.graph(cfg)
             t1 = time.perf_counter()
             piped, memory = self.pipeline(cfg, graph)
-            e = estimate(piped, cfg.hardware, cfg.overrides(), memory=memory)
+            e = estimate(piped, cfg.hardware, cfg.overrides(), memory=memory,
+                         cost_model=self.cost_model)
         except FlintError as err:
             return {**row, "status": "invalid", "error": str(err),
                     "time_s": time.perf_counter() - t0, "extracted": False}
@@ -120,14 +127,16 @@ def group_by_program(configs: list[Config]) -> list[list[Config]]:
     return list(groups.values())
 
 
-def evaluate_group(directory: str, configs: list[Config]) -> list[dict]:
-    """Evaluate one program's configurations (a unit of work for any executor)."""
-    ev = Evaluator(Path(directory))
+def evaluate_group(directory: str, configs: list[Config], cost_model=None) -> list[dict]:
+    """Evaluate one program's configurations (a unit of work for any executor).
+    `cost_model`: a factory, or its `module:factory` name (what crosses to Ray workers)."""
+    ev = Evaluator(Path(directory), cost_model=resolve_cost_model(cost_model))
     return [ev.evaluate(c) for c in configs]
 
 
-def load_results(directory) -> dict[str, dict]:
-    """Finished rows by config key; a torn last line (a killed sweep) is ignored."""
+def load_results(directory, cost_model: str | None = None) -> dict[str, dict]:
+    """Finished rows by config key; a torn last line (a killed sweep) is ignored, and so
+    are rows another cost model (by name; None: the built-in) priced."""
     path = Path(directory) / RESULTS
     rows: dict[str, dict] = {}
     if not path.is_file():
@@ -137,7 +146,7 @@ def load_results(directory) -> dict[str, dict]:
             row = json.loads(line)
         except ValueError:
             continue
-        if isinstance(row, dict) and "key" in row:
+        if isinstance(row, dict) and "key" in row and row.get("cost_model") == cost_model:
             rows[row["key"]] = row
     return rows
 
@@ -154,15 +163,19 @@ def append_result(directory, row: dict) -> None:
 
 
 def run_sweep(space: SearchSpace, directory, executor: str = "local", workers: int = 2,
-              on_result: Callable[[dict, int, int], None] | None = None) -> list[dict]:
+              on_result: Callable[[dict, int, int], None] | None = None,
+              cost_model=None) -> list[dict]:
     """Run every configuration not already in `directory`'s results; returns all rows of
-    this space (old and new), in the space's order."""
+    this space (old and new), in the space's order. `cost_model`: a factory or its
+    `module:factory` name (hardware_models.pluggable); None: the built-in model."""
+    factory = resolve_cost_model(cost_model)
+    name = cost_model_name(cost_model)
     configs, _ = space.expand()
     directory = Path(directory)
     if not directory.parent.is_dir():
         raise FlintError(f"output directory {str(directory.parent)!r} does not exist")
     directory.mkdir(exist_ok=True)
-    done = load_results(directory)
+    done = load_results(directory, name)
     todo = [c for c in configs if c.key() not in done]
     total, count = len(configs), len(configs) - len(todo)
 
@@ -176,14 +189,15 @@ def run_sweep(space: SearchSpace, directory, executor: str = "local", workers: i
 
     groups = group_by_program(todo)
     if executor == "local":
-        ev = Evaluator(directory)
+        ev = Evaluator(directory, cost_model=factory)
         for group in groups:
             for cfg in group:
                 record(ev.evaluate(cfg))
     elif executor == "ray":
         from flint.sweep_ray import run_groups
 
-        run_groups(str(directory), groups, workers, record, evaluate_group)
+        run_groups(str(directory), groups, workers, record, evaluate_group,
+                   name if isinstance(cost_model, str) else factory)
     else:
         raise FlintError(f"unknown executor {executor!r}; use local or ray")
     return [done[c.key()] for c in configs]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from flint.graph import NodeKind, WorkloadGraph
 
@@ -55,7 +56,7 @@ class CollapseAttention:
     """Contract: ids stay dense and deps point backwards; loops, collective windows and
     control edges are remapped; nodes outside attention scopes are unchanged."""
 
-    name: str = "collapse-attention"
+    name: ClassVar[str] = "collapse-attention"
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
         groups: dict[tuple, list[int]] = {}

@@ -38,22 +38,6 @@ class _Carried:
     init: tuple
 
 
-@dataclass(frozen=True)
-class LowerHlo:
-    """HloModule -> WorkloadGraph for the given cluster.
-
-    Contract: node ids follow the entry computation's schedule (loop bodies inlined at the
-    loop); flops follow HloCostAnalysis; replica groups become deduplicated communicators
-    whose mesh axes are read against `cluster.mesh`.
-    """
-
-    cluster: Cluster
-    name: str = "lower-hlo"
-
-    def run(self, module: HloModule) -> WorkloadGraph:
-        return lower_hlo(module, self.cluster)
-
-
 def lower_hlo(module: HloModule, cluster: Cluster) -> WorkloadGraph:
     participants = module.num_partitions * module.replica_count
     if participants not in (1, cluster.devices):

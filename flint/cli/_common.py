@@ -57,6 +57,6 @@ def cost_model_option(spec: str | None):
     """`--cost-model package.module:factory` -> the factory (None: the built-in model)."""
     if spec is None:
         return None
-    from flint.hardware_models.cost_model import load_cost_model_factory
+    from flint.hardware_models.pluggable import load_cost_model_factory
 
     return load_cost_model_factory(spec)

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from flint.cli._common import err, report_out, run
+from flint.cli._common import cost_model_option, err, report_out, run
 from flint.errors import FlintError
 
 FORMATS = ("chakra", "json", "perfetto")
@@ -64,6 +64,9 @@ def export(
     hardware_name: Optional[str] = typer.Option(None, "--hardware", help="cost model for "
                                                 "durations and ASTRA-sim inputs"),
     set_: list[str] = typer.Option([], "--set", help="what-if, e.g. nic_bandwidth=800Gb/s"),
+    cost_model: Optional[str] = typer.Option(None, "--cost-model", metavar="MODULE:FACTORY",
+                                             help="a third-party cost model: "
+                                             "package.module:factory (see README)"),
     prefix: str = typer.Option("workload", help="file prefix: <prefix>.<rank>.et"),
     annotate: str = typer.Option("rank0", help="chakra: ranks whose files carry Flint's "
                                  "node records for exact import: rank0 | all | none"),
@@ -81,6 +84,7 @@ def export(
         from flint.frontends.saved import load_graph
         from flint.guard import check_output_dir
 
+        factory = cost_model_option(cost_model)
         if fmt not in FORMATS:
             raise FlintError(f"unknown --format {fmt!r}; use {' | '.join(FORMATS)}")
         check_prefix(prefix)
@@ -100,21 +104,22 @@ def export(
         if out is None:
             from flint.exporters.chakra import check_export
 
-            report = check_export(graph, hardware_name, set_)
+            report = check_export(graph, hardware_name, set_, factory)
             return report_out(report, as_json, _render_check)
         if fmt == "chakra":
             remove_stale_partials(out)
         if fmt == "chakra":
             report = _export_chakra(graph, out, hardware_name, set_, prefix, annotate, ranks,
-                                    workers)
+                                    workers, factory)
         else:
-            report = _export_single(graph, fmt, out, hardware_name, set_, prefix)
+            report = _export_single(graph, fmt, out, hardware_name, set_, prefix, factory)
         report_out(report, as_json, _render_export)
 
     run(go)
 
 
-def _export_chakra(graph, out, hardware_name, overrides, prefix, annotate, ranks, workers):
+def _export_chakra(graph, out, hardware_name, overrides, prefix, annotate, ranks, workers,
+                   cost_model=None):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from flint.exporters.chakra import export_chakra
@@ -127,14 +132,14 @@ def _export_chakra(graph, out, hardware_name, overrides, prefix, annotate, ranks
         task = progress.add_task("writing Chakra ETs", total=count)
         stats = export_chakra(graph, out, prefix=prefix, hardware=hardware_name,
                               overrides=overrides, annotate=annotate, ranks=selected,
-                              workers=workers,
+                              workers=workers, cost_model=cost_model,
                               progress=lambda done: progress.update(task, completed=done))
     return {"format": "chakra", "out": str(out), **stats.to_json(),
             "files_written": count, "side_files": [f for f in stats.files
                                                    if not f.endswith(".et")]}
 
 
-def _export_single(graph, fmt, out, hardware_name, overrides, prefix):
+def _export_single(graph, fmt, out, hardware_name, overrides, prefix, cost_model=None):
     out_dir = Path(out)
     if not out_dir.absolute().parent.is_dir():
         raise FlintError(f"output directory {str(out_dir.absolute().parent)!r} does not exist")
@@ -142,7 +147,7 @@ def _export_single(graph, fmt, out, hardware_name, overrides, prefix):
     if fmt == "perfetto":
         from flint.hardware_models.estimate import estimate
 
-        timeline = estimate(graph, hardware_name, overrides).timeline
+        timeline = estimate(graph, hardware_name, overrides, cost_model=cost_model).timeline
     out_dir.mkdir(exist_ok=True)
     if fmt == "json":
         path = out_dir / f"{prefix}.json"

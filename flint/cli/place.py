@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from flint.cli._common import check_output_file, report_out, run
+from flint.cli._common import check_output_file, cost_model_option, report_out, run
 from flint.errors import FlintError
 
 
@@ -21,13 +21,16 @@ def place_command(
     hardware_name: str = typer.Option("h100-sxm", "--hardware", help="spec name or a spec "
                                       "YAML path: node times, link speed, HBM"),
     out: Optional[str] = typer.Option(None, help="write the placed multi-device graph as JSON"),
+    cost_model: Optional[str] = typer.Option(None, "--cost-model", metavar="MODULE:FACTORY",
+                                             help="a third-party cost model: "
+                                             "package.module:factory (see README)"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ):
     """Place a training step's operators on memory-limited devices (Baechi's m-TOPO, m-ETF,
     m-SCT) and predict the placed step's time with the built-in cost model."""
     def go():
         report, placed = place_report(graph_file, algorithm, devices, memory_limit,
-                                      hardware_name, out)
+                                      hardware_name, out, cost_model_option(cost_model))
         if out:
             placed.save(out)
         report_out(report, as_json, render_place, out and f"wrote {out}")
@@ -35,7 +38,8 @@ def place_command(
     run(go)
 
 
-def place_report(graph_file, algorithm, devices, memory_limit, hardware_name, out=None):
+def place_report(graph_file, algorithm, devices, memory_limit, hardware_name, out=None,
+                 cost_model=None):
     """(report dict, placed graph); checks every argument before the work starts."""
     from flint.passes.place import ALGORITHMS
 
@@ -58,8 +62,8 @@ def place_report(graph_file, algorithm, devices, memory_limit, hardware_name, ou
     from flint.passes.place import place, transfers
 
     graph = load_graph(graph_file)
-    result = place(graph, algorithm, devices, limit, hardware_name)
-    predicted = estimate(result.graph, hardware_name)
+    result = place(graph, algorithm, devices, limit, hardware_name, cost_model)
+    predicted = estimate(result.graph, hardware_name, cost_model=cost_model)
     count, nbytes = transfers(result.graph)
     report = {
         "graph": str(graph_file), "algorithm": algorithm, "devices": devices,

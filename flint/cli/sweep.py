@@ -5,7 +5,7 @@ import statistics
 from typing import Optional
 
 import typer
-from flint.cli._common import err, report_out, run
+from flint.cli._common import cost_model_option, err, report_out, run
 from flint.errors import FlintError
 
 EXECUTORS = ("local", "ray")
@@ -65,6 +65,9 @@ def sweep(
                                       "repeat for more; '' is the baseline"),
     budget: Optional[int] = typer.Option(None, help="evaluate a random subset of this size"),
     seed: Optional[int] = typer.Option(None, help="seed for --budget"),
+    cost_model: Optional[str] = typer.Option(None, "--cost-model", metavar="MODULE:FACTORY",
+                                             help="a third-party cost model: "
+                                             "package.module:factory (see README)"),
     executor: str = typer.Option("local", help="local | ray"),
     workers: int = typer.Option(2, help="ray: worker processes"),
     as_json: bool = typer.Option(False, "--json", help="print the Pareto fronts as JSON"),
@@ -83,6 +86,7 @@ def sweep(
         if workers < 1:
             raise FlintError(f"--workers must be at least 1, not {workers}")
         check_output_dir(out)
+        cost_model_option(cost_model)     # a bad --cost-model fails before the work
         flags = {"model": model, "global_batch": global_batch, "budget": budget, "seed": seed,
                  "devices": devices and _ints(devices, "devices"), "tp": tp and _ints(tp, "tp"),
                  "pp": pp and _ints(pp, "pp"),
@@ -111,7 +115,7 @@ def sweep(
                                        f"{'(extracted) ' if kind == 'extract' else ''}"
                                        f"{label}: {what}", highlight=False)
 
-            rows = run_sweep(space, out, executor, workers, on_result)
+            rows = run_sweep(space, out, executor, workers, on_result, cost_model)
         paths = write_outputs(out, rows)
         fronts = pareto_front(rows)
         for kind, values in times.items():

@@ -45,6 +45,9 @@ def validate(
     mesh: Optional[str] = typer.Option(None, help="with --model: mesh"),
     target: str = typer.Option("cpu", help="with --model: compile target"),
     plot: Optional[str] = typer.Option(None, help="write a predicted-vs-measured PNG"),
+    cost_model: Optional[str] = typer.Option(None, "--cost-model", metavar="MODULE:FACTORY",
+                                             help="predict with a third-party cost model: "
+                                             "package.module:factory (see README)"),
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Compare Flint's prediction with a real profiler trace, op by op and per step."""
@@ -54,6 +57,7 @@ def validate(
         from flint.validate.trace_gpu import warn_if_other_gpu
         from flint.validate.workflow import open_input, run_validate
 
+        factory = cost_model_option(cost_model)
         spec = load_spec(hardware, set_)
         if devices is not None:
             from flint.cluster import check_device_count
@@ -64,7 +68,7 @@ def validate(
         g = _graph(graph, model, devices or 8, mesh, target)
         inp = open_input(trace, g, spec.name, module, devices)
         warn_if_other_gpu(inp.trace, spec)
-        v = run_validate(inp, spec, steps, exclude)
+        v = run_validate(inp, spec, steps, exclude, factory, hardware, set_)
         if plot:
             scatter_plot(v, plot)
         report_out(v.to_json(), as_json, lambda _, console: render_validation(v, console))

@@ -42,7 +42,7 @@ def replay_spec(graph: WorkloadGraph) -> dict:
     """The replay recipe of an SPMD graph without loops (run `ExpandLoops` first)."""
     if graph.loops:
         raise FlintError("replay needs a graph without loops: run the expand-loops pass first")
-    if any("device" in n.meta for n in graph.nodes):
+    if any(n.device is not None for n in graph.nodes):
         raise FlintError("replay needs an SPMD graph; this one is placed on several devices "
                          "(pipeline or placement output), which a single program cannot replay")
     if not graph.nodes:
