@@ -66,9 +66,10 @@ def cost_model_name(cost_model) -> str | None:
         return None
     if isinstance(cost_model, str):
         return cost_model
-    obj = cost_model if callable(cost_model) and not hasattr(cost_model, "node_time") \
-        else type(cost_model)
-    return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', repr(obj))}"
+    # a function or class names itself; an instance (a callable object, a built model)
+    # goes by its class
+    obj = cost_model if hasattr(cost_model, "__qualname__") else type(cost_model)
+    return f"{obj.__module__}:{obj.__qualname__}"
 
 
 def resolve_cost_model(cost_model):

@@ -38,12 +38,13 @@ class Spy:
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
-    """`flint sweep --cost-model` over one tiny program (pp 1 and 2, stages split by
-    predicted time), then the same space with the built-in model from the graph cache."""
+    """`flint sweep --cost-model` over one tiny program (2 pipeline stages split by
+    predicted time, 1F1B and GPipe), then the same space with the built-in model, which
+    finds the program in the graph cache."""
     out = tmp_path_factory.mktemp("sweep")
     space = out.parent / "space.yaml"
-    space.write_text("model: tiny\ndevices: [8]\ntp: [2]\npp: [1, 2]\nmicrobatch: [1]\n"
-                     "global_batch: 8\npipeline_split: time\n")
+    space.write_text("model: tiny\ndevices: [8]\ntp: [2]\npp: [2]\nmicrobatch: [1]\n"
+                     "global_batch: 8\npipeline_split: time\nschedule: [1f1b, gpipe]\n")
     third = flint("sweep", str(space), "--out", str(out), "--cost-model", SPEC, "--json")
     assert third.returncode == 0, third.stderr
     builtin = flint("sweep", str(space), "--out", str(out), "--json")
@@ -55,14 +56,14 @@ def swept(tmp_path_factory):
 
 def test_sweep_rows_are_priced_by_the_named_model(swept):
     _, rows, _ = swept
-    mine = {r["pp"]: r for r in rows if r.get("cost_model") == SPEC}
-    ours = {r["pp"]: r for r in rows if "cost_model" not in r}
-    assert sorted(mine) == sorted(ours) == [1, 2]
+    mine = {r["schedule"]: r for r in rows if r.get("cost_model") == SPEC}
+    ours = {r["schedule"]: r for r in rows if "cost_model" not in r}
+    assert sorted(mine) == sorted(ours) == ["1f1b", "gpipe"]
     assert not any(r["extracted"] for r in ours.values())     # the graph cache is shared
-    for pp in (1, 2):
-        assert mine[pp]["status"] == ours[pp]["status"] == "ok"
+    for schedule in mine:
+        assert mine[schedule]["status"] == ours[schedule]["status"] == "ok"
         # a flat ring over 400 Gb/s NICs is slower than NVLink inside one H100 node
-        assert mine[pp]["step_time_s"] > ours[pp]["step_time_s"]
+        assert mine[schedule]["step_time_s"] > ours[schedule]["step_time_s"]
 
 
 def test_every_python_consumer_calls_the_factory(swept, tmp_path):
