@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from functools import cached_property
 from typing import Iterator
 
@@ -32,6 +32,34 @@ class NodeKind(str, Enum):
     COLLECTIVE = "collective"  # all-reduce, all-gather, reduce-scatter, all-to-all, permute
     SEND = "send"
     RECV = "recv"
+
+
+class OpClass(StrEnum):
+    """What kind of work a node does: the vocabulary front ends produce (passes.hlo_cost,
+    passes.aten_cost, the Chakra importer) and the cost model and reports key on. A StrEnum:
+    equal to its string, so saved graphs (whose op_class loads as a plain str) and reports
+    are unchanged."""
+
+    GEMM = "gemm"
+    CONV = "conv"
+    ATTENTION = "attention"
+    ELEMENTWISE = "elementwise"
+    REDUCTION = "reduction"
+    SCATTER = "scatter"
+    SORT = "sort"
+    SELECT_AND_SCATTER = "select-and-scatter"
+    DATA_MOVEMENT = "data_movement"
+    MEMORY = "memory"
+    VIEW = "view"             # torch: metadata only, no time
+    HOST = "host"             # torch: host-side ops
+    COLLECTIVE = "collective"
+    P2P = "p2p"
+    CUSTOM = "custom"         # a custom call Flint has no cost rule for
+    UNKNOWN = "unknown"
+
+
+# The classes that run on tensor cores (matrix units): one set for every consumer.
+TENSOR_CLASSES = (OpClass.GEMM, OpClass.CONV, OpClass.ATTENTION)
 
 
 @dataclass
@@ -62,7 +90,7 @@ class Node:
     name: str
     kind: NodeKind
     op: str                   # HLO opcode (or wrapped opcode for async pairs)
-    op_class: str             # gemm, conv, attention, elementwise, reduction, ...
+    op_class: str             # an OpClass (a plain str once loaded from JSON)
     inputs: list[int] = field(default_factory=list)
     control: list[int] = field(default_factory=list)
     flops: float = 0.0

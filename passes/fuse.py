@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from flint.graph import WorkloadGraph
+from flint.graph import OpClass, WorkloadGraph
 
-FUSIBLE = ("elementwise", "reduction")
+FUSIBLE = (OpClass.ELEMENTWISE, OpClass.REDUCTION)
 
 
 @dataclass(frozen=True)
