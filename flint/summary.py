@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-# No import of flint.graph: WorkloadGraph.summary() and .as_text() call in here, so the
-# graph module stays the one that others depend on (annotations below are strings only).
+# `graph` below is a WorkloadGraph. No import of flint.graph: WorkloadGraph.summary() and
+# .as_text() call in here, so the graph module stays the one that others depend on.
 
 
-def summarize(graph: "WorkloadGraph") -> dict:
+def summarize(graph) -> dict:
     kinds: dict[str, int] = defaultdict(int)
     classes: dict[str, dict] = defaultdict(lambda: {"nodes": 0, "flops": 0.0, "bytes": 0.0})
     phases: dict[str, float] = defaultdict(float)
@@ -71,7 +71,7 @@ def summarize(graph: "WorkloadGraph") -> dict:
     }
 
 
-def graph_text(graph: "WorkloadGraph") -> str:
+def graph_text(graph) -> str:
     lines = [f"# workload graph: {graph.meta.get('module', '')} on {graph.cluster.devices} "
              f"devices, mesh {dict(graph.cluster.mesh)}"]
     for c in graph.communicators:
