@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from functools import cached_property
 from typing import Iterator
 
@@ -34,6 +34,34 @@ class NodeKind(str, Enum):
     RECV = "recv"
 
 
+class OpClass(StrEnum):
+    """What kind of work a node does: the vocabulary front ends produce (passes.hlo_cost,
+    passes.aten_cost, the Chakra importer) and the cost model and reports key on. A StrEnum:
+    equal to its string, so saved graphs (whose op_class loads as a plain str) and reports
+    are unchanged."""
+
+    GEMM = "gemm"
+    CONV = "conv"
+    ATTENTION = "attention"
+    ELEMENTWISE = "elementwise"
+    REDUCTION = "reduction"
+    SCATTER = "scatter"
+    SORT = "sort"
+    SELECT_AND_SCATTER = "select-and-scatter"
+    DATA_MOVEMENT = "data_movement"
+    MEMORY = "memory"
+    VIEW = "view"             # torch: metadata only, no time
+    HOST = "host"             # torch: host-side ops
+    COLLECTIVE = "collective"
+    P2P = "p2p"
+    CUSTOM = "custom"         # a custom call Flint has no cost rule for
+    UNKNOWN = "unknown"
+
+
+# The classes that run on tensor cores (matrix units): one set for every consumer.
+TENSOR_CLASSES = (OpClass.GEMM, OpClass.CONV, OpClass.ATTENTION)
+
+
 @dataclass
 class Collective:
     """What a communication node moves, and with whom."""
@@ -49,6 +77,12 @@ class Collective:
     # work this collective may overlap with.
     window: tuple[int, int] | None = None
 
+    @property
+    def size_bytes(self) -> int:
+        """The collective's size as nccl-tests reports it (its "size" column): the gathered
+        output buffer for all-gather, the input buffer for every other collective."""
+        return self.bytes_out if self.type == "all-gather" else self.bytes_in
+
 
 @dataclass
 class Node:
@@ -56,7 +90,7 @@ class Node:
     name: str
     kind: NodeKind
     op: str                   # HLO opcode (or wrapped opcode for async pairs)
-    op_class: str             # gemm, conv, attention, elementwise, reduction, ...
+    op_class: str             # an OpClass (a plain str once loaded from JSON)
     inputs: list[int] = field(default_factory=list)
     control: list[int] = field(default_factory=list)
     flops: float = 0.0
@@ -68,6 +102,19 @@ class Node:
     repeat: int = 1           # executions per step (product of enclosing loop trip counts)
     collective: Collective | None = None
     meta: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> int | None:
+        """The device (pipeline stage or placed device) this node runs on in an MPMD graph
+        (passes.pipeline, passes.place: stored as meta["device"]); None in an SPMD graph,
+        where every device runs every node."""
+        device = self.meta.get("device")
+        return None if device is None else int(device)
+
+    @property
+    def device_or_0(self) -> int:
+        """`device`, with an SPMD node on device 0 (what per-device accounting wants)."""
+        return self.device or 0
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -284,3 +331,8 @@ class WorkloadGraph:
 def dumps_json(obj) -> str:
     """Deterministic JSON: sorted keys, compact separators, trailing newline."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n"
+
+
+def collective_size_bytes(node: Node) -> int:
+    """A node's collective size (Collective.size_bytes); 0 for a node that moves nothing."""
+    return node.collective.size_bytes if node.collective is not None else 0

@@ -4,25 +4,14 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from flint.hardware_models.units import fmt_bytes, fmt_seconds  # noqa: F401 (re-exported)
+
 
 def fmt_flops(x: float) -> str:
     for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
         if abs(x) >= scale:
             return f"{x / scale:.2f} {unit}"
     return f"{x:.0f} FLOP"
-
-
-def fmt_bytes(x: float) -> str:
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(x) >= scale:
-            return f"{x / scale:.2f} {unit}"
-    return f"{x:.0f} B"
-
-
-def fmt_seconds(x: float) -> str:
-    if x < 1e-3:
-        return f"{x * 1e6:.1f} us"
-    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s"
 
 
 def render_summary(s: dict, console: Console, timings: dict | None = None,

@@ -8,17 +8,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from flint.graph import Node, WorkloadGraph
+# `graph` below is a WorkloadGraph. No import of flint.graph: WorkloadGraph.summary() and
+# .as_text() call in here, so the graph module stays the one that others depend on.
 
 
-def collective_size_bytes(node: Node) -> int:
-    c = node.collective
-    if c is None:
-        return 0
-    return c.bytes_out if c.type == "all-gather" else c.bytes_in
-
-
-def summarize(graph: WorkloadGraph) -> dict:
+def summarize(graph) -> dict:
     kinds: dict[str, int] = defaultdict(int)
     classes: dict[str, dict] = defaultdict(lambda: {"nodes": 0, "flops": 0.0, "bytes": 0.0})
     phases: dict[str, float] = defaultdict(float)
@@ -44,7 +38,7 @@ def summarize(graph: WorkloadGraph) -> dict:
         layer["flops"] += n.flops * r
         layer["bytes"] += (n.bytes_read + n.bytes_written) * r
         if n.collective is not None:
-            size = collective_size_bytes(n) * r
+            size = n.collective.size_bytes * r
             layer["collective_bytes"] += size
             coll_type[n.collective.type]["count"] += r
             coll_type[n.collective.type]["bytes"] += size
@@ -77,7 +71,7 @@ def summarize(graph: WorkloadGraph) -> dict:
     }
 
 
-def graph_text(graph: WorkloadGraph) -> str:
+def graph_text(graph) -> str:
     lines = [f"# workload graph: {graph.meta.get('module', '')} on {graph.cluster.devices} "
              f"devices, mesh {dict(graph.cluster.mesh)}"]
     for c in graph.communicators:
@@ -86,7 +80,7 @@ def graph_text(graph: WorkloadGraph) -> str:
     for n in graph.nodes:
         extra = ""
         if n.collective is not None:
-            extra = (f" comm{n.collective.communicator} {collective_size_bytes(n)} B"
+            extra = (f" comm{n.collective.communicator} {n.collective.size_bytes} B"
                      f"{' async' if n.collective.is_async else ''}")
         rep = f" x{n.repeat}" if n.repeat != 1 else ""
         lines.append(f"%{n.id} {n.name} = {n.kind.value}:{n.op}[{n.op_class}]"

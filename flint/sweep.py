@@ -19,6 +19,7 @@ from typing import Callable
 
 from flint.errors import FlintError
 from flint.graph import WorkloadGraph
+from flint.hardware_models.pluggable import cost_model_name, resolve_cost_model
 from flint.sweep_space import Config, SearchSpace
 
 RESULTS = "results.jsonl"
@@ -27,20 +28,16 @@ RESULTS = "results.jsonl"
 def extract_program(program: dict) -> WorkloadGraph:
     """Compile one zoo program for its compile-only devices and lower it (as `flint
     extract` does)."""
-    from flint.cli_targets import captured_step
-    from flint.frontends.targets import prepare_environment
+    from flint.frontends.request import ExtractRequest, extract
 
-    prepare_environment()
-    mesh = ",".join(f"{n}={s}" for n, s in program["mesh"])
-    devices = program["devices"]
-    step, args, label, info = captured_step(
-        None, devices, mesh, program["hardware"], program["model"], program["scan"],
-        program["layers"] or None, program["seq_len"] or None, program["batch_per_replica"],
-        program["remat"], program["sequence_parallel"], None, "example_args",
+    request = ExtractRequest(
+        devices=program["devices"], mesh=",".join(f"{n}={s}" for n, s in program["mesh"]),
+        hardware=program["hardware"], model=program["model"], scan=program["scan"],
+        layers=program["layers"] or None, seq_len=program["seq_len"] or None,
+        batch_per_replica=program["batch_per_replica"], remat=program["remat"],
+        sequence_parallel=program["sequence_parallel"],
         gemm_precision=program.get("gemm_precision"))
-    graph = step.lower(*args).compile().workload()
-    graph.meta["model"] = label
-    graph.meta["model_flops_per_device"] = info["model_flops"] / devices
+    graph, _ = extract(request)
     return graph
 
 
@@ -51,6 +48,8 @@ class Evaluator:
 
     directory: Path
     extract: Callable[[dict], WorkloadGraph] = extract_program
+    # a third-party cost model (a factory, hardware_models.pluggable); None: the built-in
+    cost_model: Callable | None = None
     graphs: dict = field(default_factory=dict)
     pipelined: dict = field(default_factory=dict)
 
@@ -80,7 +79,8 @@ class Evaluator:
         if shape not in self.pipelined:
             piped = graph if cfg.pp == 1 and cfg.microbatches == 1 else PipelineParallel(
                 stages=cfg.pp, microbatches=cfg.microbatches, schedule=cfg.schedule,
-                virtual=cfg.virtual, split=cfg.pipeline_split, hardware=shape[-1]).run(graph)
+                virtual=cfg.virtual, split=cfg.pipeline_split, hardware=shape[-1],
+                cost_model=self.cost_model).run(graph)
             self.pipelined[shape] = (piped, estimate_memory(piped))
         return self.pipelined[shape]
 
@@ -89,11 +89,14 @@ class Evaluator:
 
         t0 = time.perf_counter()
         row = {"key": cfg.key(), "program": cfg.program_key(), **cfg.to_json()}
+        if self.cost_model is not None:
+            row["cost_model"] = cost_model_name(self.cost_model)
         try:
             graph, extracted = self.graph(cfg)
             t1 = time.perf_counter()
             piped, memory = self.pipeline(cfg, graph)
-            e = estimate(piped, cfg.hardware, cfg.overrides(), memory=memory)
+            e = estimate(piped, cfg.hardware, cfg.overrides(), memory=memory,
+                         cost_model=self.cost_model)
         except FlintError as err:
             return {**row, "status": "invalid", "error": str(err),
                     "time_s": time.perf_counter() - t0, "extracted": False}
@@ -124,14 +127,16 @@ def group_by_program(configs: list[Config]) -> list[list[Config]]:
     return list(groups.values())
 
 
-def evaluate_group(directory: str, configs: list[Config]) -> list[dict]:
-    """Evaluate one program's configurations (a unit of work for any executor)."""
-    ev = Evaluator(Path(directory))
+def evaluate_group(directory: str, configs: list[Config], cost_model=None) -> list[dict]:
+    """Evaluate one program's configurations (a unit of work for any executor).
+    `cost_model`: a factory, or its `module:factory` name (what crosses to Ray workers)."""
+    ev = Evaluator(Path(directory), cost_model=resolve_cost_model(cost_model))
     return [ev.evaluate(c) for c in configs]
 
 
-def load_results(directory) -> dict[str, dict]:
-    """Finished rows by config key; a torn last line (a killed sweep) is ignored."""
+def load_results(directory, cost_model: str | None = None) -> dict[str, dict]:
+    """Finished rows by config key; a torn last line (a killed sweep) is ignored, and so
+    are rows another cost model (by name; None: the built-in) priced."""
     path = Path(directory) / RESULTS
     rows: dict[str, dict] = {}
     if not path.is_file():
@@ -141,7 +146,7 @@ def load_results(directory) -> dict[str, dict]:
             row = json.loads(line)
         except ValueError:
             continue
-        if isinstance(row, dict) and "key" in row:
+        if isinstance(row, dict) and "key" in row and row.get("cost_model") == cost_model:
             rows[row["key"]] = row
     return rows
 
@@ -158,15 +163,19 @@ def append_result(directory, row: dict) -> None:
 
 
 def run_sweep(space: SearchSpace, directory, executor: str = "local", workers: int = 2,
-              on_result: Callable[[dict, int, int], None] | None = None) -> list[dict]:
+              on_result: Callable[[dict, int, int], None] | None = None,
+              cost_model=None) -> list[dict]:
     """Run every configuration not already in `directory`'s results; returns all rows of
-    this space (old and new), in the space's order."""
+    this space (old and new), in the space's order. `cost_model`: a factory or its
+    `module:factory` name (hardware_models.pluggable); None: the built-in model."""
+    factory = resolve_cost_model(cost_model)
+    name = cost_model_name(cost_model)
     configs, _ = space.expand()
     directory = Path(directory)
     if not directory.parent.is_dir():
         raise FlintError(f"output directory {str(directory.parent)!r} does not exist")
     directory.mkdir(exist_ok=True)
-    done = load_results(directory)
+    done = load_results(directory, name)
     todo = [c for c in configs if c.key() not in done]
     total, count = len(configs), len(configs) - len(todo)
 
@@ -180,14 +189,15 @@ def run_sweep(space: SearchSpace, directory, executor: str = "local", workers: i
 
     groups = group_by_program(todo)
     if executor == "local":
-        ev = Evaluator(directory)
+        ev = Evaluator(directory, cost_model=factory)
         for group in groups:
             for cfg in group:
                 record(ev.evaluate(cfg))
     elif executor == "ray":
         from flint.sweep_ray import run_groups
 
-        run_groups(str(directory), groups, workers, record)
+        run_groups(str(directory), groups, workers, record, evaluate_group,
+                   name if isinstance(cost_model, str) else factory)
     else:
         raise FlintError(f"unknown executor {executor!r}; use local or ray")
     return [done[c.key()] for c in configs]

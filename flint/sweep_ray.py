@@ -10,7 +10,11 @@ from __future__ import annotations
 import os
 
 
-def run_groups(directory: str, groups, workers: int, record) -> None:
+def run_groups(directory: str, groups, workers: int, record, evaluate_group,
+               cost_model=None) -> None:
+    """`evaluate_group(directory, configs, cost_model) -> rows` runs in one Ray task per
+    group (the caller passes flint.sweep.evaluate_group: this module does not import the
+    sweep); `cost_model` goes to every task as given (a `module:factory` name travels best)."""
     try:
         import ray
     except ImportError:
@@ -24,10 +28,8 @@ def run_groups(directory: str, groups, workers: int, record) -> None:
         else:
             ray.init(num_cpus=max(workers, 1), include_dashboard=False, log_to_driver=False)
     try:
-        from flint.sweep import evaluate_group
-
         task = ray.remote(num_cpus=1)(evaluate_group)
-        pending = [task.remote(directory, group) for group in groups]
+        pending = [task.remote(directory, group, cost_model) for group in groups]
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             for rows in ray.get(ready):

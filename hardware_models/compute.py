@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flint.graph import Node
+from flint.graph import TENSOR_CLASSES, Node, OpClass
 from flint.hardware_models import kernels
 from flint.hardware_models.spec import HardwareSpec
 
-TENSOR_CLASSES = ("gemm", "conv", "attention")
 TRANSCENDENTAL_FLOPS = 4.0   # SFU ops: ~4 FMA slots each (a quarter-rate unit per SM quad)
 
 
@@ -54,7 +53,7 @@ class RooflineCompute:
     def compute_time(self, node: Node) -> float:
         if node.op_class in TENSOR_CLASSES and node.flops:
             peak = self.spec.peak(tensor_dtype(node, self.spec.kind))
-            if node.op_class == "attention":
+            if node.op_class == OpClass.ATTENTION:
                 attn = node.meta.get("attention") if isinstance(node.meta.get("attention"),
                                                                 dict) else None
                 native = not (attn and attn.get("impl") == "flash2")

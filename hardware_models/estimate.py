@@ -5,8 +5,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from flint.graph import WorkloadGraph
-from flint.hardware_models.cost_model import CostModel, default_cost_model
+from flint.hardware_models.cost_model import CostModel
 from flint.hardware_models.memory import MemoryEstimate, estimate_memory
+from flint.hardware_models.pluggable import CostModelFactory, cost_model_for
 from flint.hardware_models.schedule import Timeline, simulate
 from flint.passes.expand_loops import ExpandLoops
 
@@ -105,9 +106,12 @@ def _pipelined_idle(graph: WorkloadGraph, tl: Timeline, durations: list[float],
 
 
 def node_durations(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
-                   cost_model: CostModel | None = None, algorithm: str = "auto"):
-    """(loop-free graph, seconds per node of it, the cost model that priced them)."""
-    model = cost_model or default_cost_model(graph, hardware, overrides, algorithm)
+                   cost_model: CostModel | CostModelFactory | None = None,
+                   algorithm: str = "auto"):
+    """(loop-free graph, seconds per node of it, the cost model that priced them).
+    `cost_model`: a CostModel for `graph`, a factory (hardware_models.pluggable) or None
+    for the built-in one."""
+    model = cost_model_for(graph, hardware, overrides, cost_model, algorithm)
     flat = ExpandLoops().run(graph)
     # Pipeline copies of one node (meta "template") cost the same: price each once.
     by_template: dict[int, float] = {}
@@ -136,7 +140,7 @@ def durations_as_run(flat: WorkloadGraph, durations: list[float], model) -> list
 
 
 def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
-             cost_model: CostModel | None = None, algorithm: str = "auto",
+             cost_model: CostModel | CostModelFactory | None = None, algorithm: str = "auto",
              memory: MemoryEstimate | None = None) -> Estimate:
     """Predict one step. `memory`: the graph's `estimate_memory` when already known (it
     depends on the graph only, so hardware what-ifs of one graph can share it)."""

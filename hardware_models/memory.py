@@ -103,7 +103,7 @@ def _peak_live(graph: WorkloadGraph) -> dict[int, tuple[float, int]]:
         frees[last[i]].append(i)
     leaves = [_leaf_bytes(node.outputs) for node in graph.nodes]
     held = [float(sum(x)) for x in leaves]          # bytes each node still owns
-    device = [int(node.meta.get("device", 0)) for node in graph.nodes]
+    device = [node.device_or_0 for node in graph.nodes]
     live: dict[int, float] = {}
     peaks: dict[int, tuple[float, int]] = {0: (0.0, -1)}
     for i, node in enumerate(graph.nodes):

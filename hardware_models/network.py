@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from dataclasses import field
 
 from flint.cluster import Cluster
-from flint.graph import Communicator, Node
+from flint.graph import Communicator, Node, collective_size_bytes
 from flint.hardware_models import nccl
 from flint.hardware_models.spec import HardwareSpec
 from flint.hardware_models.topology import Placement, Topology, place, topology_for
-from flint.summary import collective_size_bytes
 
 ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "pat", "direct")
 PROTOCOLS = ("auto",) + nccl.PROTOCOLS

@@ -198,7 +198,6 @@ def apply_overrides(spec: HardwareSpec, overrides) -> HardwareSpec:
                                  f"{', '.join(SCALE_UP_LINKS)}")
             changes[key] = value
         elif key == "torus":
-            from flint.hardware_models.topology import parse_torus_shape
             changes["torus_slice"] = "x".join(map(str, parse_torus_shape(value)))
         else:
             from flint.schema import did_you_mean
@@ -212,3 +211,14 @@ def apply_overrides(spec: HardwareSpec, overrides) -> HardwareSpec:
     for key in list(changes) + [f"peak_{d}" for d in peaks if peaks[d] != spec.peak_flops.get(d)]:
         sources[key] = "what-if override"
     return replace(spec, peak_flops=peaks, sources=sources, **changes)
+
+
+def parse_torus_shape(text: str) -> tuple[int, ...]:
+    """A torus shape like 4x4x8 (a spec's `torus`, `torus_slice` and `--set torus`)."""
+    try:
+        dims = tuple(int(x) for x in str(text).lower().split("x"))
+    except ValueError:
+        raise FlintError(f"torus shape {text!r} is not like 4x4x8") from None
+    if not dims or min(dims) < 1:
+        raise FlintError(f"torus shape {text!r} is not like 4x4x8")
+    return dims

@@ -25,7 +25,7 @@ import numpy as np
 
 from flint.errors import FlintError
 from flint.graph import Communicator
-from flint.hardware_models.spec import HardwareSpec
+from flint.hardware_models.spec import HardwareSpec, parse_torus_shape
 
 
 @dataclass(frozen=True)
@@ -96,16 +96,6 @@ def _torus_topology(spec: HardwareSpec, devices: int) -> Topology:
                   for i, d in enumerate(shape))
     return Topology(devices, spec.devices_per_node, chips, 0, spec.oversubscription,
                     shape, wraps)
-
-
-def parse_torus_shape(text: str) -> tuple[int, ...]:
-    try:
-        dims = tuple(int(x) for x in str(text).lower().split("x"))
-    except ValueError:
-        raise FlintError(f"torus shape {text!r} is not like 4x4x8") from None
-    if not dims or min(dims) < 1:
-        raise FlintError(f"torus shape {text!r} is not like 4x4x8")
-    return dims
 
 
 def _slice_shape(devices: int, biggest: tuple[int, ...], name: str) -> tuple[int, ...]:

@@ -80,3 +80,16 @@ def _example(kind: str) -> str:
     return {"flops": "'989 TFLOP/s'", "bandwidth": "'3.35 TB/s' or '400 Gb/s'",
             "bytes": "'80 GB' or '80 GiB'", "time": "'2 us'", "frequency": "'1.98 GHz'",
             "count": "'8 devices'", "ratio": "'0.75'"}[kind]
+
+
+def fmt_bytes(x: float) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.0f} B"
+
+
+def fmt_seconds(x: float) -> str:
+    if x < 1e-3:
+        return f"{x * 1e6:.1f} us"
+    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s"

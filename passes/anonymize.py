@@ -53,6 +53,7 @@ import random
 import re
 from collections import Counter
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from flint.errors import FlintError
 from flint.graph import Collective, Loop, Node, WorkloadGraph
@@ -102,7 +103,7 @@ class Anonymize:
 
     perturb: float = 0.0
     seed: int = 0
-    name: str = "anonymize"
+    name: ClassVar[str] = "anonymize"
 
     def __post_init__(self):
         if not 0.0 <= self.perturb < 0.5:   # also rejects NaN

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
-from flint.graph import NodeKind, WorkloadGraph
+from flint.graph import NodeKind, OpClass, WorkloadGraph
 
 MARKER = re.compile(r"flashattn_(fwd|bwd)_b(\d+)_h(\d+)_kv(\d+)_sq(\d+)_skv(\d+)_d(\d+)_"
                     r"(causal|full)")
@@ -56,7 +57,7 @@ class CollapseAttention:
     control edges are remapped; nodes outside attention scopes keep their relative order
     except that consumers of a call may move after it (and its late inputs before it)."""
 
-    name: str = "collapse-attention"
+    name: ClassVar[str] = "collapse-attention"
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
         groups: dict[tuple, list[int]] = {}
@@ -249,7 +250,7 @@ def _attention_node(graph: WorkloadGraph, key: tuple, ids: list[int]):
     shape_kv = f"bf16[{b},{skv},{kv},{d}]"
     operands = [shape_q, shape_kv, shape_kv] + ([shape_q, shape_q] if backward else [])
     outputs = [shape_q, shape_kv, shape_kv] if backward else [shape_q, f"f32[{b},{h},{sq}]"]
-    return replace(last, kind=NodeKind.COMPUTE, op=FUSED_ATTENTION_OP, op_class="attention",
+    return replace(last, kind=NodeKind.COMPUTE, op=FUSED_ATTENTION_OP, op_class=OpClass.ATTENTION,
                    flops=flops, transcendentals=0.0, bytes_read=float(read),
                    bytes_written=float(written), operands=operands, outputs=outputs,
                    meta=meta)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from flint.graph import Loop, Node, WorkloadGraph
 
@@ -19,7 +20,7 @@ class ExpandLoops:
     dependencies stay acyclic and point backwards. `max_nodes` guards against blow-up."""
 
     max_nodes: int = 2_000_000
-    name: str = "expand-loops"
+    name: ClassVar[str] = "expand-loops"
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
         if not graph.loops:

@@ -11,10 +11,11 @@ of the same phase. GEMMs, attention, convolutions, copies and collectives are ne
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
-from flint.graph import WorkloadGraph
+from flint.graph import OpClass, WorkloadGraph
 
-FUSIBLE = ("elementwise", "reduction")
+FUSIBLE = (OpClass.ELEMENTWISE, OpClass.REDUCTION)
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class FusePointwise:
     acyclic and point backwards; collectives and their windows are kept (windows remapped
     to the fused ids); meta["fused_from"] counts the ops in each fused node."""
 
-    name: str = "fuse-pointwise"
+    name: ClassVar[str] = "fuse-pointwise"
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
         if graph.loops:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from flint.graph import OpClass
 from flint.hlo.module import HloComputation, HloInstruction, HloModule
 from flint.hlo.shapes import Shape
 from flint.passes.conv_flops import conv_flops_of
@@ -62,7 +63,7 @@ class Cost:
     transcendentals: float = 0.0
     bytes_read: float = 0.0
     bytes_written: float = 0.0
-    op_class: str = "elementwise"
+    op_class: str = OpClass.ELEMENTWISE
     unknown: bool = False
 
 
@@ -164,11 +165,11 @@ class CostRules:
             flops += f * scale
             trans += t * scale
             classes.add(_leaf_class(ins))
-        for cls in ("gemm", "conv", "attention", "reduction"):
+        for cls in (OpClass.GEMM, OpClass.CONV, OpClass.ATTENTION, OpClass.REDUCTION):
             if cls in classes:
                 break
         else:
-            cls = "elementwise" if (flops or trans) else "data_movement"
+            cls = OpClass.ELEMENTWISE if (flops or trans) else OpClass.DATA_MOVEMENT
         self._comp_flops[name] = (flops, trans, cls)
         return self._comp_flops[name]
 
@@ -214,29 +215,29 @@ def attention_flops(ins: HloInstruction, comp: HloComputation) -> float:
 def _leaf_class(ins: HloInstruction) -> str:
     op = ins.opcode
     if op == "dot":
-        return "gemm"
+        return OpClass.GEMM
     if op == "convolution":
-        return "conv"
+        return OpClass.CONV
     if op in ("reduce", "reduce-window"):
-        return "reduction"
+        return OpClass.REDUCTION
     if op == "custom-call":
         target = (ins.attr("custom_call_target") or "").strip('"')
         if target.startswith(GEMM_TARGETS):
-            return "gemm"
+            return OpClass.GEMM
         if target.startswith(ATTENTION_TARGETS):
-            return "attention"
+            return OpClass.ATTENTION
         if target.startswith(CONV_TARGETS):
-            return "conv"
-        return "custom"
+            return OpClass.CONV
+        return OpClass.CUSTOM
     if op in DATA_MOVEMENT or op in ALIASES:
-        return "data_movement"
+        return OpClass.DATA_MOVEMENT
     if base_opcode(op) in COLLECTIVES:
-        return "collective"
+        return OpClass.COLLECTIVE
     if op in ("scatter", "sort", "select-and-scatter"):
-        return op
+        return OpClass(op)
     if not is_known(op):
-        return "unknown"
-    return "elementwise"
+        return OpClass.UNKNOWN
+    return OpClass.ELEMENTWISE
 
 
 def _first_leaf(shape: Shape) -> Shape:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
 from flint.errors import FlintError
 from flint.graph import Node, NodeKind, WorkloadGraph
@@ -45,7 +46,7 @@ class LayerTemplate:
 
     layers: int = 0             # the whole model's layer count (0: the template's own)
     hardware: str = ""
-    name: str = "layer-template"
+    name: ClassVar[str] = "layer-template"
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
         from flint.hardware_models.estimate import node_durations

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from flint.cluster import Cluster
 from flint.errors import FlintError
-from flint.graph import Loop, Node, NodeKind, WorkloadGraph
+from flint.graph import Loop, Node, NodeKind, OpClass, WorkloadGraph
 from flint.hlo.module import HloComputation, HloInstruction, HloModule
 from flint.hlo.shapes import Shape
 from flint.passes.hlo_cost import COLLECTIVES, NO_WORK_TARGETS, CostRules, is_known
@@ -36,22 +36,6 @@ class _Carried:
     loop: int
     index: int
     init: tuple
-
-
-@dataclass(frozen=True)
-class LowerHlo:
-    """HloModule -> WorkloadGraph for the given cluster.
-
-    Contract: node ids follow the entry computation's schedule (loop bodies inlined at the
-    loop); flops follow HloCostAnalysis; replica groups become deduplicated communicators
-    whose mesh axes are read against `cluster.mesh`.
-    """
-
-    cluster: Cluster
-    name: str = "lower-hlo"
-
-    def run(self, module: HloModule) -> WorkloadGraph:
-        return lower_hlo(module, self.cluster)
 
 
 def lower_hlo(module: HloModule, cluster: Cluster) -> WorkloadGraph:
@@ -238,7 +222,7 @@ class _Lowering:
             meta["unknown"] = True
         if opcode == "custom-call":
             meta["target"] = (ins.attr("custom_call_target") or "").strip('"')
-            if op_class == "custom":
+            if op_class == OpClass.CUSTOM:
                 self.unknown[f"custom-call:{meta['target']}"] += 1
                 meta["unknown"] = True
         if opcode == "fusion":
@@ -256,14 +240,14 @@ class _Lowering:
         if self.loop_stack:
             meta["loop"] = self.loop_stack[-1]
         collective = None
-        kind = NodeKind.MEMORY if op_class == "data_movement" else NodeKind.COMPUTE
+        kind = NodeKind.MEMORY if op_class == OpClass.DATA_MOVEMENT else NodeKind.COMPUTE
         if opcode in COLLECTIVES or opcode in P2P:
             collective = self.collectives.of(ins, comp, opcode)
             kind = P2P.get(opcode, NodeKind.COLLECTIVE)
-            op_class = "collective" if opcode in COLLECTIVES else "p2p"
+            op_class = OpClass.COLLECTIVE if opcode in COLLECTIVES else OpClass.P2P
         elif opcode == "fusion" and (inner := fused_collective(self.module, ins)) is not None:
             collective = self.collectives.fused(ins, inner)
-            kind, op_class = NodeKind.COLLECTIVE, "collective"
+            kind, op_class = NodeKind.COLLECTIVE, OpClass.COLLECTIVE
             meta["fused_collective"] = inner[1].name
         node = Node(
             id=node_id, name=at.name, kind=kind, op=opcode, op_class=op_class,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import ClassVar
 
 from flint.cluster import Cluster
 from flint.errors import FlintError
@@ -42,7 +43,10 @@ class PipelineParallel:
     split: str = "layers"
     hardware: str = ""          # for split=time: whose predicted times balance the stages
     max_nodes: int = 3_000_000
-    name: str = "pipeline"
+    name: ClassVar[str] = "pipeline"
+    # for split=time: a cost model (factory or CostModel, hardware_models.pluggable)
+    # instead of the built-in one for `hardware`
+    cost_model: object = None
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
         if self.schedule not in SCHEDULES:
@@ -54,9 +58,9 @@ class PipelineParallel:
         chunks = self.stages * self.virtual
         durations = None
         if self.split == "time":
-            from flint.hardware_models.cost_model import default_cost_model
+            from flint.hardware_models.pluggable import cost_model_for
 
-            model = default_cost_model(flat, self.hardware or None)
+            model = cost_model_for(flat, self.hardware or None, (), self.cost_model)
             durations = [model.node_time(n, flat) for n in flat.nodes]
         chunk = assign_chunks(flat, tasks, chunks, self.split, durations)
         per_mb = sum(t in "FB" for t in tasks)

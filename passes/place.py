@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from flint.errors import FlintError
 from flint.graph import NodeKind, WorkloadGraph
@@ -62,13 +63,16 @@ class Place:
 
     algorithm: str = "m-sct"
     devices: int = 8
-    memory_limit: float = 0.0
+    memory_limit: float = field(default=0.0, metadata={"unit": "bytes"})
     hardware: str = "h100-sxm"
-    name: str = "place"
+    name: ClassVar[str] = "place"
+    # node times, link speed and HBM from this cost model (a factory or a CostModel,
+    # hardware_models.pluggable) instead of the built-in one for `hardware`
+    cost_model: object = None
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
         return place(graph, self.algorithm, self.devices, self.memory_limit,
-                     self.hardware).graph
+                     self.hardware, self.cost_model).graph
 
 
 @dataclass
@@ -81,7 +85,7 @@ class Placement:
 
 
 def place(graph: WorkloadGraph, algorithm: str = "m-sct", devices: int = 8,
-          memory_limit: float = 0.0, hardware: str = "h100-sxm") -> Placement:
+          memory_limit: float = 0.0, hardware: str = "h100-sxm", cost_model=None) -> Placement:
     """Place `graph` with a Baechi algorithm. The placement time covers the algorithm with
     its co-placement and memory bookkeeping, not the cost model pricing the nodes."""
     from flint.hardware_models.estimate import node_durations
@@ -94,7 +98,7 @@ def place(graph: WorkloadGraph, algorithm: str = "m-sct", devices: int = 8,
         raise FlintError(f"placement needs at least 1 device, not {devices}")
     if memory_limit < 0:
         raise FlintError(f"memory limit {memory_limit} bytes is negative")
-    flat, durations, model = node_durations(graph, hardware or None)
+    flat, durations, model = node_durations(graph, hardware or None, cost_model=cost_model)
     limit = float(memory_limit or model.spec.hbm_capacity)
     comm = link_time(model.spec)
     start = time.perf_counter()

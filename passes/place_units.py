@@ -152,7 +152,7 @@ class Problem:
                 total[b + 1] -= s
         whole = (sum(self.unit_args) + self.resident * self.devices
                  + float(np.cumsum(total).max(initial=0.0))) / self.devices
-        from flint.render import fmt_bytes
+        from flint.hardware_models.units import fmt_bytes
 
         if self.resident + worst > self.limit:
             label = self.graph.nodes[self.units[worst_unit][0]].meta.get("layer") or \
@@ -168,7 +168,7 @@ class Problem:
         self.even_share = whole
 
     def infeasible(self, node: int, extra: str = "") -> FlintError:
-        from flint.render import fmt_bytes
+        from flint.hardware_models.units import fmt_bytes
 
         n = self.graph.nodes[node]
         return FlintError(f"{self.algorithm}: memory limit {fmt_bytes(self.limit)} per device is "

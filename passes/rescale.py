@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, replace
+from typing import ClassVar
 from fractions import Fraction
 
 from flint.cluster import parse_mesh
@@ -69,10 +70,10 @@ class Rescale:
     devices: int = 0
     mesh: str = ""
     axis: str = ""
-    name: str = "rescale"
+    name: ClassVar[str] = "rescale"
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
-        if any("device" in n.meta for n in graph.nodes) or graph.meta.get("mpmd_devices"):
+        if any(n.device is not None for n in graph.nodes) or graph.meta.get("mpmd_devices"):
             raise FlintError("cannot rescale an MPMD graph (pipeline stages on separate "
                              "devices); rescale the SPMD graph before the pipeline pass")
         old = graph.cluster.mesh

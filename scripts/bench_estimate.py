@@ -14,13 +14,11 @@ def main() -> None:
     p.add_argument("--model", default="llama3-8b")
     p.add_argument("--hardware", default="h100-sxm")
     a = p.parse_args()
-    from flint.cli_targets import captured_step
+    from flint.frontends import ExtractRequest, extract
     from flint.hardware_models.estimate import estimate
 
     t0 = time.perf_counter()
-    step, args, _, _ = captured_step(None, a.devices, None, a.hardware, a.model, True, None, None,
-                                  1, None, False, None, "example_args")
-    graph = step.lower(*args).compile().workload()
+    graph, _ = extract(ExtractRequest(devices=a.devices, hardware=a.hardware, model=a.model))
     extract_s = time.perf_counter() - t0
     runs = []
     for _ in range(3):

@@ -18,7 +18,7 @@ import time
 
 
 def worker(mode: str, model: str, devices: int, hardware: str, scan: bool) -> dict:
-    from flint.cli_targets import default_zoo_mesh
+    from flint.frontends.steps import default_zoo_mesh
     from flint.cluster import parse_mesh
     from flint.frontends.jax import capture
     from flint.models.train import build

@@ -22,7 +22,7 @@ from rich.table import Table  # noqa: E402
 
 from flint.frontends.jax import capture  # noqa: E402
 from flint.models.train import build  # noqa: E402
-from flint.summary import collective_size_bytes  # noqa: E402
+from flint.graph import collective_size_bytes  # noqa: E402
 
 
 def compiled(model, mesh, hardware, **kw):

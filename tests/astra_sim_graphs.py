@@ -15,14 +15,12 @@ def main(out: Path) -> None:
     from flint.frontends.targets import prepare_environment
 
     prepare_environment()        # compile-only H100s, as the CLI does
-    from flint.cli_targets import captured_step
+    from flint.frontends import ExtractRequest, extract
 
     for model, layers in ZOO.items():
         for n in SIZES:
-            step, args, label, _ = captured_step(None, n, None, "h100-sxm", model, True,
-                                                 layers, 256, 1, None, False, None, None)
-            graph = step.lower(*args).compile().workload()
-            graph.meta["model"] = label
+            graph, _ = extract(ExtractRequest(devices=n, model=model, layers=layers,
+                                              seq_len=256))
             graph.save(out / f"{model}.{n}.json")
     import flint.torch as ft
 

@@ -8,7 +8,8 @@ import pytest
 from flint.cluster import Cluster
 from flint.errors import FlintError
 from flint.frontends.jax import capture
-from flint.graph import Loop, Node, NodeKind, WorkloadGraph, dumps_json
+from flint.graph import (Loop, Node, NodeKind, WorkloadGraph, collective_size_bytes,
+                         dumps_json)
 from flint.hardware_models.estimate import estimate
 from flint.hardware_models.memory import argument_category
 from flint.hlo.shapes import parse_shape
@@ -17,7 +18,6 @@ from flint.passes import parse_pipeline
 from flint.passes.anonymize import Anonymize
 from flint.passes.pipeline_stages import layer_index
 from flint.passes.place import place
-from flint.summary import collective_size_bytes
 
 from conftest import run_flint
 

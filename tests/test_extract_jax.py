@@ -4,7 +4,7 @@ import pytest
 
 from flint.frontends.jax import capture
 from flint.models.train import build
-from flint.summary import collective_size_bytes
+from flint.graph import collective_size_bytes
 
 
 def compiled_for(model, mesh, hardware, **kw):

@@ -49,10 +49,11 @@ def test_yaml_mapping_and_presets(tmp_path):
 
 
 def _graph(**dims):
-    from flint.cli_targets import captured_step
+    from flint.frontends.request import ExtractRequest
+    from flint.frontends.steps import captured_step
 
-    step, args, _, info = captured_step(None, 1, "fsdp=1", "h100-sxm", "tiny", True, None, None,
-                                        2, "none", False, None, "example_args", dims=dims)
+    step, args, _, info = captured_step(ExtractRequest(
+        devices=1, mesh="fsdp=1", model="tiny", batch_per_replica=2, remat="none", dims=dims))
     return step.lower(*args).compile().workload(), info
 
 

@@ -116,9 +116,9 @@ def test_imported_chakra_graph_replays_from_its_bytes(tiny, tmp_path):
     et_dir = tmp_path / "et"
     r = run_flint("export", str(path), "--format", "chakra", "--out", str(et_dir))
     assert r.returncode == 0, r.stderr
-    from flint.cli_export import load_any_graph
+    from flint.frontends import load_graph
 
-    imported = load_any_graph(str(et_dir))
+    imported = load_graph(str(et_dir))
     spec = replay_spec(prepared(imported))
     assert {op["op"] for op in spec["ops"]} >= {"coll"}
     replay = load_replay(imported)

@@ -14,12 +14,11 @@ from chakra.src.third_party.utils.protolib import encodeMessage
 from conftest import run_flint
 from flint.errors import FlintError
 from flint.frontends.chakra import import_chakra
-from flint.graph import WorkloadGraph
+from flint.graph import WorkloadGraph, collective_size_bytes
 from flint.hardware_models.estimate import estimate
 from flint.hlo.replica_groups import parse_replica_groups
 from flint.passes import parse_pipeline
 from flint.passes.rescale import Rescale
-from flint.summary import collective_size_bytes
 
 # Tiny model, sequence 128 (with 64, the sequence equals vocab / 8 and activations take the
 # shape of embedding shards), default mesh fsdp=N/8,model=8. At 128 and 256 devices XLA

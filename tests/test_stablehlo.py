@@ -14,7 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from flint.errors import FlintError
 from flint.frontends.jax import extract
 from flint.frontends.stablehlo import load_stablehlo
-from flint.summary import collective_size_bytes
+from flint.graph import collective_size_bytes
 
 BATCH, D, H = 512, 512, 1024           # global shapes of the MLP
 MESH = (("data", 2), ("model", 4))

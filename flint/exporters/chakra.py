@@ -33,6 +33,7 @@ from flint.exporters.chakra_plan import ChakraPlan
 from flint.graph import WorkloadGraph, dumps_json
 from flint.io import current_umask
 from flint.hardware_models.estimate import durations_as_run, node_durations
+from flint.hardware_models.pluggable import cost_model_name
 from flint.hardware_models.schedule import simulate
 
 
@@ -66,7 +67,7 @@ class ExportStats:
 def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
                   hardware: str | None = None, overrides=(), annotate: str = "rank0",
                   ranks: range | None = None, workers: int = 4, progress=None,
-                  check: bool = True) -> ExportStats:
+                  check: bool = True, cost_model=None) -> ExportStats:
     """Write the export into `out_dir` (created if missing). `ranks` limits which rank
     files are written (default all); `progress(n_done)` is called as files complete.
     `check`: first prove that every rank runs to completion under ASTRA-sim's issue rule
@@ -84,9 +85,9 @@ def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
     if annotate not in ("rank0", "all", "none"):
         raise FlintError(f"--annotate must be rank0, all or none, not {annotate!r}")
     t0 = time.perf_counter()
-    flat, durations, model = node_durations(graph, hardware, overrides)
+    flat, durations, model = node_durations(graph, hardware, overrides, cost_model)
     durations = durations_as_run(flat, durations, model)   # ASTRA-sim models no contention
-    inputs = astra_sim.AstraSimInputs.build(model, flat, durations)
+    inputs = astra_sim.AstraSimInputs.build(with_links(model, flat), flat, durations)
     dims = [d["npus"] for d in inputs.dims]
     plain = ChakraPlan(flat, durations, False, dims) if annotate != "all" else None
     full = (ChakraPlan(flat, durations, True, dims)
@@ -127,7 +128,8 @@ def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
                 "overrides": list(overrides), "nodes_per_rank": len(plan.graph.nodes),
                 "annotate": annotate, "chakra_ids": "2i+1",
                 "network_dimensions": inputs.dims, "algorithms": inputs.algorithms,
-                "flint_step_s": flint_step_s(flat, durations)}),
+                "flint_step_s": flint_step_s(flat, durations),
+                **({"cost_model": cost_model_name(cost_model)} if cost_model else {})}),
         }
         for name, text in side.items():
             (tmp / name).write_text(text)
@@ -139,18 +141,34 @@ def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
     return ExportStats(n, len(plan.graph.nodes), total, encode_s, write_s, files)
 
 
-def check_export(graph: WorkloadGraph, hardware: str | None = None, overrides=()) -> dict:
+def check_export(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
+                 cost_model=None) -> dict:
     """What `export_chakra` checks before writing, alone: encode the plan and prove every
     rank finishes under ASTRA-sim's issue rule (a DeadlockError otherwise)."""
     t0 = time.perf_counter()
-    flat, durations, model = node_durations(graph, hardware, overrides)
+    flat, durations, model = node_durations(graph, hardware, overrides, cost_model)
     durations = durations_as_run(flat, durations, model)   # ASTRA-sim models no contention
-    dims = [d["npus"] for d in astra_sim.network_dimensions(model.network)]
+    dims = [d["npus"] for d in astra_sim.network_dimensions(with_links(model, flat).network)]
     plan = ChakraPlan(flat, durations, False, dims)
     check_plan(plan)
     return {"ranks": plan.devices, "pipeline_stages": plan.stages,
             "lanes_simulated": len(plan.lanes), "nodes_per_rank": len(flat.nodes),
             "check_s": time.perf_counter() - t0, "deadlock_free": True}
+
+
+def with_links(model, flat: WorkloadGraph):
+    """`model` when its network half is Flint's NetworkModel; otherwise the built-in model
+    of its spec. ASTRA-sim simulates the collectives itself: its network.yml describes the
+    links of the hardware (NetworkModel's levels), while a third-party network model only
+    prices the collectives, which the export's durations and manifest carry."""
+    from flint.hardware_models.compute import RooflineCompute
+    from flint.hardware_models.cost_model import DefaultCostModel
+    from flint.hardware_models.network import NetworkModel
+
+    if isinstance(getattr(model, "network", None), NetworkModel):
+        return model
+    return DefaultCostModel(model.spec, RooflineCompute(model.spec),
+                            NetworkModel(model.spec, flat.cluster))
 
 
 def _move_into(tmp: Path, out: Path, prefix: str, prune: bool) -> list[str]:

@@ -85,7 +85,7 @@ class ChakraPlan:
         self.per_stage = self.devices // self.stages
         self._canonical_communicators()
         self.header = self._header().SerializeToString()
-        on = [int(n.meta.get("device", 0)) if self.stages > 1 else 0 for n in flat.nodes]
+        on = [n.device_or_0 if self.stages > 1 else 0 for n in flat.nodes]
         if any(not 0 <= s < self.stages for s in on):
             raise FlintError("a node's meta device is outside the graph's pipeline stages")
         sent = {i for n in flat.nodes if n.kind == NodeKind.RECV for i in n.inputs

@@ -173,11 +173,12 @@ class Captured:
         argument an nn.Module or a model factory, the second "adamw" / "sgd" / None / an
         optimizer factory) is traced by Flint's torch front end instead of XLA."""
         if _is_torch_call(args):
-            import flint.torch as ft
+            from flint.frontends.torch_capture import TorchStep, capture as capture_torch
 
-            return ft.extract(args[0], args[2:], world_size=self.cfg.devices,
-                              mesh=self.cfg.mesh, optimizer=args[1], step_fn=self.fn,
-                              parallelize=self.cfg.parallelize, hardware=self.cfg.hardware)
+            step = TorchStep(args[0], tuple(args[2:]), optimizer=args[1],
+                             parallelize=self.cfg.parallelize, step_fn=self.fn)
+            return capture_torch(step, self.cfg.devices, self.cfg.mesh,
+                                 self.cfg.hardware).workload(fuse=True)
         return self.lower(*args).compile().workload()
 
     def _jitted(self, mesh: Mesh):

@@ -10,12 +10,12 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from flint.models.parallelism import Parallelism, ZooWorkload
+
 ZOO = {"mlp": dict(d=1024, f=4096, layers=4)}
 
 
 def build(model: str, mesh, batch_per_replica: int = 8, layers: int | None = None):
-    from flint.models.train import Parallelism, ZooWorkload
-
     cfg = dict(ZOO[model])
     if layers is not None:
         cfg["layers"] = layers

@@ -27,12 +27,12 @@ import math
 
 from flint.cluster import prime_factors
 from flint.errors import FlintError
-from flint.graph import NodeKind, WorkloadGraph
+from flint.graph import TENSOR_CLASSES, NodeKind, OpClass, WorkloadGraph
 from flint.hlo.shapes import DTYPE_BITS, Shape, parse_shape
 
 FORMAT = "flint.replay"
 VERSION = 1
-GEMM_CLASSES = {"gemm", "conv", "attention"}
+GEMM_CLASSES = set(TENSOR_CLASSES)
 DEFAULT_BUFFER_BUDGET = 1 << 30     # bytes per device, when the graph lists no arguments
 COLLECTIVE_TYPES = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all",
                     "collective-permute"}
@@ -42,7 +42,7 @@ def replay_spec(graph: WorkloadGraph) -> dict:
     """The replay recipe of an SPMD graph without loops (run `ExpandLoops` first)."""
     if graph.loops:
         raise FlintError("replay needs a graph without loops: run the expand-loops pass first")
-    if any("device" in n.meta for n in graph.nodes):
+    if any(n.device is not None for n in graph.nodes):
         raise FlintError("replay needs an SPMD graph; this one is placed on several devices "
                          "(pipeline or placement output), which a single program cannot replay")
     if not graph.nodes:
@@ -128,7 +128,7 @@ class _SpecBuilder:
             return {**base, "op": "nop", "in": [], "shapes": []}
         if n.collective is not None:
             return {**base, **self.collective(n, operands)}
-        if n.op_class == "attention" and isinstance(n.meta.get("attention"), dict):
+        if n.op_class == OpClass.ATTENTION and isinstance(n.meta.get("attention"), dict):
             fused = self.attention(n, operands)
             if fused is not None:
                 extra_shape, op = fused

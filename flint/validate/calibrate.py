@@ -22,8 +22,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field, replace
 
+from flint.graph import TENSOR_CLASSES
 from flint.hardware_models import kernels
-from flint.hardware_models.compute import TENSOR_CLASSES, RooflineCompute
+from flint.hardware_models.compute import RooflineCompute
 from flint.hardware_models.cost_model import DefaultCostModel
 from flint.hardware_models.network import DEFAULT_BUS_EFFICIENCY, NetworkModel
 from flint.hardware_models.spec import HardwareSpec

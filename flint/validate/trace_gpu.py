@@ -56,3 +56,12 @@ def gpu_mismatch(trace_gpu: str, trace_memory: float, spec: HardwareSpec) -> str
         return None
     return (f"warning: the trace ran on {traced}, but {wanted}, {reason}: the prediction "
             f"is for the spec's hardware, not the traced one")
+
+
+def warn_if_other_gpu(trace, spec: HardwareSpec) -> None:
+    """One line on stderr when the trace's recorded GPU is not the spec's."""
+    import sys
+
+    line = gpu_mismatch(trace.hardware, trace.hardware_memory_bytes, spec)
+    if line:
+        print(f"{line} ({trace.path})", file=sys.stderr, flush=True)

@@ -63,11 +63,19 @@ def split_steps(trace: MeasuredTrace, fit: str | None, check: str | None):
 
 
 def run_validate(inp: TraceInput, spec: HardwareSpec, steps: str | None = None,
-                 exclude=()) -> Validation:
+                 exclude=(), cost_model=None, hardware: str | None = None,
+                 overrides=()) -> Validation:
+    """`cost_model`: a third-party factory (hardware_models.pluggable), given `hardware`
+    (default: the spec's name) and `overrides`; default: Flint's model of `spec`."""
     if inp.graph is None:
         raise FlintError(f"{inp.trace.path}: no graph to validate against (pass GRAPH)")
-    return validate(inp.graph, inp.trace.select(parse_steps(steps)), model_for(spec, inp.graph),
-                    exclude)
+    if cost_model is None:
+        model = model_for(spec, inp.graph)
+    else:
+        from flint.hardware_models.pluggable import cost_model_for
+
+        model = cost_model_for(inp.graph, hardware or spec.name, overrides, cost_model)
+    return validate(inp.graph, inp.trace.select(parse_steps(steps)), model, exclude)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""`flint anonymize` (registered on the main app): a graph that can be shared, with names,
+"""`flint anonymize`: a graph that can be shared, with names,
 source locations and layer paths gone, shapes optionally perturbed, and the estimate kept."""
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ import os
 import typer
 from rich.console import Console
 
-from flint.cli import _check_output_dir, _run, app, report_out
+from flint.cli._common import check_output_file, report_out, run
 from flint.errors import FlintError
 
 
-@app.command(name="anonymize")
 def anonymize_command(
     graph_file: str = typer.Argument(..., help="a workload graph JSON (flint extract --out), "
                                                "a Chakra .et, or a directory of them"),
@@ -30,7 +29,7 @@ def anonymize_command(
         anonymized.save(out)
         report_out(report, as_json, render_anonymize, f"wrote {out}")
 
-    _run(go)
+    run(go)
 
 
 def anonymize_report(graph_file, out, perturb, seed, hardware_name):
@@ -43,15 +42,15 @@ def anonymize_report(graph_file, out, perturb, seed, hardware_name):
         raise FlintError(f"--perturb {perturb!r} is not a number (a fraction such as 0.05)") \
             from None
     anonymize = Anonymize(perturb=fraction, seed=seed)
-    _check_output_dir(out)
+    check_output_file(out)
     if os.path.abspath(out) == os.path.abspath(graph_file):
         raise FlintError(f"--out {out!r} would overwrite the graph being anonymized")
-    from flint.cli_export import load_any_graph
+    from flint.frontends.saved import load_graph
     from flint.hardware_models.estimate import estimate
     from flint.hardware_models.spec import load_spec
 
     load_spec(hardware_name)   # a bad --hardware fails before the graph is read
-    graph = load_any_graph(graph_file)
+    graph = load_graph(graph_file)
     anonymized = anonymize.run(graph)
     before = estimate(graph, hardware_name).step_time_s
     after = estimate(anonymized, hardware_name).step_time_s

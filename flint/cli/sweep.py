@@ -1,14 +1,11 @@
 """`flint sweep`: a design-space sweep from a YAML space file and/or flags."""
 from __future__ import annotations
 
-import json
 import statistics
 from typing import Optional
 
 import typer
-from rich.console import Console
-
-from flint.cli import _run, app, err
+from flint.cli._common import cost_model_option, err, report_out, run
 from flint.errors import FlintError
 
 EXECUTORS = ("local", "ray")
@@ -49,7 +46,6 @@ def _space_doc(space_file, flags: dict) -> dict:
     return doc
 
 
-@app.command()
 def sweep(
     space_file: Optional[str] = typer.Argument(None, help="search space YAML (axes: devices, "
                                                "tp, pp, microbatch, remat, what_if, ...)"),
@@ -69,6 +65,9 @@ def sweep(
                                       "repeat for more; '' is the baseline"),
     budget: Optional[int] = typer.Option(None, help="evaluate a random subset of this size"),
     seed: Optional[int] = typer.Option(None, help="seed for --budget"),
+    cost_model: Optional[str] = typer.Option(None, "--cost-model", metavar="MODULE:FACTORY",
+                                             help="a third-party cost model: "
+                                             "package.module:factory (see README)"),
     executor: str = typer.Option("local", help="local | ray"),
     workers: int = typer.Option(2, help="ray: worker processes"),
     as_json: bool = typer.Option(False, "--json", help="print the Pareto fronts as JSON"),
@@ -87,6 +86,7 @@ def sweep(
         if workers < 1:
             raise FlintError(f"--workers must be at least 1, not {workers}")
         check_output_dir(out)
+        cost_model_option(cost_model)     # a bad --cost-model fails before the work
         flags = {"model": model, "global_batch": global_batch, "budget": budget, "seed": seed,
                  "devices": devices and _ints(devices, "devices"), "tp": tp and _ints(tp, "tp"),
                  "pp": pp and _ints(pp, "pp"),
@@ -115,7 +115,7 @@ def sweep(
                                        f"{'(extracted) ' if kind == 'extract' else ''}"
                                        f"{label}: {what}", highlight=False)
 
-            rows = run_sweep(space, out, executor, workers, on_result)
+            rows = run_sweep(space, out, executor, workers, on_result, cost_model)
         paths = write_outputs(out, rows)
         fronts = pareto_front(rows)
         for kind, values in times.items():
@@ -123,12 +123,9 @@ def sweep(
                 err.print(f"{len(values)} configurations with {kind}: median "
                           f"{statistics.median(values):.2f} s, max {max(values):.2f} s per "
                           f"configuration")
-        if as_json:
-            print(json.dumps({"pareto": {k: [r["key"] for r in v] for k, v in fronts.items()},
-                              "configurations": len(rows), "outputs": paths},
-                             sort_keys=True, indent=1))
-        else:
-            render_front(fronts, Console())
-            err.print("wrote " + ", ".join(paths.values()), markup=False)
+        report = {"pareto": {k: [r["key"] for r in v] for k, v in fronts.items()},
+                  "configurations": len(rows), "outputs": paths}
+        report_out(report, as_json, lambda _, console: render_front(fronts, console),
+                   None if as_json else "wrote " + ", ".join(paths.values()))
 
-    _run(go)
+    run(go)

@@ -1,4 +1,4 @@
-"""`flint replay` (registered on the main app): a workload graph -> a standalone JAX program
+"""`flint replay`: a workload graph -> a standalone JAX program
 that replays its compute and collectives, with its own `--steps` timing loop."""
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from flint.cli import _check_output_dir, _run, app, report_out
+from flint.cli._common import check_output_file, report_out, run
 from flint.errors import FlintError
 
 
-@app.command(name="replay")
 def replay_command(
     graph_file: str = typer.Argument(..., help="a workload graph JSON (flint extract --out), "
                                                "a Chakra .et, or a directory of them"),
@@ -25,22 +24,22 @@ def replay_command(
     `python bench.py --steps 10` (host CPU devices or GPUs; `--profile DIR` traces it, and
     `flint validate GRAPH --trace DIR` checks the trace against the graph)."""
     def go():
-        from flint.cli_export import load_any_graph
+        from flint.frontends.saved import load_graph
         from flint.io import write_atomic
         from flint.replay import program_from_spec, replay_spec
         from flint.replay.spec import prepared
 
-        _check_output_dir(out)
+        check_output_file(out)
         name = os.path.basename(graph_file)
         if any(ord(c) < 32 or ord(c) == 127 for c in name):
             raise FlintError(f"graph file name {name!r} has control characters; rename it "
                              f"(the name is written into the generated program)")
-        spec = replay_spec(prepared(load_any_graph(graph_file)))
+        spec = replay_spec(prepared(load_graph(graph_file)))
         write_atomic(out, program_from_spec(spec, os.path.basename(graph_file)), mode=0o777)
         report_out(summarize(spec, out), as_json, render,
                    f"wrote {out}; run: python {out} --steps 10")
 
-    _run(go)
+    run(go)
 
 
 def summarize(spec: dict, out: str) -> dict:

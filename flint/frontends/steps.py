@@ -1,4 +1,5 @@
-"""What `flint extract` compiles: a zoo model's step, or a user's SCRIPT.py:FUNCTION."""
+"""What an ExtractRequest compiles: a zoo model's step, or a user's SCRIPT.py:FUNCTION
+(JAX or PyTorch), or a StableHLO file (flint.frontends.request.extract calls in here)."""
 from __future__ import annotations
 
 import importlib.util
@@ -30,22 +31,23 @@ def _d_model(model: str | None) -> int:
     return int(getattr(cfg, "d_model", 0) or 4096)
 
 
-def captured_step(target, devices, mesh, hardware, model, scan, layers, seq_len,
-                  batch_per_replica, remat, sequence_parallel, devices_per_host, args_fn,
-                  dims=None, gemm_precision=None):
-    """Return (Captured step, example args, label, model info)."""
+def captured_step(request):
+    """Return (Captured step, example args, label, model info) of a JAX ExtractRequest."""
     from flint.cluster import parse_mesh
     from flint.frontends.jax import Captured, capture
 
+    target, devices, mesh, hardware = (request.target, request.devices, request.mesh,
+                                       request.hardware)
+    devices_per_host, model = request.devices_per_host, request.model
     if target is None:
         from flint.models.train import build
 
         mesh_t = parse_mesh(mesh or default_zoo_mesh(devices, model), devices)
-        sequence_parallel = bool(sequence_parallel)
-        if remat is None:
-            remat = "selective"
-        w = build(model, mesh_t, batch_per_replica, seq_len, scan, remat, sequence_parallel,
-                  layers, dims=dims, gemm_precision=gemm_precision)
+        sequence_parallel = bool(request.sequence_parallel)
+        remat = request.remat if request.remat is not None else "selective"
+        w = build(model, mesh_t, request.batch_per_replica, request.seq_len, request.scan,
+                  remat, sequence_parallel, request.layers, dims=request.dims or None,
+                  gemm_precision=request.gemm_precision)
         step = capture(w.step, devices=devices, mesh=dict(mesh_t), hardware=hardware,
                        in_specs=w.in_specs, out_specs=w.out_specs,
                        donate_argnums=w.donate_argnums, devices_per_host=devices_per_host)
@@ -54,7 +56,7 @@ def captured_step(target, devices, mesh, hardware, model, scan, layers, seq_len,
     fn = getattr(module, fn_name, None)
     if fn is None or not callable(fn):
         raise FlintError(f"{target.split(':')[0]} has no function {fn_name!r}")
-    args = _example_args(module, args_fn, target)
+    args = _example_args(module, request.args_fn, target)
     if isinstance(fn, Captured):
         kw = {"devices": devices, "mesh": parse_mesh(mesh, devices) if mesh else
               _rescaled_mesh(fn.cfg.mesh, devices), "hardware": hardware}
@@ -120,15 +122,16 @@ def _example_args(module, args_fn: str, target: str) -> tuple:
     return tuple(args) if isinstance(args, (tuple, list)) else (args,)
 
 
-def other_frontend_graph(target, framework, devices, mesh, hardware, model, layers, seq_len,
-                         batch_per_replica, devices_per_host, fuse, stage,
-                         sequence_parallel=False):
+def other_frontend_graph(request, stage):
     """(graph, timings) from the PyTorch front end (a zoo twin, or SCRIPT.py:FUNCTION
     returning a flint.torch.TorchStep) or from a StableHLO file."""
     import time
 
     from flint.cluster import parse_mesh
 
+    target, devices, mesh, hardware = (request.target, request.devices, request.mesh,
+                                       request.hardware)
+    devices_per_host, model, fuse = request.devices_per_host, request.model, request.fuse
     t0 = time.perf_counter()
     if target is not None and target.endswith((".mlir", ".mlirbc")):
         from flint.frontends.stablehlo import load_stablehlo
@@ -143,8 +146,9 @@ def other_frontend_graph(target, framework, devices, mesh, hardware, model, laye
     if target is None:
         stage(f"tracing the torch twin of {model} for rank 0 of {devices} (fake tensors)")
         graph = ft.zoo(model, devices, parse_mesh(mesh or default_zoo_mesh(devices, model), devices),
-                       batch_per_replica=batch_per_replica, seq_len=seq_len, layers=layers,
-                       hardware=hardware, fuse=fuse, sequence_parallel=sequence_parallel)
+                       batch_per_replica=request.batch_per_replica, seq_len=request.seq_len,
+                       layers=request.layers, hardware=hardware, fuse=fuse,
+                       sequence_parallel=bool(request.sequence_parallel))
         return graph, dict(graph.meta.pop("timings", {}))
     module, fn_name = _load_script(target)
     fn = getattr(module, fn_name, None)

@@ -1,7 +1,7 @@
-"""`flint export` and `flint import` (registered on the main app)."""
+"""`flint export`: a workload graph -> Chakra ETs (+ ASTRA-sim inputs), Flint JSON or a
+Perfetto timeline of the predicted step."""
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Optional
@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from flint.cli import _run, app, err, report_out
+from flint.cli._common import cost_model_option, err, report_out, run
 from flint.errors import FlintError
 
 FORMATS = ("chakra", "json", "perfetto")
@@ -42,24 +42,6 @@ def glob_escape(text: str) -> str:
     return glob.escape(text)
 
 
-def load_any_graph(path: str, rank: Optional[int] = None, comm_groups: Optional[str] = None,
-                   check: bool = False):
-    """A saved graph JSON, a Chakra .et file, or a directory of them (`check`: all of
-    its ranks must run to completion in ASTRA-sim)."""
-    p = Path(path)
-    if p.is_dir() or p.suffix == ".et":
-        from flint.frontends.chakra import import_chakra
-
-        if check and p.is_dir():
-            from flint.frontends.chakra_ranks import check_directory
-
-            check_directory(p, comm_groups)
-        return import_chakra(p, rank, comm_groups)
-    from flint.graph import WorkloadGraph
-
-    return WorkloadGraph.load(p)
-
-
 def parse_ranks(text: Optional[str], devices: int) -> range | None:
     if not text:
         return None
@@ -73,7 +55,6 @@ def parse_ranks(text: Optional[str], devices: int) -> range | None:
     return r
 
 
-@app.command()
 def export(
     graph_file: str = typer.Argument(..., help="a workload graph JSON, a Chakra .et, or a "
                                                "directory of them"),
@@ -83,6 +64,9 @@ def export(
     hardware_name: Optional[str] = typer.Option(None, "--hardware", help="cost model for "
                                                 "durations and ASTRA-sim inputs"),
     set_: list[str] = typer.Option([], "--set", help="what-if, e.g. nic_bandwidth=800Gb/s"),
+    cost_model: Optional[str] = typer.Option(None, "--cost-model", metavar="MODULE:FACTORY",
+                                             help="a third-party cost model: "
+                                             "package.module:factory (see README)"),
     prefix: str = typer.Option("workload", help="file prefix: <prefix>.<rank>.et"),
     annotate: str = typer.Option("rank0", help="chakra: ranks whose files carry Flint's "
                                  "node records for exact import: rank0 | all | none"),
@@ -97,8 +81,10 @@ def export(
     """Write a workload graph as Chakra ETs (+ ASTRA-sim inputs), Flint JSON or a Perfetto
     timeline of the predicted step."""
     def go():
+        from flint.frontends.saved import load_graph
         from flint.guard import check_output_dir
 
+        factory = cost_model_option(cost_model)
         if fmt not in FORMATS:
             raise FlintError(f"unknown --format {fmt!r}; use {' | '.join(FORMATS)}")
         check_prefix(prefix)
@@ -114,34 +100,26 @@ def export(
             from flint.hardware_models.spec import load_spec
 
             load_spec(hardware_name or "h100-sxm", set_)   # bad figures fail before the work
-        graph = load_any_graph(graph_file, check=check)
+        graph = load_graph(graph_file, check=check)
         if out is None:
             from flint.exporters.chakra import check_export
 
-            report = check_export(graph, hardware_name, set_)
-            if as_json:
-                print(json.dumps(report, sort_keys=True, indent=1))
-            else:
-                print(f"check passed: all {report['ranks']} ranks run to completion under "
-                      f"ASTRA-sim's issue rule ({report['lanes_simulated']} lane(s) "
-                      f"simulated, {report['check_s']:.2f} s)")
-            return
+            report = check_export(graph, hardware_name, set_, factory)
+            return report_out(report, as_json, _render_check)
         if fmt == "chakra":
             remove_stale_partials(out)
         if fmt == "chakra":
             report = _export_chakra(graph, out, hardware_name, set_, prefix, annotate, ranks,
-                                    workers)
+                                    workers, factory)
         else:
-            report = _export_single(graph, fmt, out, hardware_name, set_, prefix)
-        if as_json:
-            print(json.dumps(report, sort_keys=True, indent=1))
-        else:
-            _render_export(report, Console())
+            report = _export_single(graph, fmt, out, hardware_name, set_, prefix, factory)
+        report_out(report, as_json, _render_export)
 
-    _run(go)
+    run(go)
 
 
-def _export_chakra(graph, out, hardware_name, overrides, prefix, annotate, ranks, workers):
+def _export_chakra(graph, out, hardware_name, overrides, prefix, annotate, ranks, workers,
+                   cost_model=None):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from flint.exporters.chakra import export_chakra
@@ -154,14 +132,14 @@ def _export_chakra(graph, out, hardware_name, overrides, prefix, annotate, ranks
         task = progress.add_task("writing Chakra ETs", total=count)
         stats = export_chakra(graph, out, prefix=prefix, hardware=hardware_name,
                               overrides=overrides, annotate=annotate, ranks=selected,
-                              workers=workers,
+                              workers=workers, cost_model=cost_model,
                               progress=lambda done: progress.update(task, completed=done))
     return {"format": "chakra", "out": str(out), **stats.to_json(),
             "files_written": count, "side_files": [f for f in stats.files
                                                    if not f.endswith(".et")]}
 
 
-def _export_single(graph, fmt, out, hardware_name, overrides, prefix):
+def _export_single(graph, fmt, out, hardware_name, overrides, prefix, cost_model=None):
     out_dir = Path(out)
     if not out_dir.absolute().parent.is_dir():
         raise FlintError(f"output directory {str(out_dir.absolute().parent)!r} does not exist")
@@ -169,7 +147,7 @@ def _export_single(graph, fmt, out, hardware_name, overrides, prefix):
     if fmt == "perfetto":
         from flint.hardware_models.estimate import estimate
 
-        timeline = estimate(graph, hardware_name, overrides).timeline
+        timeline = estimate(graph, hardware_name, overrides, cost_model=cost_model).timeline
     out_dir.mkdir(exist_ok=True)
     if fmt == "json":
         path = out_dir / f"{prefix}.json"
@@ -180,6 +158,11 @@ def _export_single(graph, fmt, out, hardware_name, overrides, prefix):
         path = out_dir / f"{prefix}.trace.json"
         write_timeline(timeline, path)
     return {"format": fmt, "out": str(path), "bytes": path.stat().st_size}
+
+
+def _render_check(r: dict, console: Console) -> None:
+    print(f"check passed: all {r['ranks']} ranks run to completion under ASTRA-sim's issue "
+          f"rule ({r['lanes_simulated']} lane(s) simulated, {r['check_s']:.2f} s)")
 
 
 def _render_export(r: dict, console: Console) -> None:
@@ -202,40 +185,3 @@ def _render_export(r: dict, console: Console) -> None:
     else:
         t.add_row("bytes written", fmt_bytes(r["bytes"]))
     console.print(t)
-
-
-@app.command(name="import")
-def import_(
-    source: str = typer.Argument(..., help="a Chakra .et file or a directory of "
-                                           "<prefix>.<rank>.et files"),
-    rank: Optional[int] = typer.Option(None, help="which rank's file to read from a "
-                                                  "directory (default: the lowest)"),
-    comm_groups: Optional[str] = typer.Option(None, help="communicator-group JSON that "
-                                              "pg_name refers to (default: DIR/comm_groups.json)"),
-    out: Optional[str] = typer.Option(None, help="write the graph as JSON to this file"),
-    check: bool = typer.Option(True, "--check/--no-check", help="for a directory: first "
-                               "prove every rank runs to completion under ASTRA-sim's "
-                               "issue rule (reads every rank's file)"),
-    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
-):
-    """Read Chakra execution traces (Flint's, or Chakra's own converter's) into a
-    workload graph; `flint estimate` then works on it."""
-    def go():
-        from flint.frontends.chakra import import_chakra
-
-        if out:
-            from flint.cli import _check_output_dir
-
-            _check_output_dir(out)
-        if check and Path(source).is_dir():
-            from flint.frontends.chakra_ranks import check_directory
-
-            check_directory(source, comm_groups)
-        graph = import_chakra(source, rank, comm_groups)
-        if out:
-            graph.save(out)
-        from flint.render import render_summary
-
-        report_out(graph.summary(), as_json, render_summary, out and f"wrote {out}")
-
-    _run(go)

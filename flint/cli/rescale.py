@@ -1,4 +1,4 @@
-"""`flint rescale` (registered on the main app): re-target a workload graph to another
+"""`flint rescale`: re-target a workload graph to another
 cluster size without re-extracting it (passes.rescale), and what that changed."""
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from flint.cli import _check_output_dir, _run, app, report_out
+from flint.cli._common import check_output_file, report_out, run
 
 
-@app.command(name="rescale")
 def rescale_command(
     graph_file: str = typer.Argument(..., help="a workload graph JSON (flint extract --out), "
                                                "a Chakra .et, or a directory of them"),
@@ -29,26 +28,26 @@ def rescale_command(
     mesh, collective bytes and parameter shards resized along the data-parallel axis (for
     graphs that cannot be re-extracted, such as imported Chakra traces)."""
     def go():
-        from flint.cli_export import load_any_graph
+        from flint.frontends.saved import load_graph
         from flint.passes.rescale import Rescale
 
         from flint.cluster import check_device_count
 
         if devices > 0:       # (0 and below: the pass's own message)
             check_device_count(devices)
-        _check_output_dir(out)
+        check_output_file(out)
         if hardware_name is not None:
             from flint.hardware_models.spec import load_spec
 
             load_spec(hardware_name)   # a bad name fails before any work
-        graph = load_any_graph(graph_file)
+        graph = load_graph(graph_file)
         rescaled = Rescale(devices, mesh or "", axis or "").run(graph)
         report = rescale_report(graph, rescaled, hardware_name)
         rescaled.save(out)
         report.update(graph=str(graph_file), out=str(out))
         report_out(report, as_json, render_rescale, f"wrote {out}")
 
-    _run(go)
+    run(go)
 
 
 def rescale_report(before, after, hardware_name=None) -> dict:

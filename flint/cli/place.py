@@ -1,4 +1,4 @@
-"""`flint place` (registered on the main app): Baechi device placement of a workload graph
+"""`flint place`: Baechi device placement of a workload graph
 over memory-limited devices, and the placed step's predicted time."""
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from flint.cli import _check_output_dir, _run, app, report_out
+from flint.cli._common import check_output_file, cost_model_option, report_out, run
 from flint.errors import FlintError
 
 
-@app.command(name="place")
 def place_command(
     graph_file: str = typer.Argument(..., help="a workload graph JSON (flint extract --out), "
                                                "a Chakra .et, or a directory of them"),
@@ -22,21 +21,25 @@ def place_command(
     hardware_name: str = typer.Option("h100-sxm", "--hardware", help="spec name or a spec "
                                       "YAML path: node times, link speed, HBM"),
     out: Optional[str] = typer.Option(None, help="write the placed multi-device graph as JSON"),
+    cost_model: Optional[str] = typer.Option(None, "--cost-model", metavar="MODULE:FACTORY",
+                                             help="a third-party cost model: "
+                                             "package.module:factory (see README)"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ):
     """Place a training step's operators on memory-limited devices (Baechi's m-TOPO, m-ETF,
     m-SCT) and predict the placed step's time with the built-in cost model."""
     def go():
         report, placed = place_report(graph_file, algorithm, devices, memory_limit,
-                                      hardware_name, out)
+                                      hardware_name, out, cost_model_option(cost_model))
         if out:
             placed.save(out)
         report_out(report, as_json, render_place, out and f"wrote {out}")
 
-    _run(go)
+    run(go)
 
 
-def place_report(graph_file, algorithm, devices, memory_limit, hardware_name, out=None):
+def place_report(graph_file, algorithm, devices, memory_limit, hardware_name, out=None,
+                 cost_model=None):
     """(report dict, placed graph); checks every argument before the work starts."""
     from flint.passes.place import ALGORITHMS
 
@@ -53,14 +56,14 @@ def place_report(graph_file, algorithm, devices, memory_limit, hardware_name, ou
         if limit <= 0:
             raise FlintError(f"--memory-limit {memory_limit!r} must be more than zero")
     if out:
-        _check_output_dir(out)
-    from flint.cli_export import load_any_graph
+        check_output_file(out)
+    from flint.frontends.saved import load_graph
     from flint.hardware_models.estimate import estimate
     from flint.passes.place import place, transfers
 
-    graph = load_any_graph(graph_file)
-    result = place(graph, algorithm, devices, limit, hardware_name)
-    predicted = estimate(result.graph, hardware_name)
+    graph = load_graph(graph_file)
+    result = place(graph, algorithm, devices, limit, hardware_name, cost_model)
+    predicted = estimate(result.graph, hardware_name, cost_model=cost_model)
     count, nbytes = transfers(result.graph)
     report = {
         "graph": str(graph_file), "algorithm": algorithm, "devices": devices,

@@ -1,0 +1,4 @@
+"""`python -m flint`: the `flint` command."""
+from flint.entry import main
+
+main()

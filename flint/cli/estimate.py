@@ -1,0 +1,72 @@
+"""`flint estimate`: a saved graph -> its predicted step time (the built-in cost model, a
+third-party one with --cost-model, or ASTRA-sim as a second opinion)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from flint.cli._common import check_output_file, cost_model_option, report_out, run
+from flint.errors import FlintError
+
+
+def estimate(
+    graph_file: str = typer.Argument(..., help="a workload graph JSON (flint extract --out), "
+                                               "a Chakra .et, or a directory of them"),
+    hardware_name: Optional[str] = typer.Option(None, "--hardware", help="spec name or a "
+                                                "spec YAML path (default: the graph's)"),
+    set_: list[str] = typer.Option([], "--set", help="what-if, e.g. hbm_bandwidth=4.8TB/s"),
+    algorithm: str = typer.Option("auto", help="collective algorithm: auto|ring|tree|"
+                                               "hierarchical|direct"),
+    cost_model: Optional[str] = typer.Option(None, "--cost-model", metavar="MODULE:FACTORY",
+                                             help="a third-party cost model: "
+                                             "package.module:factory (see README)"),
+    trace: Optional[str] = typer.Option(None, help="write the predicted timeline "
+                                                   "(Chrome/Perfetto trace JSON)"),
+    plot: Optional[str] = typer.Option(None, help="write a PNG breakdown of the step"),
+    backend: str = typer.Option("flint", help="flint | astra-sim: also run ASTRA-sim on a "
+                                "Chakra export of the graph and compare the steps"),
+    astra_sim: Optional[str] = typer.Option(None, "--astra-sim", help="ASTRA-sim binary or "
+                                            "directory (default: $ASTRA_SIM, "
+                                            "../shared/tools/astra-sim)"),
+    as_json: bool = typer.Option(False, "--json", help="print the estimate as JSON"),
+):
+    """Predict the step time of a workload graph with the built-in cost model."""
+    def go():
+        from flint.frontends.saved import load_graph
+
+        factory = cost_model_option(cost_model)
+        for flag, path in (("--trace", trace), ("--plot", plot)):
+            if path:
+                check_output_file(path, flag)
+        if backend != "flint":
+            from flint.exporters.astra_sim_run import report_second_opinion
+
+            return report_second_opinion(load_graph(graph_file), hardware_name, set_,
+                                         backend, astra_sim, as_json)
+        _estimate(load_graph(graph_file), hardware_name, set_, algorithm, trace, as_json,
+                  plot, factory)
+
+    run(go)
+
+
+def _estimate(graph, hardware_name, overrides, algorithm, trace, as_json, plot=None,
+              cost_model=None):
+    from flint.hardware_models.estimate import estimate as run_estimate
+    from flint.hardware_models.network import ALGORITHMS
+
+    if algorithm not in ALGORITHMS:
+        raise FlintError(f"unknown collective algorithm {algorithm!r}; use {'|'.join(ALGORITHMS)}")
+    result = run_estimate(graph, hardware_name, overrides, algorithm=algorithm,
+                          cost_model=cost_model)
+    if trace:
+        from flint.exporters.perfetto import write_timeline
+
+        write_timeline(result.timeline, trace)
+    if plot:
+        from flint.exporters.plot import write_breakdown
+
+        write_breakdown(result.to_json(), plot)
+    from flint.render import render_estimate
+
+    report_out(result.to_json(), as_json, render_estimate)
