@@ -31,6 +31,7 @@ def registry() -> dict[str, type]:
     """Every graph -> graph pass, by name."""
     from flint.passes.anonymize import Anonymize
     from flint.passes.attention import CollapseAttention
+    from flint.passes.distributed_optimizer import DistributedOptimizer
     from flint.passes.expand_loops import ExpandLoops
     from flint.passes.fuse import FusePointwise
     from flint.passes.layer_template import LayerTemplate
@@ -38,8 +39,9 @@ def registry() -> dict[str, type]:
     from flint.passes.place import Place
     from flint.passes.rescale import Rescale
 
-    return {cls.name: cls for cls in (Anonymize, CollapseAttention, ExpandLoops, FusePointwise,
-                                      LayerTemplate, PipelineParallel, Place, Rescale)}
+    return {cls.name: cls for cls in (Anonymize, CollapseAttention, DistributedOptimizer,
+                                      ExpandLoops, FusePointwise, LayerTemplate,
+                                      PipelineParallel, Place, Rescale)}
 
 
 _ITEM = re.compile(r"\s*([\w\-]+)\s*(?:\{([^}]*)\})?\s*(?:,|$)")

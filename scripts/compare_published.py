@@ -25,8 +25,7 @@ Assumptions (the same for every row, never chosen per row):
   core only, Megatron's documented default with flash attention, which stores no S x S
   activations); rows that state "full" use full layer recompute.
 - Data parallelism: FSDP column > 0 -> ZeRO-3 sharding (fsdp axis); otherwise data
-  parallel (Megatron's distributed optimizer's reduce-scatter/all-gather are not modelled
-  separately). Tensor parallelism with sequence parallelism on (Megatron-Core's default
+  parallel with the distributed optimizer (below). Tensor parallelism with sequence parallelism on (Megatron-Core's default
   with TP > 1).
 - Context parallelism (CP > 1): the zoo's all-gather CP (keys and values gathered over the
   context axis, load-balanced causal chunks); Megatron runs ring attention (the same
@@ -39,8 +38,11 @@ Assumptions (the same for every row, never chosen per row):
   cost model caps per SM): node meta `kernel_source: library`.
 - Pipeline stages are balanced by predicted time, embedding and loss included (Megatron's
   uneven layouts and --account-for-embedding/loss-in-pipeline-split), for every PP row.
-- Optimizer: Adam on each rank's full parameters (Megatron's distributed optimizer would
-  shard the update over DP; the update is ~1-2% of these steps).
+- Optimizer: Megatron's distributed optimizer (NeMo/Megatron-Bridge recipes and MLPerf
+  submissions use it) on every non-FSDP row: passes.distributed_optimizer turns the
+  once-per-step f32 gradient all-reduce into a reduce-scatter (overlapped with the last
+  microbatch's backward), divides the Adam update by DP, and all-gathers bf16 parameters
+  at the start of the step (overlapped with the forward, --overlap-param-gather).
 - Hardware: DGX-H100 -> h100-sxm; DGX-B200 -> b200; DGX-B300 -> b300 spec (compiled for
   the b200 target, same SM generation); DGX-GB200 / GB300 -> gb200-nvl72 / gb300-nvl72
   specs (72-GPU NVLink domains; compiled for b200); A100 -> a100-80gb-sxm; TPU v4/v5e/v5p
@@ -283,6 +285,7 @@ def rebuild(row: Row, cache: Path, cached_only: bool = False) -> None:
     from flint.hardware_models.estimate import estimate
     from flint.models.decoder import model_flops
     from flint.models.describe import resolve_model
+    from flint.passes.distributed_optimizer import DistributedOptimizer
     from flint.passes.layer_template import LayerTemplate
     from flint.passes.pipeline import PipelineParallel
     from flint.sweep import extract_program
@@ -319,6 +322,8 @@ def rebuild(row: Row, cache: Path, cached_only: bool = False) -> None:
             n.meta["kernel_source"] = "library"
         layered = LayerTemplate(cfg.n_layers, spec).run(template)
         # one microbatch of the stage's data-parallel group, per device of the stage
+        if not row.fsdp:
+            layered = DistributedOptimizer().run(layered)
         layered.meta["model_flops_per_device"] = model_flops(cfg, row.mbs * dp * row.seq) / (
             dp * row.cp * row.tp)
         microbatches = row.gbs // (dp * row.mbs)

@@ -96,3 +96,32 @@ def test_context_parallel_activation_gradients_stay_per_microbatch():
     gemm = lambda graph: sum(n.flops for n in graph.nodes if n.op_class in  # noqa: E731
                              ("gemm", "attention"))
     assert gemm(piped) == pytest.approx(3 * gemm(g), rel=1e-9)
+
+
+def test_distributed_optimizer_reduce_scatters_and_gathers_each_bucket():
+    from flint.hardware_models.estimate import estimate
+    from flint.passes.distributed_optimizer import DistributedOptimizer
+    from flint.passes.layer_template import LayerTemplate
+    from flint.passes.pipeline import PipelineParallel
+    from flint.sweep import extract_program
+
+    template = extract_program(_program(devices=4, mesh=[["data", 4]], scan=False, layers=3))
+    layered = LayerTemplate(8, "h100-sxm").run(template)
+    zero1 = DistributedOptimizer().run(layered)
+    before = [n for n in layered.nodes if n.collective is not None
+              and n.collective.type == "all-reduce" and n.collective.bytes_in > 1024]
+    scattered = [n for n in zero1.nodes if n.meta.get("distributed_optimizer")
+                 == "grad-reduce-scatter"]
+    gathered = [n for n in zero1.nodes if n.meta.get("distributed_optimizer") == "param-gather"]
+    assert len(scattered) == len(gathered) == len(before) > 0
+    for ar, rs, ag in zip(before, scattered, gathered):
+        grad = {"f32": 4, "bf16": 2}[ar.collective.dtype]
+        assert rs.collective.bytes_in == ar.collective.bytes_in
+        assert rs.collective.bytes_out == ar.collective.bytes_in // 4   # 1/DP each
+        assert ag.collective.bytes_out == ar.collective.bytes_in * 2 // grad   # bf16 params
+    # every parameter all-gather feeds a forward node, and the step gets no slower
+    users = zero1.users
+    assert all(zero1.nodes[u].meta.get("phase") == "forward" for g in gathered
+               for u in users[g.id]) and all(users[g.id] for g in gathered)
+    t = lambda g: estimate(PipelineParallel(1, 4).run(g), "h100-sxm").step_time_s  # noqa: E731
+    assert t(zero1) <= t(layered)
