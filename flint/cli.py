@@ -26,7 +26,8 @@ def _root():
 @app.command()
 def extract(
     target: Optional[str] = typer.Argument(
-        None, help="SCRIPT.py:FUNCTION of a training step; default: the built-in --model"),
+        None, help="SCRIPT.py:FUNCTION of a training step, an XLA dump (DIR[:MODULE] or "
+                   "an HLO file); default: the built-in --model"),
     devices: int = typer.Option(4096, "--devices", "-n", help="virtual cluster size"),
     mesh: Optional[str] = typer.Option(
         None, help="mesh axes, e.g. data=512,model=8 (default: fsdp=N/8,model=8 for zoo "
@@ -192,7 +193,10 @@ def _extract(target, devices, mesh, hardware_name, model, scan, layers, seq_len,
         def stage(text):
             progress.update(task, description=text)
 
-        if framework == "torch" or (target or "").endswith((".mlir", ".mlirbc")):
+        from flint.hlo.dump import is_hlo_target
+
+        if (framework == "torch" or (target or "").endswith((".mlir", ".mlirbc"))
+                or is_hlo_target(target)):
             from flint.cli_targets import other_frontend_graph
 
             graph, timings = other_frontend_graph(

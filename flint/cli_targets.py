@@ -120,6 +120,18 @@ def _example_args(module, args_fn: str, target: str) -> tuple:
     return tuple(args) if isinstance(args, (tuple, list)) else (args,)
 
 
+def _given(option: str) -> bool:
+    """Was `--option` on the command line (not its default)? A dump knows its own device
+    count; only a count the user typed may overrule it."""
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    if ctx is None:
+        return True
+    source = ctx.get_parameter_source(option)
+    return source is not None and source.name != "DEFAULT"
+
+
 def other_frontend_graph(target, framework, devices, mesh, hardware, model, layers, seq_len,
                          batch_per_replica, devices_per_host, fuse, stage,
                          sequence_parallel=False):
@@ -130,6 +142,17 @@ def other_frontend_graph(target, framework, devices, mesh, hardware, model, laye
     from flint.cluster import parse_mesh
 
     t0 = time.perf_counter()
+    from flint.hlo.dump import is_hlo_target
+
+    if is_hlo_target(target):
+        from flint.frontends.hlo_dump import load_dump
+
+        stage(f"reading the optimized HLO of {target}")
+        graph = load_dump(target, devices=devices if _given("devices") else None,
+                          mesh=mesh or None,
+                          hardware=hardware if _given("hardware") else None,
+                          devices_per_host=devices_per_host)
+        return graph, {"hlo_dump_s": time.perf_counter() - t0}
     if target is not None and target.endswith((".mlir", ".mlirbc")):
         from flint.frontends.stablehlo import load_stablehlo
 

@@ -19,8 +19,8 @@ from typing import Callable
 
 from flint.cluster import Cluster, parse_mesh
 from flint.errors import FlintError
-from flint.frontends.targets import (devices_for, prepare_environment, quiet_native_stderr,
-                                     resolve_target, tpu_devices_per_host)
+from flint.frontends.targets import (default_devices_per_host, devices_for,
+                                     prepare_environment, quiet_native_stderr, resolve_target)
 
 prepare_environment()
 with quiet_native_stderr():  # the CUDA plugin probes for drivers while JAX imports
@@ -49,9 +49,7 @@ class CaptureConfig:
 def make_config(devices: int, mesh=None, hardware: str = "h100-sxm", **kw) -> CaptureConfig:
     target = resolve_target(hardware)
     mesh_t = parse_mesh(mesh, devices)
-    per_host = kw.pop("devices_per_host", None) or (
-        8 if target.platform == "gpu" else
-        tpu_devices_per_host(target.hardware) if target.platform == "tpu" else 4)
+    per_host = kw.pop("devices_per_host", None) or default_devices_per_host(target)
     opts = tuple(sorted((kw.pop("compiler_options", None) or {}).items()))
     rules = tuple(kw.pop("rules", None) or ())
     return CaptureConfig(devices, mesh_t, target.hardware, per_host, rules=rules,
