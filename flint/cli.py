@@ -246,7 +246,13 @@ def _jax_graph(target, devices, mesh, hardware_name, model, scan, layers, seq_le
                                             remat, sequence_parallel, devices_per_host,
                                             args_fn, **(zoo_options or {}))
     stage(f"tracing and lowering {label} for {devices} devices")
-    lowered = step.lower(*args)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:   # one plain line each
+        warnings.simplefilter("always")
+        lowered = step.lower(*args)
+    for w in caught:
+        print(f"flint: warning: {w.message}", file=sys.stderr)
     stage(f"compiling with XLA for {devices} x {step.cfg.hardware} (no hardware runs)")
     compiled = lowered.compile()
     stage("lowering optimized HLO into the workload graph")

@@ -54,18 +54,23 @@ def captured_step(target, devices, mesh, hardware, model, scan, layers, seq_len,
     fn = getattr(module, fn_name, None)
     if fn is None or not callable(fn):
         raise FlintError(f"{target.split(':')[0]} has no function {fn_name!r}")
-    args = _example_args(module, args_fn, target)
-    if isinstance(fn, Captured):
-        kw = {"devices": devices, "mesh": parse_mesh(mesh, devices) if mesh else
-              _rescaled_mesh(fn.cfg.mesh, devices), "hardware": hardware}
-        step = capture(fn.fn, in_specs=fn.cfg.in_specs, rules=fn.cfg.rules,
+    decorated = isinstance(fn, Captured)
+    mesh_t = parse_mesh(mesh, devices) if mesh or not decorated else tuple(
+        _rescaled_mesh(fn.cfg.mesh, devices).items())
+    args = _example_args(module, args_fn, target, mesh_t)
+    model_flops = getattr(module, "model_flops", None)
+    if decorated:
+        step = capture(fn.fn, devices=devices, mesh=dict(mesh_t), hardware=hardware,
+                       in_specs=fn.cfg.in_specs, rules=fn.cfg.rules,
                        out_specs=fn.cfg.out_specs, static_argnums=fn.cfg.static_argnums,
                        donate_argnums=fn.cfg.donate_argnums,
-                       devices_per_host=devices_per_host, **kw)
+                       devices_per_host=devices_per_host,
+                       model_flops=fn.cfg.model_flops or model_flops)
     else:
-        step = capture(fn, devices=devices, mesh=mesh, hardware=hardware,
+        step = capture(fn, devices=devices, mesh=dict(mesh_t), hardware=hardware,
                        in_specs=getattr(module, "in_specs", None),
-                       rules=getattr(module, "rules", None), devices_per_host=devices_per_host)
+                       rules=getattr(module, "rules", None), devices_per_host=devices_per_host,
+                       model_flops=model_flops)
     return step, args, fn_name, {}
 
 
@@ -108,15 +113,35 @@ def _load_script(target: str):
     return module, fn_name
 
 
-def _example_args(module, args_fn: str, target: str) -> tuple:
+def _example_args(module, args_fn: str, target: str, mesh=None) -> tuple:
+    """The script's example arguments, built inside flint.virtual_mesh (so models that
+    annotate shardings at construction build); `example_args(mesh)` gets that
+    AbstractMesh (`mesh.shape["data"]`, `mesh.size`), so the batch follows --devices."""
+    import inspect
+
     source = getattr(module, args_fn, None)
     if source is None:
         raise FlintError(f"{target.split(':')[0]} defines no {args_fn}() giving the step's "
                          f"example arguments (ShapeDtypeStructs are fine)")
-    try:
-        args = source() if callable(source) else source
-    except Exception as e:
-        raise FlintError(f"{args_fn}() failed: {type(e).__name__}: {e}") from None
+    if not callable(source):
+        args = source
+    else:
+        from flint.frontends.virtual_mesh import virtual_mesh
+
+        try:
+            wants_mesh = any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                             and (p.name == "mesh" or p.default is p.empty)
+                             for p in inspect.signature(source).parameters.values())
+        except (TypeError, ValueError):
+            wants_mesh = False
+        try:
+            with virtual_mesh(mesh or (("data", 1),)) as abstract:
+                args = source(abstract) if wants_mesh else source()
+        except FlintError:
+            raise
+        except Exception as e:
+            raise FlintError(f"{args_fn}() failed: {type(e).__name__}: "
+                             f"{' '.join(str(e).split())[:600]}") from None
     return tuple(args) if isinstance(args, (tuple, list)) else (args,)
 
 

@@ -74,6 +74,8 @@ def summarize(graph: WorkloadGraph) -> dict:
                   for lp in graph.loops],
         "unknown_ops": graph.meta.get("unknown_ops", {}),
         "compiler_notes": graph.meta.get("compiler_notes", []),
+        **{k: graph.meta[k] for k in ("arguments_sharding", "sharding_warnings",
+                                      "model_flops_per_device") if k in graph.meta},
     }
 
 

@@ -44,6 +44,7 @@ class CaptureConfig:
     donate_argnums: tuple = ()
     compiler_options: tuple = ()
     parallelize: object = None      # torch steps: parallelize(model, DeviceMesh)
+    model_flops: float | None = None  # per step, whole cluster (MFU); else from the graph
 
 
 def make_config(devices: int, mesh=None, hardware: str = "h100-sxm", **kw) -> CaptureConfig:
@@ -73,6 +74,8 @@ class FlintCompiled:
     name: str
     timings: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)   # XLA's warnings, e.g. memory it could not save
+    sharding: dict = field(default_factory=dict)  # per-argument table and warnings
+    model_flops: float | None = None
 
     def as_text(self) -> str:
         """The optimized, SPMD-partitioned per-device HLO."""
@@ -99,6 +102,12 @@ class FlintCompiled:
         memory = _memory_stats(self.compiled)
         if memory:
             graph.meta["xla_memory"] = memory
+        if self.sharding:
+            graph.meta["arguments_sharding"] = self.sharding["table"]
+            graph.meta["sharding_warnings"] = self.sharding["warnings"]
+        from flint.frontends.model_flops import set_model_flops
+
+        set_model_flops(graph, self.model_flops)
         self.timings["graph_s"] = time.perf_counter() - t0
         return graph
 
@@ -110,6 +119,8 @@ class FlintLowered:
     name: str
     compiler_options: dict
     timings: dict = field(default_factory=dict)
+    sharding: dict = field(default_factory=dict)
+    model_flops: float | None = None
 
     def as_text(self) -> str:
         """The StableHLO module JAX lowered (before partitioning and optimization)."""
@@ -125,7 +136,8 @@ class FlintLowered:
             raise FlintError(f"XLA could not compile {self.name} for {self.cluster.devices} "
                              f"{self.cluster.hardware} devices: {_first_line(e)}") from None
         timings = dict(self.timings, compile_s=time.perf_counter() - t0)
-        return FlintCompiled(compiled, self.cluster, self.name, timings, notes)
+        return FlintCompiled(compiled, self.cluster, self.name, timings, notes, self.sharding,
+                             self.model_flops)
 
 
 class Captured:
@@ -149,12 +161,19 @@ class Captured:
         return Captured(self.fn, replace(self.cfg, **changes))
 
     def lower(self, *args) -> FlintLowered:
+        from flint.frontends.sharding_report import sharding_report, warn
+
         t0 = time.perf_counter()
         mesh, cluster = build_mesh(self.cfg)
         t_dev = time.perf_counter()
+        jit_in, jit_out = _jit_specs(self.fn, len(args))
+        rows: list = []
         specs = abstract_args(args, mesh, self.cfg.in_specs, self.cfg.rules,
-                              self.cfg.static_argnums, argument_names(self.fn, len(args)))
-        jitted = self._jitted(mesh)
+                              self.cfg.static_argnums, argument_names(self.fn, len(args)),
+                              jit_specs=jit_in, report=rows)
+        table, notes = sharding_report(rows, dict(self.cfg.mesh))
+        warn(notes)
+        jitted = self._jitted(mesh, jit_out)
         try:
             with jax.set_mesh(mesh):
                 lowered = jitted.lower(*specs)
@@ -162,9 +181,11 @@ class Captured:
             raise
         except Exception as e:
             raise FlintError(f"cannot trace {self.name}: {type(e).__name__}: "
-                             f"{_first_line(e)}") from None
+                             f"{_one_line(e)}") from None
         timings = {"devices_s": t_dev - t0, "lower_s": time.perf_counter() - t_dev}
-        return FlintLowered(lowered, cluster, self.name, dict(self.cfg.compiler_options), timings)
+        return FlintLowered(lowered, cluster, self.name, dict(self.cfg.compiler_options),
+                            timings, {"table": table, "warnings": notes},
+                            self.cfg.model_flops)
 
     def workload(self, *args):
         """The WorkloadGraph. A PyTorch step `fn(model, optimizer, *batch)` (its first
@@ -178,19 +199,54 @@ class Captured:
                               parallelize=self.cfg.parallelize, hardware=self.cfg.hardware)
         return self.lower(*args).compile().workload()
 
-    def _jitted(self, mesh: Mesh):
+    def _jitted(self, mesh: Mesh, jit_out=None):
+        """The step jitted for the virtual mesh. A step the user jitted with shardings of
+        their own mesh (real devices, or none) is jitted again from its function, with
+        those specs rebound to the virtual mesh (its in_shardings became argument specs)."""
         fn = self.fn
+        info = getattr(fn, "_jit_info", None)
         already_jitted = hasattr(fn, "lower") and hasattr(fn, "trace")
-        if already_jitted and self.cfg.out_specs is None:
+        user_shardings = info is not None and (
+            info.user_specified_in_shardings or jit_out is not None)
+        if already_jitted and self.cfg.out_specs is None and not user_shardings:
             return fn
         base = getattr(fn, "__wrapped__", fn) if already_jitted else fn
-        kw = {"static_argnums": self.cfg.static_argnums,
-              "donate_argnums": self.cfg.donate_argnums}
-        if self.cfg.out_specs is not None:
+        kw = {"static_argnums": self.cfg.static_argnums or tuple(
+                  getattr(info, "static_argnums", ()) or ()),
+              "donate_argnums": self.cfg.donate_argnums or tuple(
+                  getattr(info, "donate_argnums", ()) or ())}
+        out_specs = self.cfg.out_specs if self.cfg.out_specs is not None else jit_out
+        if out_specs is not None:
             kw["out_shardings"] = jax.tree.map(
-                lambda s: NamedSharding(mesh, s), self.cfg.out_specs,
-                is_leaf=lambda x: isinstance(x, P))
+                lambda s: None if s is None else NamedSharding(mesh, s), out_specs,
+                is_leaf=lambda x: x is None or isinstance(x, P))
         return jax.jit(base, **kw)
+
+
+def _jit_specs(fn, nargs: int):
+    """The PartitionSpecs of a jitted step's own in_shardings (one prefix per argument)
+    and out_shardings, or None where it gave none: NamedShardings name the user's mesh,
+    which the virtual mesh replaces, so only their specs carry over."""
+    info = getattr(fn, "_jit_info", None)
+    if info is None:
+        return None, None
+
+    def spec_of(leaf):
+        if isinstance(leaf, NamedSharding):
+            return leaf.spec
+        return leaf if isinstance(leaf, P) else None
+
+    jit_in = None
+    if info.user_specified_in_shardings:
+        leaves = [spec_of(x) for x in info.in_shardings_leaves]
+        tree = jax.tree_util.tree_unflatten(info.in_shardings_treedef, leaves)
+        jit_in = tuple(tree) if isinstance(tree, (tuple, list)) and len(tree) == nargs \
+            else (tree,) * nargs
+    jit_out = None
+    out_leaves = [spec_of(x) for x in info.out_shardings_leaves]
+    if any(x is not None for x in out_leaves):
+        jit_out = jax.tree_util.tree_unflatten(info.out_shardings_treedef, out_leaves)
+    return jit_in, jit_out
 
 
 def _is_torch_call(args) -> bool:
@@ -236,6 +292,13 @@ def _memory_stats(compiled) -> dict:
     keys = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
             "temp_size_in_bytes", "generated_code_size_in_bytes")
     return {k.replace("_size_in_bytes", "_bytes"): int(getattr(m, k, 0) or 0) for k in keys}
+
+
+def _one_line(e: BaseException, limit: int = 1200) -> str:
+    """The whole message of an exception on one line (JAX's sharding errors say what is
+    wrong after the first line)."""
+    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    return (text[:limit] + " ...") if len(text) > limit else (text or type(e).__name__)
 
 
 def _first_line(e: BaseException) -> str:
