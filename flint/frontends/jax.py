@@ -174,8 +174,10 @@ class Captured:
         table, notes = sharding_report(rows, dict(self.cfg.mesh))
         warn(notes)
         jitted = self._jitted(mesh, jit_out)
+        from flint.frontends.flax_scopes import nnx_module_scopes
+
         try:
-            with jax.set_mesh(mesh):
+            with jax.set_mesh(mesh), nnx_module_scopes():
                 lowered = jitted.lower(*specs)
         except FlintError:
             raise
