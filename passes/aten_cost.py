@@ -23,6 +23,8 @@ VIEWS = frozenset({
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "unfold",
     "_reshape_alias", "diagonal", "movedim", "squeeze_", "unsqueeze_", "t_", "set_",
     "scalar_tensor", "_local_scalar_dense", "resize_", "sym_size", "sym_stride", "getitem",
+    # complex tensors viewed as (re, im) pairs and lazy conjugation (complex rotary)
+    "view_as_complex", "view_as_real", "_conj", "conj", "_neg_view",
 })
 HOST = frozenset({"_record_function_enter_new", "_record_function_exit", "_record_function_enter"})
 TRANSCENDENTAL = frozenset({
@@ -116,7 +118,7 @@ _ELEMENTWISE = frozenset({
     "hardtanh", "leaky_relu", "dropout", "native_dropout", "native_dropout_backward",
     "masked_fill_", "logical_and", "logical_or", "_foreach_add", "addcdiv", "addcmul",
     "lerp", "fmod", "remainder", "trunc", "isnan", "isinf", "nan_to_num", "where",
-    "masked_fill",
+    "masked_fill", "polar", "complex",
 })
 
 
@@ -131,7 +133,7 @@ def cost(name: str, args, named: dict, out) -> tuple[float, float]:
     to their values (positional or keyword)."""
     outs = tensors(out)
     out_elems = sum(t.numel() for t in outs)
-    if name in ("mm", "matmul"):
+    if name in ("mm", "matmul", "_scaled_mm"):     # _scaled_mm: FP8 with per-tensor scales
         a, b = args[0], args[1]
         return 2.0 * a.shape[0] * a.shape[1] * b.shape[-1], 0.0
     if name == "addmm":
@@ -153,6 +155,8 @@ def cost(name: str, args, named: dict, out) -> tuple[float, float]:
         trans = (ins[0].numel() if ins else out_elems) if name in ("_softmax", "_log_softmax") else 0
         return float(per * n), float(trans)
     trans = float(out_elems) if name.rstrip("_") in TRANSCENDENTAL or name in TRANSCENDENTAL else 0.0
+    if outs and outs[0].is_complex():   # (a+bi)(c+di): 4 multiplies, 2 adds; sums: 2 adds
+        per *= 6 if name.rstrip("_") in ("mul", "div") else 2
     return float(per * out_elems), trans
 
 

@@ -136,11 +136,11 @@ def capture(step: TorchStep, world_size: int, mesh=None,
         if optimizer is not None:
             # One untraced step first, so the traced one is a steady-state step: optimizer
             # state exists (no zeros_like initialization) as in every step after the first.
-            with fake, tracker, _quiet():
+            with fake, tracker, _quiet(), _compiled_regions_eager():
                 train_step(*inputs, *targets)
         timings["warmup_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        with fake, tracker, _phases(optimizer), _quiet():
+        with fake, tracker, _phases(optimizer), _quiet(), _compiled_regions_eager():
             gm = make_fx(train_step)(*inputs, *targets)
     except FlintError:
         raise
@@ -203,6 +203,23 @@ class _region:
 
     def __exit__(self, *exc):
         torch.ops.profiler._record_function_exit._RecordFunction(self.handle)
+
+
+@contextlib.contextmanager
+def _compiled_regions_eager():
+    """torch.compile'd code inside the step (torchtitan's flex-attention masks, a user's
+    compiled block) runs as eager aten ops while Flint traces: Dynamo compiling under
+    FakeTensorMode inside make_fx crashes the process (a segfault with torch 2.13), and the
+    eager ops are what Flint costs anyway (passes/fuse.py fuses pointwise chains as
+    Inductor would). `force_eager` is torch.compiler's own switch for exactly this."""
+    import torch._dynamo
+
+    torch._dynamo.reset()   # nothing compiled before the capture is reused inside it
+    # make_fx counts as FX tracing, where Dynamo would refuse the compiled function
+    # instead of running it as written
+    with torch.compiler.set_stance("force_eager"), \
+            torch._dynamo.config.patch(error_on_nested_fx_trace=False):
+        yield
 
 
 @contextlib.contextmanager
