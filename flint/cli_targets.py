@@ -12,12 +12,36 @@ from flint.errors import FlintError
 def default_zoo_mesh(devices: int, model: str | None = None) -> str:
     """8-way tensor parallelism inside an 8-GPU host and FSDP across hosts; FSDP shards
     d_model, so beyond d_model ways the rest of the devices become data-parallel replicas
-    of the FSDP group (hybrid sharding), which fits any power of two up to MAX_DEVICES."""
-    tp = 8 if devices >= 8 and devices % 8 == 0 else 1
+    of the FSDP group (hybrid sharding), which fits any power of two up to MAX_DEVICES.
+    The TP degree divides the model's heads, KV heads, FFN and vocabulary (GPT-2's 12
+    heads take TP=4)."""
+    tp = _tp_degree(devices, model)
     rest = devices // tp
     fsdp = math.gcd(rest, _d_model(model)) if rest > _d_model(model) else rest
     axes = ([f"data={rest // fsdp}"] if fsdp < rest else []) + [f"fsdp={fsdp}"]
     return ",".join(axes + ([f"model={tp}"] if tp > 1 else []))
+
+
+def _tp_degree(devices: int, model: str | None) -> int:
+    """The largest of 8, 4, 2, 1 that divides the device count and every dimension Megatron
+    TP splits (heads, KV heads, FFN hidden, vocabulary for vocab-parallel embeddings)."""
+    from flint.models import mlp
+
+    dims: tuple[int, ...] = ()
+    if model in mlp.ZOO:
+        dims = (mlp.ZOO[model]["d"],)
+    else:
+        from flint.models.describe import resolve_model
+
+        try:
+            cfg = resolve_model(model or "llama3-8b")
+            dims = (cfg.n_heads, cfg.n_kv_heads, cfg.d_ff, cfg.vocab)
+        except FlintError:
+            dims = ()
+    for tp in (8, 4, 2):
+        if devices % tp == 0 and all(d % tp == 0 for d in dims):
+            return tp
+    return 1
 
 
 def _d_model(model: str | None) -> int:

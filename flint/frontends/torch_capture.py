@@ -60,6 +60,7 @@ class CapturedTorch:
     gm: torch.fx.GraphModule
     cluster: Cluster
     groups: dict                      # process-group name -> ranks of rank 0's group
+    state: dict = field(default_factory=dict)   # per-rank bytes: flint.frontends.torch_state
     timings: dict = field(default_factory=dict)
 
     def as_text(self) -> str:
@@ -71,6 +72,10 @@ class CapturedTorch:
         t = time.perf_counter()
         graph = lower_fx(self.gm, self.cluster, self.groups, fuse=fuse)
         graph.meta.update(source="torch", torch_version=torch.__version__)
+        if self.state:
+            from flint.frontends.torch_state import record_state
+
+            record_state(graph, self.state)
         self.timings["graph_s"] = time.perf_counter() - t
         return graph
 
@@ -150,7 +155,11 @@ def capture(step: TorchStep, world_size: int, mesh=None,
                          f"{_first_line(e)}") from None
     timings["trace_s"] = time.perf_counter() - t
     cluster = Cluster(world_size, mesh, hardware, "gpu", min(devices_per_host, world_size))
-    return CapturedTorch(gm, cluster, _group_ranks(gm), timings)
+    from flint.frontends.torch_state import state_bytes
+
+    with fake:
+        state = state_bytes(model, optimizer, inputs + targets)
+    return CapturedTorch(gm, cluster, _group_ranks(gm), timings=timings, state=state)
 
 
 def _build(model):
