@@ -259,7 +259,8 @@ def _jax_graph(target, devices, mesh, hardware_name, model, scan, layers, seq_le
     graph = compiled.workload()
     graph.meta["model"] = label
     if info.get("model_flops"):
-        graph.meta["model_flops_per_device"] = info["model_flops"] / devices
+        graph.meta.update(model_flops_per_device=info["model_flops"] / devices,
+                          model_flops_source="model config (PaLM appendix B)")
     return graph, compiled.timings
 
 

@@ -55,7 +55,9 @@ def zoo(name: str, world_size: int, mesh=None, *, batch_per_replica: int = 1,
     for axis, size in mesh_t:
         if axis not in TP_AXES:
             dp *= size
-    graph.meta.update(model=f"{name} (torch)", model_flops_per_device=model_flops(
+    graph.meta.update(model=f"{name} (torch)",
+                      model_flops_source="model config (PaLM appendix B)",
+                      model_flops_per_device=model_flops(
         cfg, batch_per_replica * dp * cfg.seq_len) / world_size, timings=captured.timings)
     return graph
 

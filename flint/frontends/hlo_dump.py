@@ -55,6 +55,9 @@ def load_dump(target: str, *, devices: int | None = None, mesh=None,
     cluster = Cluster(count, mesh_t, target_hw.hardware, target_hw.platform,
                       min(per_host, count))
     graph = lower_hlo(module, cluster)
+    from flint.frontends.model_flops import set_model_flops
+
+    set_model_flops(graph)
     graph.meta.update(source="hlo-dump", dump_module=chosen.name,
                       dump_file=chosen.path.name,
                       mesh_from="given" if mesh else (

@@ -252,14 +252,33 @@ def _jit_specs(fn, nargs: int):
 
 
 def _is_torch_call(args) -> bool:
-    """Without importing torch: is the first argument a torch module, or a module class
-    (which Flint calls on the meta device as the model factory)?"""
+    """Without importing torch: is the first argument a torch module, a module class, or a
+    zero-argument model factory followed by an optimizer ("adamw", "sgd", None or a
+    factory)? A JAX step's arguments are arrays, never functions."""
     import sys
 
     torch = sys.modules.get("torch")
-    return bool(args) and torch is not None and (
-        isinstance(args[0], torch.nn.Module)
-        or (isinstance(args[0], type) and issubclass(args[0], torch.nn.Module)))
+    if not args or torch is None:
+        return False
+    first = args[0]
+    if isinstance(first, torch.nn.Module) or (
+            isinstance(first, type) and issubclass(first, torch.nn.Module)):
+        return True
+    optimizer = args[1] if len(args) > 1 else None
+    return (callable(first) and not isinstance(first, type) and _takes_no_arguments(first)
+            and len(args) > 1 and (optimizer is None or isinstance(optimizer, str)
+                                   or callable(optimizer)))
+
+
+def _takes_no_arguments(fn) -> bool:
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+               for p in params)
 
 
 def capture(fn: Callable | None = None, *, devices: int, mesh=None, hardware: str = "h100-sxm",

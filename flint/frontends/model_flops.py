@@ -19,8 +19,15 @@ from flint.graph import WorkloadGraph
 def forward_matmul_flops(graph: WorkloadGraph) -> float:
     """Per device: forward GEMM/conv flops plus forward attention flops at full cost."""
     total = 0.0
+    # Ops the compiler rewrote may have lost their metadata (the CPU backend's batched dots
+    # of an einsum): an untagged GEMM scheduled before the first backward GEMM is forward
+    # (other backward ops, such as weight transposes, may be hoisted earlier).
+    first_backward = next((n.id for n in graph.nodes if n.meta.get("phase") == "backward"
+                           and n.op_class in ("gemm", "conv", "attention")), len(graph.nodes))
     for node in graph.nodes:
-        if node.meta.get("phase") != "forward":
+        phase = node.meta.get("phase")
+        if phase != "forward" and not (phase in (None, "", "unknown")
+                                       and node.id < first_backward):
             continue
         if node.op_class in ("gemm", "conv"):
             total += node.flops * node.repeat

@@ -53,6 +53,7 @@ class TorchStep:
     context: Callable | None = None
     step_fn: Callable | None = None
     on_materialize: Callable | None = None
+    model_flops: float | None = None   # per step, whole cluster, for MFU (else from the graph)
 
 
 @dataclass
@@ -61,6 +62,7 @@ class CapturedTorch:
     cluster: Cluster
     groups: dict                      # process-group name -> ranks of rank 0's group
     state: dict = field(default_factory=dict)   # per-rank bytes: flint.frontends.torch_state
+    model_flops: float | None = None   # per step, whole cluster (MFU); else from the graph
     timings: dict = field(default_factory=dict)
 
     def as_text(self) -> str:
@@ -76,6 +78,9 @@ class CapturedTorch:
             from flint.frontends.torch_state import record_state
 
             record_state(graph, self.state)
+        from flint.frontends.model_flops import set_model_flops
+
+        set_model_flops(graph, self.model_flops)
         self.timings["graph_s"] = time.perf_counter() - t
         return graph
 
@@ -159,7 +164,8 @@ def capture(step: TorchStep, world_size: int, mesh=None,
 
     with fake:
         state = state_bytes(model, optimizer, inputs + targets)
-    return CapturedTorch(gm, cluster, _group_ranks(gm), timings=timings, state=state)
+    return CapturedTorch(gm, cluster, _group_ranks(gm), timings=timings, state=state,
+                         model_flops=step.model_flops)
 
 
 def _build(model):
