@@ -39,7 +39,9 @@ class Attention(nnx.Module):
 
     def __call__(self, x):
         b, t, _ = x.shape
-        heads = [f(x).reshape(b, t, HEADS, D_MODEL // HEADS) for f in (self.q, self.k, self.v)]
+        heads = [jax.lax.with_sharding_constraint(
+                     f(x).reshape(b, t, HEADS, D_MODEL // HEADS), P("fsdp", None, "model"))
+                 for f in (self.q, self.k, self.v)]          # heads split over TP
         y = jax.nn.dot_product_attention(*heads, is_causal=True)
         return self.o(y.reshape(b, t, D_MODEL))
 
@@ -66,10 +68,17 @@ class GPT(nnx.Module):
         self.head = _linear(D_MODEL, VOCAB, ("fsdp", "model"), rngs)
 
     def __call__(self, tokens):
-        x = self.embed(tokens).astype(jnp.bfloat16)
+        # activations stay batch-sharded between layers (as MaxText constrains them), so
+        # XLA gathers parameters, not activations
+        x = _batch_sharded(self.embed(tokens).astype(jnp.bfloat16))
         for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))
+            x = _batch_sharded(block(x))
+        return jax.lax.with_sharding_constraint(self.head(self.ln_f(x)),
+                                                P("fsdp", None, "model"))
+
+
+def _batch_sharded(x):
+    return jax.lax.with_sharding_constraint(x, P("fsdp", None, None))
 
 
 def train_step(state, batch):

@@ -31,10 +31,12 @@ TRANSCENDENTAL = frozenset({
     "exp", "exp_", "log", "log_", "log1p", "expm1", "tanh", "tanh_", "sigmoid", "sigmoid_",
     "rsqrt", "sqrt", "sqrt_", "sin", "cos", "erf", "erfinv", "pow", "silu", "silu_", "gelu",
     "softplus", "_softmax", "_log_softmax", "log_sigmoid_forward", "reciprocal", "atan2",
+    "_safe_softmax",    # SDPA's math path (rows that are fully masked give 0, not NaN)
 })
 REDUCTIONS = frozenset({
     "sum", "mean", "amax", "amin", "max", "min", "prod", "var", "std", "var_mean", "norm",
     "linalg_vector_norm", "argmax", "argmin", "logsumexp", "_softmax", "_log_softmax",
+    "_safe_softmax",
     "_softmax_backward_data", "_log_softmax_backward_data", "nll_loss_forward",
     "nll_loss_backward", "native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm",
     "native_batch_norm", "native_batch_norm_backward", "cumsum", "all", "any",
@@ -53,7 +55,7 @@ DATA_MOVEMENT = frozenset({
 # arithmetic when it sees them as separate ops): mean, subtract, square, mean, rsqrt,
 # scale, shift for a layer norm.
 PER_ELEMENT = {"native_layer_norm": 7, "native_layer_norm_backward": 12, "_fused_rms_norm": 5,
-               "_softmax": 4, "_log_softmax": 4, "_softmax_backward_data": 3,
+               "_softmax": 4, "_log_softmax": 4, "_safe_softmax": 4, "_softmax_backward_data": 3,
                "_log_softmax_backward_data": 3, "native_batch_norm": 7,
                "native_batch_norm_backward": 12, "addcdiv_": 3, "addcmul_": 3, "lerp_": 3,
                "addcdiv": 3, "addcmul": 3, "lerp": 3}
@@ -119,6 +121,7 @@ _ELEMENTWISE = frozenset({
     "masked_fill_", "logical_and", "logical_or", "_foreach_add", "addcdiv", "addcmul",
     "lerp", "fmod", "remainder", "trunc", "isnan", "isinf", "nan_to_num", "where",
     "masked_fill", "polar", "complex",
+    "bernoulli", "uniform", "normal", "rand_like", "randn_like",   # dropout masks, init
 })
 
 
@@ -152,7 +155,8 @@ def cost(name: str, args, named: dict, out) -> tuple[float, float]:
     if name in REDUCTIONS:
         ins = tensors(args[:1])
         n = max(sum(t.numel() for t in ins), out_elems)
-        trans = (ins[0].numel() if ins else out_elems) if name in ("_softmax", "_log_softmax") else 0
+        trans = (ins[0].numel() if ins else out_elems) if name in (
+            "_softmax", "_log_softmax", "_safe_softmax") else 0
         return float(per * n), float(trans)
     trans = float(out_elems) if name.rstrip("_") in TRANSCENDENTAL or name in TRANSCENDENTAL else 0.0
     if outs and outs[0].is_complex():   # (a+bi)(c+di): 4 multiplies, 2 adds; sums: 2 adds

@@ -75,9 +75,10 @@ def sharding_report(rows: list, mesh_sizes: dict) -> tuple[list[list], list[str]
                 and any(_BATCH_KEY.match(p) for p in parts)):
             axis = "fsdp" if "fsdp" in data_axes else data_axes[0]
             notes.append(
-                f"argument {key} ({shape}) is replicated, so each of the {data_ways} "
-                f"data-parallel replicas ({'+'.join(data_axes)}) computes the whole global "
-                f"batch: shard its batch dimension, e.g. rules=[(r\"^{parts[0]}\", "
+                f"argument {key} ({shape}) is replicated: each of the {data_ways} "
+                f"data-parallel replicas ({'+'.join(data_axes)}) gets the whole global "
+                f"batch and, unless the step constrains its activations, computes all of "
+                f"it; shard its batch dimension, e.g. rules=[(r\"^{parts[0]}\", "
                 f"P(\"{axis}\"))] or jit in_shardings")
         elif nbytes >= LARGE_REPLICATED_BYTES:
             notes.append(f"argument {key} ({shape}, {_fmt_bytes(nbytes)}) is replicated on "
