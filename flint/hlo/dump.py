@@ -3,7 +3,8 @@ step and what it was compiled for.
 
 A dump holds, per compiled module, `module_NNNN.<name>.before_optimizations.txt` and the
 optimized `module_NNNN.<name>.<target>after_optimizations.txt` (`.hlo.pb` with
-`--xla_dump_hlo_as_proto`), where <target> is `cpu_`, `sm_9.0a_gpu_` or empty, beside
+`--xla_dump_hlo_as_proto`), where <target> is `cpu_`, `sm_9.0a_gpu_` or, from libtpu, a
+`cl_NNN.` tag (on both files), beside
 buffer-assignment reports, LLVM IR and PTX that Flint does not read. Any JAX/XLA writes
 this layout, so a dump of a TPU AOT compile (MaxText's `train_compile.py`) or of a GPU run
 on another machine is read as it is; nothing in it is executed.
@@ -15,6 +16,7 @@ the module before optimization.
 """
 from __future__ import annotations
 
+import glob
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,8 @@ _AFTER = re.compile(r"after_optimizations\.(txt|hlo\.pb)$")
 _MODULE_PREFIX = re.compile(r"^(module_\d+\.[^.]+)\.")
 _SDY_MESH = re.compile(r"#sdy\.mesh<\[([^\]]*)\]")
 _SDY_AXIS = re.compile(r'"([A-Za-z_]\w*)"\s*=\s*(\d+)')
+# A TPU dump does not say which generation compiled it; `--hardware` does, else this.
+TPU_DEFAULT = "tpu-v5p"
 _HLO_SUFFIXES = (".txt", ".hlo", ".pb", ".hlo.pb", ".xz", ".gz", ".pbtxt")
 
 
@@ -68,9 +72,7 @@ def dump_modules(directory: Path) -> list[DumpModule]:
         name = prefix.group(1) if prefix else p.name[:m.start()].rstrip("._")
         if name in by_name and by_name[name].path.name.endswith(".txt"):
             continue
-        before = directory / f"{name}.before_optimizations.txt"
-        by_name[name] = DumpModule(p, name, before if before.is_file() else None,
-                                   _size(p))
+        by_name[name] = DumpModule(p, name, _sibling_before(p), _size(p))
     return list(by_name.values())
 
 
@@ -113,11 +115,13 @@ def choose_module(target: str) -> DumpModule:
 
 
 def _sibling_before(path: Path) -> Path | None:
+    """The same module's unoptimized text: `<prefix>.before_optimizations.txt`, or with a
+    tag between (TPU dumps: `module_0000.jit_step.cl_933746096.before_optimizations.txt`)."""
     prefix = _MODULE_PREFIX.match(path.name)
     if not prefix:
         return None
-    before = path.parent / f"{prefix.group(1)}.before_optimizations.txt"
-    return before if before.is_file() and before != path else None
+    found = sorted(path.parent.glob(f"{glob.escape(prefix.group(1))}.*before_optimizations.txt"))
+    return found[0] if found and found[0] != path else None
 
 
 def mesh_of_dump(header_texts) -> tuple[tuple[str, int], ...] | None:
@@ -140,12 +144,15 @@ _DEVICE_DESCRIPTION = re.compile(r'device_description_str:\s*"([^"]*)"')
 def dump_hardware(module: DumpModule) -> str | None:
     """The compile target a dump names: `cpu_after_optimizations` is the host CPU; a GPU
     module's `gpu_target_config.pbtxt` names the GPU, matched to Flint's GPU targets by
-    their device description. None when the dump does not say (TPU dumps, a lone file)."""
+    their device description; TPU HLO (tiled layouts `{1,0:T(8,128)}`) names no
+    generation, so it is taken as TPU_DEFAULT. None when the dump does not say."""
     from flint.frontends.targets import GPU_TARGETS_DIR
 
     name = module.path.name
     if "cpu_after_optimizations" in name:
         return "cpu"
+    if name.endswith(".txt") and _has_tpu_layouts(module.path):
+        return TPU_DEFAULT
     prefix = _MODULE_PREFIX.match(name)
     config = module.path.parent / f"{prefix.group(1)}.gpu_target_config.pbtxt" if prefix \
         else None
@@ -159,6 +166,12 @@ def dump_hardware(module: DumpModule) -> str | None:
         if m and m.group(1) == found.group(1):
             return known.stem
     return None
+
+
+def _has_tpu_layouts(path: Path, limit: int = 1 << 20) -> bool:
+    """TPU HLO prints tiled layouts (`bf16[8,128]{1,0:T(8,128)(2,1)}`); others do not."""
+    with path.open("rb") as f:
+        return b":T(" in f.read(limit)
 
 
 def first_line(path: Path | None) -> str:
