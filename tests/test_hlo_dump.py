@@ -91,6 +91,8 @@ def test_cli_reads_a_dump_and_takes_a_mesh(dumped, tmp_path):
     code, _, err = run_cli(["extract", directory, "--mesh", "fsdp=4", "--devices", "4"])
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "partitioned for 8 devices" in err
+    code, _, err = run_cli(["extract", directory, "--devices", "16"])
+    assert code == 2 and "but --devices is 16" in err
 
 
 def test_newer_hlo_text_fails_on_one_line_naming_the_construct(dumped, tmp_path):

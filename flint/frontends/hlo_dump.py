@@ -82,9 +82,10 @@ def _device_count(module, participants: int, devices: int | None, mesh, named: i
     mesh must agree), else the given count, else as many as its collectives name."""
     wanted = math.prod(s for _, s in mesh) if mesh else devices
     if participants > 1:
-        if mesh is not None and wanted != participants:
+        if wanted is not None and wanted != participants:
+            what = "the mesh has" if mesh is not None else "--devices is"
             raise FlintError(f"{path.name} is partitioned for {participants} devices "
-                             f"(num_partitions x replica_count) but the mesh has {wanted}")
+                             f"(num_partitions x replica_count) but {what} {wanted}")
         return participants
     count = wanted or named
     if count < named:
