@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from flint.frontends.torch_capture import CapturedTorch, TorchStep
 from flint.frontends.torch_capture import capture as _capture
+from flint.frontends.torchtitan import torchtitan_parallelize  # noqa: F401
 
 
 def _mesh(mesh, world_size):

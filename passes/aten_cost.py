@@ -26,7 +26,8 @@ VIEWS = frozenset({
     # complex tensors viewed as (re, im) pairs and lazy conjugation (complex rotary)
     "view_as_complex", "view_as_real", "_conj", "conj", "_neg_view",
 })
-HOST = frozenset({"_record_function_enter_new", "_record_function_exit", "_record_function_enter"})
+HOST = frozenset({"_record_function_enter_new", "_record_function_exit", "_record_function_enter",
+                  "_assert_async", "_assert_scalar"})
 TRANSCENDENTAL = frozenset({
     "exp", "exp_", "log", "log_", "log1p", "expm1", "tanh", "tanh_", "sigmoid", "sigmoid_",
     "rsqrt", "sqrt", "sqrt_", "sin", "cos", "erf", "erfinv", "pow", "silu", "silu_", "gelu",
@@ -43,7 +44,8 @@ REDUCTIONS = frozenset({
 })
 DATA_MOVEMENT = frozenset({
     "_to_copy", "copy_", "copy", "clone", "contiguous", "cat", "stack", "index", "index_select",
-    "gather", "scatter", "scatter_add", "index_put", "index_put_", "index_add", "embedding",
+    "gather", "scatter", "scatter_", "scatter_add", "index_put", "index_put_", "index_add",
+    "embedding",
     "embedding_dense_backward", "slice_backward", "select_backward", "slice_scatter",
     "select_scatter", "constant_pad_nd", "roll", "flip", "repeat", "repeat_interleave",
     "zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "fill_", "zero_",
@@ -68,7 +70,12 @@ SDPA = {"_scaled_dot_product_flash_attention": 1.0,
         "_scaled_dot_product_flash_attention_for_cpu_backward": 2.5,
         "_scaled_dot_product_efficient_attention_backward": 2.5,
         "_scaled_dot_product_cudnn_attention_backward": 2.5,
-        "_flash_attention_backward": 2.5, "_efficient_attention_backward": 2.5}
+        "_flash_attention_backward": 2.5, "_efficient_attention_backward": 2.5,
+        # FlexAttention's higher-order ops (torchtitan): q, k, v come first in both
+        "flex_attention": 1.0, "flex_attention_backward": 2.5}
+# A flex block mask's sparsity is data (fake tensors carry none), so flex attention is
+# costed without mask savings: an upper bound (a causal mask skips about half the blocks).
+FLEX = frozenset({"flex_attention", "flex_attention_backward"})
 
 
 def op_name(target) -> str:
@@ -180,7 +187,7 @@ def _attention_flops(name: str, args, named: dict) -> float:
     skip fully masked blocks; the same convention as passes.attention). Backward: 2.5x
     (two matmuls per forward one, plus recomputing QK^T)."""
     q, k = args[0], args[1]
-    if name.endswith("_backward"):
+    if name.endswith("_backward") and name not in FLEX:
         q, k = args[1], args[2]      # (grad_out, query, key, value, ...)
     b, h, sq, d = q.shape[0], q.shape[1], q.shape[-2], q.shape[-1]
     sk = k.shape[-2]
@@ -193,7 +200,8 @@ def _attention_flops(name: str, args, named: dict) -> float:
 
 def attention_meta(name: str, args, named: dict) -> dict:
     """The shapes an attention cost model needs (the contract of passes.attention)."""
-    q, k = (args[1], args[2]) if name.endswith("_backward") else (args[0], args[1])
+    q, k = (args[1], args[2]) if name.endswith("_backward") and name not in FLEX \
+        else (args[0], args[1])
     dtype = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}.get(
         getattr(q, "dtype", None), "bf16")
     return {"batch": int(q.shape[0]), "heads": int(q.shape[1]), "kv_heads": int(k.shape[1]),

@@ -119,3 +119,32 @@ def test_hf_gpt2_fsdp2_from_config():
     assert _gemm_flops(graph) == pytest.approx(3 * (matmul + attention) / 8, rel=0.02)
     assert graph.meta["model_flops_per_device"] == pytest.approx(
         3 * (matmul + attention) / 8, rel=0.02)
+
+
+def test_torchtitan_llama_with_its_own_parallelize(monkeypatch):
+    """torchtitan 0.3.0's Llama 3 (flex attention with a torch.compile'd mask builder,
+    complex rotary embeddings) and its own parallelize_llama (TP + FSDP2) on Flint's fake
+    process group. torchtitan is not in the extra (it pins older Hugging Face libraries
+    than transformers 5 needs); the test runs where it is installed."""
+    pytest.importorskip("torchtitan")
+    import torch
+
+    from flint.frontends.torch_capture import capture
+
+    titan = _example("torchtitan_llama")
+    monkeypatch.setattr(titan, "LAYERS", 2)
+    monkeypatch.setattr(titan, "SEQ", 256)
+    step = titan.llama()
+    graph = capture(step, 8, (("fsdp", 4), ("tp", 2)), "h100-sxm").workload()
+    with torch.device("meta"):
+        model = step.model()
+    weights = sum(m.weight.numel() for m in model.modules()
+                  if isinstance(m, torch.nn.Linear))
+    tokens, dim = 4 * 256, model.config.dim            # one sequence per FSDP rank
+    matmul = 2 * weights * tokens                      # TP splits every Linear, head too
+    assert _gemm_flops(graph) == pytest.approx(3 * matmul / 8, rel=0.02)
+    attention = tokens * 2 * 4 * 256 * dim             # 2 layers, scores + values, full
+    assert graph.meta["model_flops_per_device"] == pytest.approx(
+        3 * (matmul + attention) / 8, rel=0.02)
+    assert not graph.meta["unknown_ops"]
+    assert any(o.startswith("c64") for n in graph.nodes for o in n.outputs)  # rotary

@@ -229,12 +229,27 @@ def _compiled_regions_eager():
     Inductor would). `force_eager` is torch.compiler's own switch for exactly this."""
     import torch._dynamo
 
+    import torch.nn.attention.flex_attention as flex
+
     torch._dynamo.reset()   # nothing compiled before the capture is reused inside it
+    validate_device = flex._validate_device
+    flex._validate_device = _flex_device_check
     # make_fx counts as FX tracing, where Dynamo would refuse the compiled function
     # instead of running it as written
-    with torch.compiler.set_stance("force_eager"), \
-            torch._dynamo.config.patch(error_on_nested_fx_trace=False):
-        yield
+    try:
+        with torch.compiler.set_stance("force_eager"), \
+                torch._dynamo.config.patch(error_on_nested_fx_trace=False):
+            yield
+    finally:
+        flex._validate_device = validate_device
+
+
+def _flex_device_check(query, key, value) -> None:
+    """Flex attention refuses gradients on CPU (no CPU backward kernel); Flint's CPU
+    tensors are fake and stand for the GPU's, where it has one, so only the device kind
+    is checked."""
+    if query.device.type not in ("cpu", "cuda", "xpu", "hpu", "mps"):
+        raise ValueError(f"FlexAttention does not run on {query.device.type}")
 
 
 @contextlib.contextmanager
