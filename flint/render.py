@@ -77,6 +77,20 @@ def render_summary(s: dict, console: Console, timings: dict | None = None,
     for note in s.get("compiler_notes", []):
         console.print(f"[yellow]compiler note:[/] {note}", highlight=False)
     _render_arguments(s, console)
+    _render_memory_split(s, console)
+
+
+def _render_memory_split(s: dict, console: Console) -> None:
+    """What a torch rank holds for its model (the estimate adds the activations)."""
+    split = s.get("memory_split")
+    if not split:
+        return
+    t = Table(title="Model state per device (the estimate adds activations)")
+    t.add_column("what")
+    t.add_column("bytes", justify="right")
+    for key in ("parameters_bytes", "gradients_bytes", "optimizer_state_bytes", "inputs_bytes"):
+        t.add_row(key[:-len("_bytes")].replace("_", " "), fmt_bytes(split.get(key, 0)))
+    console.print(t)
 
 
 def _render_arguments(s: dict, console: Console, top: int = 24) -> None:
