@@ -206,5 +206,6 @@ def test_decorator_takes_a_zero_argument_model_factory():
                                 torch.empty(16, 64, device="meta"))
     split = graph.meta["memory_split"]
     assert split["parameters_bytes"] == (64 * 32 + 32) * 4
+    assert ["params/weight", 64 * 32 * 4] in graph.meta["arguments"]
     assert split["optimizer_state_bytes"] == 2 * split["parameters_bytes"]
     assert split["gradients_bytes"] == split["parameters_bytes"]

@@ -21,24 +21,67 @@ def local_bytes(t) -> int:
 
 
 def state_bytes(model: torch.nn.Module, optimizer, inputs: tuple) -> dict:
-    params = list(model.parameters())
-    optimizer_state = 0
+    """Per-rank bytes: the totals (memory_split) and one entry per tensor (arguments):
+    `params/<name>`, `opt_state/<name>/<state>`, `batch/<i>`, named so the memory
+    estimate files them by kind; per tensor, so a rescale can match each to the shard
+    family it belongs to."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    entries = [[f"params/{n}", local_bytes(p)] for n, p in model.named_parameters()]
+    if optimizer is not None:
+        for param, state in optimizer.state.items():
+            for key, value in sorted(state.items()):
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    entries.append([f"opt_state/{names.get(id(param), '?')}/{key}",
+                                    local_bytes(value)])
+    entries += [[f"batch/{i}", local_bytes(x)] for i, x in enumerate(inputs)
+                if isinstance(x, torch.Tensor)]
+
+    def total(prefix):
+        return sum(b for n, b in entries if n.startswith(prefix))
+
+    trainable = sum(local_bytes(p) for p in model.parameters() if p.requires_grad)
+    sharded = [i for i, t in enumerate(_tensors_in_order(model, optimizer))
+               if _data_sharded(t)]
+    return {"arguments": entries, "sharded_arguments": sharded,
+            "split": {"parameters_bytes": total("params/"), "gradients_bytes": trainable,
+                      "optimizer_state_bytes": total("opt_state/"),
+                      "inputs_bytes": total("batch/")}}
+
+
+def _tensors_in_order(model, optimizer):
+    """The parameters and optimizer-state tensors in the order state_bytes lists them."""
+    out = list(model.parameters())
     if optimizer is not None:
         for state in optimizer.state.values():
-            optimizer_state += sum(local_bytes(v) for v in state.values()
-                                   if isinstance(v, torch.Tensor) and v.dim() > 0)
-    return {"parameters_bytes": sum(local_bytes(p) for p in params),
-            "gradients_bytes": sum(local_bytes(p) for p in params if p.requires_grad),
-            "optimizer_state_bytes": optimizer_state,
-            "inputs_bytes": sum(local_bytes(x) for x in inputs
-                                if isinstance(x, torch.Tensor))}
+            out += [v for _, v in sorted(state.items())
+                    if isinstance(v, torch.Tensor) and v.dim() > 0]
+    return out
 
 
-def record_state(graph, split: dict) -> None:
-    """Entry arguments named so the memory estimate files them as parameters, optimizer
-    state and inputs; the whole split in meta["memory_split"]."""
-    graph.meta["arguments"] = [["params", split["parameters_bytes"]],
-                               ["opt_state", split["optimizer_state_bytes"]],
-                               ["batch", split["inputs_bytes"]]]
+def _data_sharded(t) -> bool:
+    """Sharded over a data-parallel mesh dimension (FSDP2), so its shard shrinks when that
+    dimension grows: what flint.passes.rescale scales (meta["sharded_arguments"])."""
+    placements = getattr(t, "placements", None)
+    mesh = getattr(t, "device_mesh", None)
+    if placements is None or mesh is None:
+        return False
+    from torch.distributed.tensor import Shard
+
+    names = mesh.mesh_dim_names or ()
+    return any(isinstance(p, Shard) and i < len(names) and names[i] not in NOT_DATA_DIMS
+               for i, p in enumerate(placements))
+
+
+# Mesh dimensions that split the model, not the batch (flint.models.torch_decoder.TP_AXES,
+# torchtitan's tp/cp/ep)
+NOT_DATA_DIMS = ("tp", "model", "tensor", "sp", "cp", "context", "ep", "expert")
+
+
+def record_state(graph, state: dict) -> None:
+    """Entry arguments (resident for the whole step, as a JAX step's arguments are), which
+    of them FSDP shards (a rescale shrinks those), and the per-kind totals in
+    meta["memory_split"]."""
+    graph.meta["arguments"] = [list(e) for e in state["arguments"]]
+    graph.meta["sharded_arguments"] = list(state["sharded_arguments"])
     graph.meta.setdefault("aliased_arguments", [])
-    graph.meta["memory_split"] = dict(split)
+    graph.meta["memory_split"] = dict(state["split"])
