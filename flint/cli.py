@@ -248,11 +248,16 @@ def _jax_graph(target, devices, mesh, hardware_name, model, scan, layers, seq_le
     stage(f"tracing and lowering {label} for {devices} devices")
     import warnings
 
-    with warnings.catch_warnings(record=True) as caught:   # one plain line each
-        warnings.simplefilter("always")
+    from flint.frontends.sharding_report import ShardingWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ShardingWarning)
         lowered = step.lower(*args)
-    for w in caught:
-        print(f"flint: warning: {w.message}", file=sys.stderr)
+    for w in caught:       # Flint's own on one plain line each; others as Python shows them
+        if issubclass(w.category, ShardingWarning):
+            print(f"flint: warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     stage(f"compiling with XLA for {devices} x {step.cfg.hardware} (no hardware runs)")
     compiled = lowered.compile()
     stage("lowering optimized HLO into the workload graph")
