@@ -23,8 +23,9 @@ def default_zoo_mesh(devices: int, model: str | None = None) -> str:
 
 
 def _tp_degree(devices: int, model: str | None) -> int:
-    """The largest of 8, 4, 2, 1 that divides the device count and every dimension Megatron
-    TP splits (heads, KV heads, FFN hidden, vocabulary for vocab-parallel embeddings)."""
+    """On clusters of whole 8-GPU hosts, the largest of 8, 4, 2, 1 that divides every
+    dimension Megatron TP splits (heads, KV heads, FFN hidden, vocabulary for
+    vocab-parallel embeddings); 1 on smaller clusters, as before."""
     from flint.models import mlp
 
     dims: tuple[int, ...] = ()
@@ -38,10 +39,9 @@ def _tp_degree(devices: int, model: str | None) -> int:
             dims = (cfg.n_heads, cfg.n_kv_heads, cfg.d_ff, cfg.vocab)
         except FlintError:
             dims = ()
-    for tp in (8, 4, 2):
-        if devices % tp == 0 and all(d % tp == 0 for d in dims):
-            return tp
-    return 1
+    if devices < 8 or devices % 8:     # TP inside an 8-GPU host; none on smaller clusters
+        return 1
+    return next((tp for tp in (8, 4, 2) if all(d % tp == 0 for d in dims)), 1)
 
 
 def _d_model(model: str | None) -> int:
