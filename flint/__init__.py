@@ -10,6 +10,7 @@ JAX starts, the rest so that the `flint` command starts (and takes Ctrl-C) at on
 __version__ = "0.1.0"
 _LAZY = {"capture": "flint.frontends.jax", "extract": "flint.frontends.jax",
          "Captured": "flint.frontends.jax", "Cluster": "flint.cluster",
+         "virtual_mesh": "flint.frontends.virtual_mesh",
          "FlintError": "flint.errors", **{name: "flint.graph" for name in (
              "Collective", "Communicator", "Loop", "Node", "NodeKind", "WorkloadGraph")}}
 __all__ = ["Cluster", "FlintError", "Collective", "Communicator", "Loop", "Node", "NodeKind",

@@ -65,6 +65,35 @@ def render_summary(s: dict, console: Console, timings: dict | None = None,
     console.print(lt)
     for note in s.get("compiler_notes", []):
         console.print(f"[yellow]compiler note:[/] {note}", highlight=False)
+    _render_arguments(s, console)
+    _render_memory_split(s, console)
+
+
+def _render_memory_split(s: dict, console: Console) -> None:
+    """What a torch rank holds for its model (the estimate adds the activations)."""
+    split = s.get("memory_split")
+    if not split:
+        return
+    t = Table(title="Model state per device (the estimate adds activations)")
+    t.add_column("what")
+    t.add_column("bytes", justify="right")
+    for key in ("parameters_bytes", "gradients_bytes", "optimizer_state_bytes", "inputs_bytes"):
+        t.add_row(key[:-len("_bytes")].replace("_", " "), fmt_bytes(split.get(key, 0)))
+    console.print(t)
+
+
+def _render_arguments(s: dict, console: Console, top: int = 24) -> None:
+    """The per-argument sharding table, largest per-device share first (its warnings go to
+    stderr as the step is lowered)."""
+    rows = sorted(s.get("arguments_sharding") or [], key=lambda r: (-r[4], r[0]))
+    if rows:
+        t = Table(title=f"Arguments: sharding ({min(top, len(rows))} of {len(rows)} by "
+                        f"bytes per device)")
+        for col in ("argument", "global shape", "spec", "from", "per device"):
+            t.add_column(col, justify="right" if col == "per device" else "left")
+        for name, shape, spec, source, nbytes in rows[:top]:
+            t.add_row(name, shape, spec, source, fmt_bytes(nbytes))
+        console.print(t)
 
 
 def render_estimate(e: dict, console: Console) -> None:

@@ -68,6 +68,9 @@ def summarize(graph) -> dict:
                   for lp in graph.loops],
         "unknown_ops": graph.meta.get("unknown_ops", {}),
         "compiler_notes": graph.meta.get("compiler_notes", []),
+        **{k: graph.meta[k] for k in ("arguments_sharding", "sharding_warnings",
+                                      "model_flops_per_device", "memory_split")
+           if k in graph.meta},
     }
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from flint.frontends.torch_capture import CapturedTorch, TorchStep
 from flint.frontends.torch_capture import capture as _capture
+from flint.frontends.torchtitan import torchtitan_parallelize  # noqa: F401
 
 
 def _mesh(mesh, world_size):
@@ -55,7 +56,9 @@ def zoo(name: str, world_size: int, mesh=None, *, batch_per_replica: int = 1,
     for axis, size in mesh_t:
         if axis not in TP_AXES:
             dp *= size
-    graph.meta.update(model=f"{name} (torch)", model_flops_per_device=model_flops(
+    graph.meta.update(model=f"{name} (torch)",
+                      model_flops_source="model config (PaLM appendix B)",
+                      model_flops_per_device=model_flops(
         cfg, batch_per_replica * dp * cfg.seq_len) / world_size, timings=captured.timings)
     return graph
 

@@ -23,23 +23,29 @@ VIEWS = frozenset({
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "unfold",
     "_reshape_alias", "diagonal", "movedim", "squeeze_", "unsqueeze_", "t_", "set_",
     "scalar_tensor", "_local_scalar_dense", "resize_", "sym_size", "sym_stride", "getitem",
+    # complex tensors viewed as (re, im) pairs and lazy conjugation (complex rotary)
+    "view_as_complex", "view_as_real", "_conj", "conj", "_neg_view",
 })
-HOST = frozenset({"_record_function_enter_new", "_record_function_exit", "_record_function_enter"})
+HOST = frozenset({"_record_function_enter_new", "_record_function_exit", "_record_function_enter",
+                  "_assert_async", "_assert_scalar"})
 TRANSCENDENTAL = frozenset({
     "exp", "exp_", "log", "log_", "log1p", "expm1", "tanh", "tanh_", "sigmoid", "sigmoid_",
     "rsqrt", "sqrt", "sqrt_", "sin", "cos", "erf", "erfinv", "pow", "silu", "silu_", "gelu",
     "softplus", "_softmax", "_log_softmax", "log_sigmoid_forward", "reciprocal", "atan2",
+    "_safe_softmax",    # SDPA's math path (rows that are fully masked give 0, not NaN)
 })
 REDUCTIONS = frozenset({
     "sum", "mean", "amax", "amin", "max", "min", "prod", "var", "std", "var_mean", "norm",
     "linalg_vector_norm", "argmax", "argmin", "logsumexp", "_softmax", "_log_softmax",
+    "_safe_softmax",
     "_softmax_backward_data", "_log_softmax_backward_data", "nll_loss_forward",
     "nll_loss_backward", "native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm",
     "native_batch_norm", "native_batch_norm_backward", "cumsum", "all", "any",
 })
 DATA_MOVEMENT = frozenset({
     "_to_copy", "copy_", "copy", "clone", "contiguous", "cat", "stack", "index", "index_select",
-    "gather", "scatter", "scatter_add", "index_put", "index_put_", "index_add", "embedding",
+    "gather", "scatter", "scatter_", "scatter_add", "index_put", "index_put_", "index_add",
+    "embedding",
     "embedding_dense_backward", "slice_backward", "select_backward", "slice_scatter",
     "select_scatter", "constant_pad_nd", "roll", "flip", "repeat", "repeat_interleave",
     "zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "fill_", "zero_",
@@ -51,7 +57,7 @@ DATA_MOVEMENT = frozenset({
 # arithmetic when it sees them as separate ops): mean, subtract, square, mean, rsqrt,
 # scale, shift for a layer norm.
 PER_ELEMENT = {"native_layer_norm": 7, "native_layer_norm_backward": 12, "_fused_rms_norm": 5,
-               "_softmax": 4, "_log_softmax": 4, "_softmax_backward_data": 3,
+               "_softmax": 4, "_log_softmax": 4, "_safe_softmax": 4, "_softmax_backward_data": 3,
                "_log_softmax_backward_data": 3, "native_batch_norm": 7,
                "native_batch_norm_backward": 12, "addcdiv_": 3, "addcmul_": 3, "lerp_": 3,
                "addcdiv": 3, "addcmul": 3, "lerp": 3}
@@ -64,7 +70,12 @@ SDPA = {"_scaled_dot_product_flash_attention": 1.0,
         "_scaled_dot_product_flash_attention_for_cpu_backward": 2.5,
         "_scaled_dot_product_efficient_attention_backward": 2.5,
         "_scaled_dot_product_cudnn_attention_backward": 2.5,
-        "_flash_attention_backward": 2.5, "_efficient_attention_backward": 2.5}
+        "_flash_attention_backward": 2.5, "_efficient_attention_backward": 2.5,
+        # FlexAttention's higher-order ops (torchtitan): q, k, v come first in both
+        "flex_attention": 1.0, "flex_attention_backward": 2.5}
+# A flex block mask's sparsity is data (fake tensors carry none), so flex attention is
+# costed without mask savings: an upper bound (a causal mask skips about half the blocks).
+FLEX = frozenset({"flex_attention", "flex_attention_backward"})
 
 
 def op_name(target) -> str:
@@ -116,7 +127,8 @@ _ELEMENTWISE = frozenset({
     "hardtanh", "leaky_relu", "dropout", "native_dropout", "native_dropout_backward",
     "masked_fill_", "logical_and", "logical_or", "_foreach_add", "addcdiv", "addcmul",
     "lerp", "fmod", "remainder", "trunc", "isnan", "isinf", "nan_to_num", "where",
-    "masked_fill",
+    "masked_fill", "polar", "complex",
+    "bernoulli", "uniform", "normal", "rand_like", "randn_like",   # dropout masks, init
 })
 
 
@@ -131,7 +143,7 @@ def cost(name: str, args, named: dict, out) -> tuple[float, float]:
     to their values (positional or keyword)."""
     outs = tensors(out)
     out_elems = sum(t.numel() for t in outs)
-    if name in ("mm", "matmul"):
+    if name in ("mm", "matmul", "_scaled_mm"):     # _scaled_mm: FP8 with per-tensor scales
         a, b = args[0], args[1]
         return 2.0 * a.shape[0] * a.shape[1] * b.shape[-1], 0.0
     if name == "addmm":
@@ -150,9 +162,12 @@ def cost(name: str, args, named: dict, out) -> tuple[float, float]:
     if name in REDUCTIONS:
         ins = tensors(args[:1])
         n = max(sum(t.numel() for t in ins), out_elems)
-        trans = (ins[0].numel() if ins else out_elems) if name in ("_softmax", "_log_softmax") else 0
+        trans = (ins[0].numel() if ins else out_elems) if name in (
+            "_softmax", "_log_softmax", "_safe_softmax") else 0
         return float(per * n), float(trans)
     trans = float(out_elems) if name.rstrip("_") in TRANSCENDENTAL or name in TRANSCENDENTAL else 0.0
+    if outs and outs[0].is_complex():   # (a+bi)(c+di): 4 multiplies, 2 adds; sums: 2 adds
+        per *= 6 if name.rstrip("_") in ("mul", "div") else 2
     return float(per * out_elems), trans
 
 
@@ -172,7 +187,7 @@ def _attention_flops(name: str, args, named: dict) -> float:
     skip fully masked blocks; the same convention as passes.attention). Backward: 2.5x
     (two matmuls per forward one, plus recomputing QK^T)."""
     q, k = args[0], args[1]
-    if name.endswith("_backward"):
+    if name.endswith("_backward") and name not in FLEX:
         q, k = args[1], args[2]      # (grad_out, query, key, value, ...)
     b, h, sq, d = q.shape[0], q.shape[1], q.shape[-2], q.shape[-1]
     sk = k.shape[-2]
@@ -185,7 +200,8 @@ def _attention_flops(name: str, args, named: dict) -> float:
 
 def attention_meta(name: str, args, named: dict) -> dict:
     """The shapes an attention cost model needs (the contract of passes.attention)."""
-    q, k = (args[1], args[2]) if name.endswith("_backward") else (args[0], args[1])
+    q, k = (args[1], args[2]) if name.endswith("_backward") and name not in FLEX \
+        else (args[0], args[1])
     dtype = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}.get(
         getattr(q, "dtype", None), "bf16")
     return {"batch": int(q.shape[0]), "heads": int(q.shape[1]), "kv_heads": int(k.shape[1]),

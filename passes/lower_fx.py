@@ -46,9 +46,19 @@ IN_PLACE = {"_allgather_base_": "all-gather", "allgather_": "all-gather",
             "alltoall_base_": "all-to-all", "alltoall_": "all-to-all",
             "broadcast_": "collective-broadcast"}
 FSDP_STREAM = "fsdp-all-gather"
+# torch dtype -> HLO primitive type name (flint.hlo.shapes.DTYPE_BITS sizes them). Complex
+# (rotary embeddings as torchtitan and Meta's Llama write them) and FP8 travel end to end;
+# a packed FP4 pair is one byte, as its storage is.
 DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32", torch.float16: "f16",
           torch.float64: "f64", torch.int64: "s64", torch.int32: "s32", torch.int16: "s16",
-          torch.int8: "s8", torch.uint8: "u8", torch.bool: "pred"}
+          torch.int8: "s8", torch.uint8: "u8", torch.bool: "pred",
+          torch.complex64: "c64", torch.complex128: "c128", torch.uint16: "u16",
+          torch.uint32: "u32", torch.uint64: "u64",
+          **{getattr(torch, name): hlo for name, hlo in (
+              ("float8_e4m3fn", "f8e4m3fn"), ("float8_e5m2", "f8e5m2"),
+              ("float8_e4m3fnuz", "f8e4m3fnuz"), ("float8_e5m2fnuz", "f8e5m2fnuz"),
+              ("float8_e8m0fnu", "f8e8m0fnu"), ("float4_e2m1fn_x2", "u8"))
+             if hasattr(torch, name)}}
 _LAYER = re.compile(r"^(.*?\b(?:layers|blocks|h|layer)\.\d+)")
 
 
@@ -66,7 +76,17 @@ def lower_fx(gm: torch.fx.GraphModule, cluster: Cluster, groups: dict,
 
 
 def shape_str(t: torch.Tensor) -> str:
-    return f"{DTYPES.get(t.dtype, str(t.dtype).replace('torch.', ''))}[{','.join(map(str, t.shape))}]"
+    return f"{hlo_dtype(t.dtype)}[{','.join(map(str, t.shape))}]"
+
+
+def hlo_dtype(dtype: torch.dtype) -> str:
+    """The HLO name of a torch dtype; one with no HLO twin (complex32) is sized as the
+    unsigned integer of its width, so bytes stay right and nothing downstream fails."""
+    name = DTYPES.get(dtype)
+    if name is None:
+        bits = dtype.itemsize * 8
+        name = {8: "u8", 16: "u16", 32: "u32", 64: "u64"}.get(bits, "u8")
+    return name
 
 
 def _storage(t: torch.Tensor):
@@ -234,7 +254,7 @@ class _Lowerer:
 
     def _collective(self, n, kind: str, deps: list[int], sources, outs) -> int:
         comm = self.comms.get("groups", iota_groups(self._group(n.args), self.cluster))
-        dtype = DTYPES.get(sources[0].dtype, "f32") if sources else "f32"
+        dtype = hlo_dtype(sources[0].dtype) if sources else "f32"
         coll = Collective(kind, comm.id, sum(ac.nbytes(t) for t in sources),
                           sum(ac.nbytes(t) for t in (outs or sources)), dtype,
                           "add" if kind in ("all-reduce", "reduce-scatter") else None,

@@ -11,6 +11,7 @@ from functools import lru_cache
 
 _WRAPPED = re.compile(r"^([\w\-]+)\((.*)\)$")
 _PARAMS = re.compile(r"\[.*\]$")
+_MERGED = re.compile(r"^(|.*?/)\((.*)\)$")
 # Scope components that JAX's control flow and remat insert: not part of the user's model path.
 _PLUMBING = frozenset({"while", "body", "cond", "closed_call", "checkpoint", "remat",
                        "rematted_computation", "core_call", "custom_jvp_call", "custom_vjp_call",
@@ -22,6 +23,11 @@ OPTIMIZER_SCOPES = frozenset({"optimizer", "adamw", "adam", "opt_update", "apply
 @lru_cache(maxsize=65536)
 def parse_op_name(op_name: str) -> tuple[str, str, str]:
     """Return (scope, layer, phase) for a JAX op_name; phase is forward|backward|optimizer."""
+    # XLA joins the names of ops it merged: `a/reshape;b/reshape` or `(a/sub:b/mul)`
+    op_name = op_name.split(";", 1)[0]
+    merged = _MERGED.match(op_name)
+    if merged:
+        op_name = merged.group(1) + merged.group(2).split(":", 1)[0]
     if not op_name or "/" not in op_name:  # compiler-made ops carry only their own name
         return "", "", "unknown"
     phase = "backward" if "transpose(" in op_name else "forward"
@@ -35,7 +41,8 @@ def parse_op_name(op_name: str) -> tuple[str, str, str]:
                 break
             fn, inner = m.groups()
             comp = "" if fn in ("jit", "pjit") else inner
-        if comp not in _PLUMBING:
+        # einsum specs (`BTNH,BSNH->BNTS`) name an operation, not a part of the model
+        if comp not in _PLUMBING and "->" not in comp:
             parts.append(comp)
     if any(p.lower() in OPTIMIZER_SCOPES for p in parts):
         phase = "optimizer"

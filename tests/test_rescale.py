@@ -32,7 +32,8 @@ def graphs(tmp_path_factory):
     d = tmp_path_factory.mktemp("rescale")
     procs = {n: subprocess.Popen(
         [sys.executable, "-m", "flint.cli", "extract", "--model", "tiny", "--seq-len", "128",
-         "--devices", str(n), "--out", str(d / f"tiny{n}.json"), "--json"],
+         "--devices", str(n), "--mesh", f"fsdp={n // 8},model=8",   # TP=8 on 4 heads
+         "--out", str(d / f"tiny{n}.json"), "--json"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for n in SIZES}
     for n, p in procs.items():
         assert p.wait(timeout=300) == 0, p.stderr.read()

@@ -12,7 +12,8 @@ from flint.cli._common import check_output_file, err, print_json, run
 
 def extract(
     target: Optional[str] = typer.Argument(
-        None, help="SCRIPT.py:FUNCTION of a training step; default: the built-in --model"),
+        None, help="SCRIPT.py:FUNCTION of a training step, an XLA dump (DIR[:MODULE] or "
+                   "an HLO file); default: the built-in --model"),
     devices: int = typer.Option(4096, "--devices", "-n", help="virtual cluster size"),
     mesh: Optional[str] = typer.Option(
         None, help="mesh axes, e.g. data=512,model=8 (default: fsdp=N/8,model=8 for zoo "

@@ -1,8 +1,13 @@
 """Turn a step's arguments into ShapeDtypeStructs sharded over the virtual mesh.
 
 A leaf's PartitionSpec comes from, in order: `in_specs` (a pytree prefix of the arguments),
-`rules` ((regex, PartitionSpec) pairs searched in the leaf's path `argname/key/...`, e.g.
-`params/layers/wq`, first match wins), the leaf's own NamedSharding (its spec is rebound to the virtual mesh), replicated.
+the step's own `jax.jit(in_shardings=...)` (their specs rebound to the virtual mesh; a None
+there falls through), `rules` ((regex, PartitionSpec) pairs searched in the leaf's path
+`argname/key/...`, e.g. `params/layers/wq`, first match wins), the leaf's own NamedSharding
+(its spec is rebound to the virtual mesh), replicated.
+
+Where each spec came from is recorded per leaf (flint.frontends.sharding_report), since a
+leaf that silently stays replicated (a forgotten batch spec) multiplies the step's work.
 """
 from __future__ import annotations
 
@@ -38,32 +43,41 @@ def argument_names(fn, count: int) -> list[str]:
 
 
 def abstract_args(args: tuple, mesh: Mesh, in_specs=None, rules=(), static_argnums=(),
-                  names: list[str] | None = None) -> tuple:
-    """ShapeDtypeStructs with NamedShardings; rule keys are `argname/key/path`."""
+                  names: list[str] | None = None, jit_specs=None, report=None) -> tuple:
+    """ShapeDtypeStructs with NamedShardings; rule keys are `argname/key/path`.
+    `jit_specs`: the step's own jit in_shardings as specs (a prefix, like in_specs).
+    `report`: a list that receives one (key, leaf struct, source) row per array leaf and,
+    last, ("rules-unmatched", [regex, ...], None)."""
     rules_rx = [(re.compile(r), s) for r, s in (rules or ())]
+    used: set[int] = set()
     names = names or [f"arg{i}" for i in range(len(args))]
     out = []
     for i, arg in enumerate(args):
         if i in static_argnums:
             out.append(arg)
             continue
-        prefix = None
+        prefix, source = None, "in_specs"
         if in_specs is not None:
             if not isinstance(in_specs, (tuple, list)) or len(in_specs) != len(args):
                 raise FlintError(f"in_specs must be a tuple with one entry per argument "
                                  f"({len(args)}), got {type(in_specs).__name__}")
             prefix = in_specs[i]
-        out.append(_one_arg(arg, names[i], prefix, rules_rx, mesh))
+        elif jit_specs is not None:
+            prefix, source = jit_specs[i], "jit in_shardings"
+        out.append(_one_arg(arg, names[i], prefix, source, rules_rx, used, mesh, report))
+    if report is not None:
+        report.append(("rules-unmatched", [rx.pattern for k, (rx, _) in enumerate(rules_rx)
+                                           if k not in used], None))
     return tuple(out)
 
 
-def _one_arg(arg, name: str, prefix, rules_rx, mesh: Mesh):
+def _one_arg(arg, name: str, prefix, source: str, rules_rx, used: set, mesh: Mesh, report):
     if prefix is not None:
         try:
             spec_tree = jax.tree.map(lambda s, sub: jax.tree.map(lambda _: s, sub), prefix, arg,
                                      is_leaf=_is_spec)
         except ValueError as e:
-            raise FlintError(f"in_specs for {name} do not match its structure: "
+            raise FlintError(f"{source} for {name} do not match its structure: "
                              f"{str(e).splitlines()[0]}") from None
         specs = jax.tree.leaves(spec_tree, is_leaf=_is_spec)
     else:
@@ -72,19 +86,29 @@ def _one_arg(arg, name: str, prefix, rules_rx, mesh: Mesh):
     structs = []
     for j, (path, leaf) in enumerate(leaves):
         key = "/".join(k for k in (name, _key(path)) if k)
-        spec = specs[j] if specs is not None else _rule_spec(key, leaf, rules_rx)
-        structs.append(_struct(leaf, spec or P(), key, mesh))
+        spec, where = None, source
+        if specs is not None:
+            spec = specs[j]
+            if spec is None and source == "jit in_shardings":   # None there: unspecified
+                spec, where = _rule_spec(key, leaf, rules_rx, used)
+        else:
+            spec, where = _rule_spec(key, leaf, rules_rx, used)
+        struct = _struct(leaf, spec or P(), key, mesh)
+        structs.append(struct)
+        if report is not None:
+            report.append((key, struct, where))
     return jax.tree_util.tree_unflatten(treedef, structs)
 
 
-def _rule_spec(key: str, leaf, rules_rx):
-    for rx, spec in rules_rx:
+def _rule_spec(key: str, leaf, rules_rx, used: set):
+    for k, (rx, spec) in enumerate(rules_rx):
         if rx.search(key):
-            return spec
+            used.add(k)
+            return spec, f"rule {rx.pattern}"
     sharding = getattr(leaf, "sharding", None)
     if isinstance(sharding, NamedSharding):
-        return sharding.spec
-    return P()
+        return sharding.spec, "own sharding"
+    return P(), "default (replicated)"
 
 
 def _struct(leaf, spec: P, where: str, mesh: Mesh) -> jax.ShapeDtypeStruct:

@@ -19,8 +19,8 @@ from typing import Callable
 
 from flint.cluster import Cluster, parse_mesh
 from flint.errors import FlintError
-from flint.frontends.targets import (devices_for, prepare_environment, quiet_native_stderr,
-                                     resolve_target, tpu_devices_per_host)
+from flint.frontends.targets import (default_devices_per_host, devices_for,
+                                     prepare_environment, quiet_native_stderr, resolve_target)
 
 prepare_environment()
 with quiet_native_stderr():  # the CUDA plugin probes for drivers while JAX imports
@@ -44,14 +44,13 @@ class CaptureConfig:
     donate_argnums: tuple = ()
     compiler_options: tuple = ()
     parallelize: object = None      # torch steps: parallelize(model, DeviceMesh)
+    model_flops: float | None = None  # per step, whole cluster (MFU); else from the graph
 
 
 def make_config(devices: int, mesh=None, hardware: str = "h100-sxm", **kw) -> CaptureConfig:
     target = resolve_target(hardware)
     mesh_t = parse_mesh(mesh, devices)
-    per_host = kw.pop("devices_per_host", None) or (
-        8 if target.platform == "gpu" else
-        tpu_devices_per_host(target.hardware) if target.platform == "tpu" else 4)
+    per_host = kw.pop("devices_per_host", None) or default_devices_per_host(target)
     opts = tuple(sorted((kw.pop("compiler_options", None) or {}).items()))
     rules = tuple(kw.pop("rules", None) or ())
     return CaptureConfig(devices, mesh_t, target.hardware, per_host, rules=rules,
@@ -75,6 +74,8 @@ class FlintCompiled:
     name: str
     timings: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)   # XLA's warnings, e.g. memory it could not save
+    sharding: dict = field(default_factory=dict)  # per-argument table and warnings
+    model_flops: float | None = None
 
     def as_text(self) -> str:
         """The optimized, SPMD-partitioned per-device HLO."""
@@ -101,6 +102,12 @@ class FlintCompiled:
         memory = _memory_stats(self.compiled)
         if memory:
             graph.meta["xla_memory"] = memory
+        if self.sharding:
+            graph.meta["arguments_sharding"] = self.sharding["table"]
+            graph.meta["sharding_warnings"] = self.sharding["warnings"]
+        from flint.frontends.model_flops import set_model_flops
+
+        set_model_flops(graph, self.model_flops)
         self.timings["graph_s"] = time.perf_counter() - t0
         return graph
 
@@ -112,6 +119,8 @@ class FlintLowered:
     name: str
     compiler_options: dict
     timings: dict = field(default_factory=dict)
+    sharding: dict = field(default_factory=dict)
+    model_flops: float | None = None
 
     def as_text(self) -> str:
         """The StableHLO module JAX lowered (before partitioning and optimization)."""
@@ -127,7 +136,8 @@ class FlintLowered:
             raise FlintError(f"XLA could not compile {self.name} for {self.cluster.devices} "
                              f"{self.cluster.hardware} devices: {_first_line(e)}") from None
         timings = dict(self.timings, compile_s=time.perf_counter() - t0)
-        return FlintCompiled(compiled, self.cluster, self.name, timings, notes)
+        return FlintCompiled(compiled, self.cluster, self.name, timings, notes, self.sharding,
+                             self.model_flops)
 
 
 class Captured:
@@ -151,22 +161,33 @@ class Captured:
         return Captured(self.fn, replace(self.cfg, **changes))
 
     def lower(self, *args) -> FlintLowered:
+        from flint.frontends.sharding_report import sharding_report, warn
+
         t0 = time.perf_counter()
         mesh, cluster = build_mesh(self.cfg)
         t_dev = time.perf_counter()
+        jit_in, jit_out = _jit_specs(self.fn, len(args))
+        rows: list = []
         specs = abstract_args(args, mesh, self.cfg.in_specs, self.cfg.rules,
-                              self.cfg.static_argnums, argument_names(self.fn, len(args)))
-        jitted = self._jitted(mesh)
+                              self.cfg.static_argnums, argument_names(self.fn, len(args)),
+                              jit_specs=jit_in, report=rows)
+        table, notes = sharding_report(rows, dict(self.cfg.mesh))
+        warn(notes)
+        jitted = self._jitted(mesh, jit_out)
+        from flint.frontends.flax_scopes import nnx_module_scopes
+
         try:
-            with jax.set_mesh(mesh):
+            with jax.set_mesh(mesh), nnx_module_scopes():
                 lowered = jitted.lower(*specs)
         except FlintError:
             raise
         except Exception as e:
             raise FlintError(f"cannot trace {self.name}: {type(e).__name__}: "
-                             f"{_first_line(e)}") from None
+                             f"{_one_line(e)}") from None
         timings = {"devices_s": t_dev - t0, "lower_s": time.perf_counter() - t_dev}
-        return FlintLowered(lowered, cluster, self.name, dict(self.cfg.compiler_options), timings)
+        return FlintLowered(lowered, cluster, self.name, dict(self.cfg.compiler_options),
+                            timings, {"table": table, "warnings": notes},
+                            self.cfg.model_flops)
 
     def workload(self, *args):
         """The WorkloadGraph. A PyTorch step `fn(model, optimizer, *batch)` (its first
@@ -181,30 +202,84 @@ class Captured:
                                  self.cfg.hardware).workload(fuse=True)
         return self.lower(*args).compile().workload()
 
-    def _jitted(self, mesh: Mesh):
+    def _jitted(self, mesh: Mesh, jit_out=None):
+        """The step jitted for the virtual mesh. A step the user jitted with shardings of
+        their own mesh (real devices, or none) is jitted again from its function, with
+        those specs rebound to the virtual mesh (its in_shardings became argument specs)."""
         fn = self.fn
+        info = getattr(fn, "_jit_info", None)
         already_jitted = hasattr(fn, "lower") and hasattr(fn, "trace")
-        if already_jitted and self.cfg.out_specs is None:
+        user_shardings = info is not None and (
+            info.user_specified_in_shardings or jit_out is not None)
+        if already_jitted and self.cfg.out_specs is None and not user_shardings:
             return fn
         base = getattr(fn, "__wrapped__", fn) if already_jitted else fn
-        kw = {"static_argnums": self.cfg.static_argnums,
-              "donate_argnums": self.cfg.donate_argnums}
-        if self.cfg.out_specs is not None:
+        kw = {"static_argnums": self.cfg.static_argnums or tuple(
+                  getattr(info, "static_argnums", ()) or ()),
+              "donate_argnums": self.cfg.donate_argnums or tuple(
+                  getattr(info, "donate_argnums", ()) or ())}
+        out_specs = self.cfg.out_specs if self.cfg.out_specs is not None else jit_out
+        if out_specs is not None:
             kw["out_shardings"] = jax.tree.map(
-                lambda s: NamedSharding(mesh, s), self.cfg.out_specs,
-                is_leaf=lambda x: isinstance(x, P))
+                lambda s: None if s is None else NamedSharding(mesh, s), out_specs,
+                is_leaf=lambda x: x is None or isinstance(x, P))
         return jax.jit(base, **kw)
 
 
+def _jit_specs(fn, nargs: int):
+    """The PartitionSpecs of a jitted step's own in_shardings (one prefix per argument)
+    and out_shardings, or None where it gave none: NamedShardings name the user's mesh,
+    which the virtual mesh replaces, so only their specs carry over."""
+    info = getattr(fn, "_jit_info", None)
+    if info is None:
+        return None, None
+
+    def spec_of(leaf):
+        if isinstance(leaf, NamedSharding):
+            return leaf.spec
+        return leaf if isinstance(leaf, P) else None
+
+    jit_in = None
+    if info.user_specified_in_shardings:
+        leaves = [spec_of(x) for x in info.in_shardings_leaves]
+        tree = jax.tree_util.tree_unflatten(info.in_shardings_treedef, leaves)
+        jit_in = tuple(tree) if isinstance(tree, (tuple, list)) and len(tree) == nargs \
+            else (tree,) * nargs
+    jit_out = None
+    out_leaves = [spec_of(x) for x in info.out_shardings_leaves]
+    if any(x is not None for x in out_leaves):
+        jit_out = jax.tree_util.tree_unflatten(info.out_shardings_treedef, out_leaves)
+    return jit_in, jit_out
+
+
 def _is_torch_call(args) -> bool:
-    """Without importing torch: is the first argument a torch module, or a module class
-    (which Flint calls on the meta device as the model factory)?"""
+    """Without importing torch: is the first argument a torch module, a module class, or a
+    zero-argument model factory followed by an optimizer ("adamw", "sgd", None or a
+    factory)? A JAX step's arguments are arrays, never functions."""
     import sys
 
     torch = sys.modules.get("torch")
-    return bool(args) and torch is not None and (
-        isinstance(args[0], torch.nn.Module)
-        or (isinstance(args[0], type) and issubclass(args[0], torch.nn.Module)))
+    if not args or torch is None:
+        return False
+    first = args[0]
+    if isinstance(first, torch.nn.Module) or (
+            isinstance(first, type) and issubclass(first, torch.nn.Module)):
+        return True
+    optimizer = args[1] if len(args) > 1 else None
+    return (callable(first) and not isinstance(first, type) and _takes_no_arguments(first)
+            and len(args) > 1 and (optimizer is None or isinstance(optimizer, str)
+                                   or callable(optimizer)))
+
+
+def _takes_no_arguments(fn) -> bool:
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+               for p in params)
 
 
 def capture(fn: Callable | None = None, *, devices: int, mesh=None, hardware: str = "h100-sxm",
@@ -239,6 +314,13 @@ def _memory_stats(compiled) -> dict:
     keys = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
             "temp_size_in_bytes", "generated_code_size_in_bytes")
     return {k.replace("_size_in_bytes", "_bytes"): int(getattr(m, k, 0) or 0) for k in keys}
+
+
+def _one_line(e: BaseException, limit: int = 1200) -> str:
+    """The whole message of an exception on one line (JAX's sharding errors say what is
+    wrong after the first line)."""
+    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    return (text[:limit] + " ...") if len(text) > limit else (text or type(e).__name__)
 
 
 def _first_line(e: BaseException) -> str:

@@ -22,7 +22,8 @@ REMAT_POLICIES = ("none", "full", "dots", "selective")
 @dataclass(frozen=True)
 class ExtractRequest:
     """What to extract. `target` None: the built-in `model` (a zoo/preset name, a model YAML
-    or a Hugging Face config.json); otherwise SCRIPT.py:FUNCTION or a .mlir/.mlirbc file."""
+    or a Hugging Face config.json); otherwise SCRIPT.py:FUNCTION, a .mlir/.mlirbc file or an
+    XLA dump (DIR[:MODULE] or an HLO file)."""
 
     target: str | None = None
     devices: int = 4096
@@ -50,6 +51,13 @@ class ExtractRequest:
     @property
     def is_stablehlo(self) -> bool:
         return (self.target or "").endswith((".mlir", ".mlirbc"))
+
+    @property
+    def is_hlo_dump(self) -> bool:
+        """An XLA dump (DIR[:MODULE] or an HLO text/proto file), not a script."""
+        from flint.hlo.dump import is_hlo_target
+
+        return is_hlo_target(self.target)
 
     def check(self) -> None:
         """Bad options fail here, before JAX starts (and configure JAX for compile-only
@@ -80,7 +88,7 @@ def extract(request: ExtractRequest, stage: Callable[[str], None] | None = None,
     request.check()
     stage = stage or (lambda text: None)
     t_start = time.perf_counter()
-    if request.framework == "torch" or request.is_stablehlo:
+    if request.framework == "torch" or request.is_stablehlo or request.is_hlo_dump:
         from flint.frontends.steps import other_frontend_graph
 
         graph, timings = other_frontend_graph(request, stage)
@@ -98,12 +106,25 @@ def _jax_graph(request: ExtractRequest, stage):
     devices = request.devices
     step, args, label, info = captured_step(request)
     stage(f"tracing and lowering {label} for {devices} devices")
-    lowered = step.lower(*args)
+    import sys
+    import warnings
+
+    from flint.frontends.sharding_report import ShardingWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ShardingWarning)
+        lowered = step.lower(*args)
+    for w in caught:       # Flint's own on one plain line each; others as Python shows them
+        if issubclass(w.category, ShardingWarning):
+            print(f"flint: warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     stage(f"compiling with XLA for {devices} x {step.cfg.hardware} (no hardware runs)")
     compiled = lowered.compile()
     stage("lowering optimized HLO into the workload graph")
     graph = compiled.workload()
     graph.meta["model"] = label
     if info.get("model_flops"):
-        graph.meta["model_flops_per_device"] = info["model_flops"] / devices
+        graph.meta.update(model_flops_per_device=info["model_flops"] / devices,
+                          model_flops_source="model config (PaLM appendix B)")
     return graph, compiled.timings

@@ -13,12 +13,36 @@ from flint.errors import FlintError
 def default_zoo_mesh(devices: int, model: str | None = None) -> str:
     """8-way tensor parallelism inside an 8-GPU host and FSDP across hosts; FSDP shards
     d_model, so beyond d_model ways the rest of the devices become data-parallel replicas
-    of the FSDP group (hybrid sharding), which fits any power of two up to MAX_DEVICES."""
-    tp = 8 if devices >= 8 and devices % 8 == 0 else 1
+    of the FSDP group (hybrid sharding), which fits any power of two up to MAX_DEVICES.
+    The TP degree divides the model's heads, KV heads, FFN and vocabulary (GPT-2's 12
+    heads take TP=4)."""
+    tp = _tp_degree(devices, model)
     rest = devices // tp
     fsdp = math.gcd(rest, _d_model(model)) if rest > _d_model(model) else rest
     axes = ([f"data={rest // fsdp}"] if fsdp < rest else []) + [f"fsdp={fsdp}"]
     return ",".join(axes + ([f"model={tp}"] if tp > 1 else []))
+
+
+def _tp_degree(devices: int, model: str | None) -> int:
+    """On clusters of whole 8-GPU hosts, the largest of 8, 4, 2, 1 that divides every
+    dimension Megatron TP splits (heads, KV heads, FFN hidden, vocabulary for
+    vocab-parallel embeddings); 1 on smaller clusters, as before."""
+    from flint.models import mlp
+
+    dims: tuple[int, ...] = ()
+    if model in mlp.ZOO:
+        dims = (mlp.ZOO[model]["d"],)
+    else:
+        from flint.models.describe import resolve_model
+
+        try:
+            cfg = resolve_model(model or "llama3-8b")
+            dims = (cfg.n_heads, cfg.n_kv_heads, cfg.d_ff, cfg.vocab)
+        except FlintError:
+            dims = ()
+    if devices < 8 or devices % 8:     # TP inside an 8-GPU host; none on smaller clusters
+        return 1
+    return next((tp for tp in (8, 4, 2) if all(d % tp == 0 for d in dims)), 1)
 
 
 def _d_model(model: str | None) -> int:
@@ -56,18 +80,23 @@ def captured_step(request):
     fn = getattr(module, fn_name, None)
     if fn is None or not callable(fn):
         raise FlintError(f"{target.split(':')[0]} has no function {fn_name!r}")
-    args = _example_args(module, request.args_fn, target)
-    if isinstance(fn, Captured):
-        kw = {"devices": devices, "mesh": parse_mesh(mesh, devices) if mesh else
-              _rescaled_mesh(fn.cfg.mesh, devices), "hardware": hardware}
-        step = capture(fn.fn, in_specs=fn.cfg.in_specs, rules=fn.cfg.rules,
+    decorated = isinstance(fn, Captured)
+    mesh_t = parse_mesh(mesh, devices) if mesh or not decorated else tuple(
+        _rescaled_mesh(fn.cfg.mesh, devices).items())
+    args = _example_args(module, request.args_fn, target, mesh_t)
+    model_flops = getattr(module, "model_flops", None)
+    if decorated:
+        step = capture(fn.fn, devices=devices, mesh=dict(mesh_t), hardware=hardware,
+                       in_specs=fn.cfg.in_specs, rules=fn.cfg.rules,
                        out_specs=fn.cfg.out_specs, static_argnums=fn.cfg.static_argnums,
                        donate_argnums=fn.cfg.donate_argnums,
-                       devices_per_host=devices_per_host, **kw)
+                       devices_per_host=devices_per_host,
+                       model_flops=fn.cfg.model_flops or model_flops)
     else:
-        step = capture(fn, devices=devices, mesh=mesh, hardware=hardware,
+        step = capture(fn, devices=devices, mesh=dict(mesh_t), hardware=hardware,
                        in_specs=getattr(module, "in_specs", None),
-                       rules=getattr(module, "rules", None), devices_per_host=devices_per_host)
+                       rules=getattr(module, "rules", None), devices_per_host=devices_per_host,
+                       model_flops=model_flops)
     return step, args, fn_name, {}
 
 
@@ -110,16 +139,48 @@ def _load_script(target: str):
     return module, fn_name
 
 
-def _example_args(module, args_fn: str, target: str) -> tuple:
+def _example_args(module, args_fn: str, target: str, mesh=None) -> tuple:
+    """The script's example arguments, built inside flint.virtual_mesh (so models that
+    annotate shardings at construction build); `example_args(mesh)` gets that
+    AbstractMesh (`mesh.shape["data"]`, `mesh.size`), so the batch follows --devices."""
+    import inspect
+
     source = getattr(module, args_fn, None)
     if source is None:
         raise FlintError(f"{target.split(':')[0]} defines no {args_fn}() giving the step's "
                          f"example arguments (ShapeDtypeStructs are fine)")
-    try:
-        args = source() if callable(source) else source
-    except Exception as e:
-        raise FlintError(f"{args_fn}() failed: {type(e).__name__}: {e}") from None
+    if not callable(source):
+        args = source
+    else:
+        from flint.frontends.virtual_mesh import virtual_mesh
+
+        try:
+            wants_mesh = any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                             and (p.name == "mesh" or p.default is p.empty)
+                             for p in inspect.signature(source).parameters.values())
+        except (TypeError, ValueError):
+            wants_mesh = False
+        try:
+            with virtual_mesh(mesh or (("data", 1),)) as abstract:
+                args = source(abstract) if wants_mesh else source()
+        except FlintError:
+            raise
+        except Exception as e:
+            raise FlintError(f"{args_fn}() failed: {type(e).__name__}: "
+                             f"{' '.join(str(e).split())[:600]}") from None
     return tuple(args) if isinstance(args, (tuple, list)) else (args,)
+
+
+def _given(option: str) -> bool:
+    """Was `--option` on the command line (not its default)? A dump knows its own device
+    count; only a count the user typed may overrule it."""
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    if ctx is None:
+        return True
+    source = ctx.get_parameter_source(option)
+    return source is not None and source.name != "DEFAULT"
 
 
 def other_frontend_graph(request, stage):
@@ -133,6 +194,17 @@ def other_frontend_graph(request, stage):
                                        request.hardware)
     devices_per_host, model, fuse = request.devices_per_host, request.model, request.fuse
     t0 = time.perf_counter()
+    from flint.hlo.dump import is_hlo_target
+
+    if is_hlo_target(target):
+        from flint.frontends.hlo_dump import load_dump
+
+        stage(f"reading the optimized HLO of {target}")
+        graph = load_dump(target, devices=devices if _given("devices") else None,
+                          mesh=mesh or None,
+                          hardware=hardware if _given("hardware") else None,
+                          devices_per_host=devices_per_host)
+        return graph, {"hlo_dump_s": time.perf_counter() - t0}
     if target is not None and target.endswith((".mlir", ".mlirbc")):
         from flint.frontends.stablehlo import load_stablehlo
 

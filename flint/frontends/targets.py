@@ -144,6 +144,14 @@ def tpu_devices_per_host(hardware: str) -> int:
     return TPU_CHIPS_PER_HOST * TPU_TARGETS[hardware][2]
 
 
+def default_devices_per_host(target: Target) -> int:
+    """Devices per host when none is given: an 8-GPU server, a TPU host's chips' cores,
+    4 host-CPU devices."""
+    if target.platform == "gpu":
+        return 8
+    return tpu_devices_per_host(target.hardware) if target.platform == "tpu" else 4
+
+
 def _tpu_devices(hardware: str, count: int) -> list:
     generation, dims, per_chip, max_chips = TPU_TARGETS[hardware]
     if count % per_chip:

@@ -53,6 +53,7 @@ class TorchStep:
     context: Callable | None = None
     step_fn: Callable | None = None
     on_materialize: Callable | None = None
+    model_flops: float | None = None   # per step, whole cluster, for MFU (else from the graph)
 
 
 @dataclass
@@ -60,6 +61,8 @@ class CapturedTorch:
     gm: torch.fx.GraphModule
     cluster: Cluster
     groups: dict                      # process-group name -> ranks of rank 0's group
+    state: dict = field(default_factory=dict)   # per-rank bytes: flint.frontends.torch_state
+    model_flops: float | None = None   # per step, whole cluster (MFU); else from the graph
     timings: dict = field(default_factory=dict)
 
     def as_text(self) -> str:
@@ -71,6 +74,13 @@ class CapturedTorch:
         t = time.perf_counter()
         graph = lower_fx(self.gm, self.cluster, self.groups, fuse=fuse)
         graph.meta.update(source="torch", torch_version=torch.__version__)
+        if self.state:
+            from flint.frontends.torch_state import record_state
+
+            record_state(graph, self.state)
+        from flint.frontends.model_flops import set_model_flops
+
+        set_model_flops(graph, self.model_flops)
         self.timings["graph_s"] = time.perf_counter() - t
         return graph
 
@@ -136,11 +146,11 @@ def capture(step: TorchStep, world_size: int, mesh=None,
         if optimizer is not None:
             # One untraced step first, so the traced one is a steady-state step: optimizer
             # state exists (no zeros_like initialization) as in every step after the first.
-            with fake, tracker, _quiet():
+            with fake, tracker, _quiet(), _compiled_regions_eager():
                 train_step(*inputs, *targets)
         timings["warmup_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        with fake, tracker, _phases(optimizer), _quiet():
+        with fake, tracker, _phases(optimizer), _quiet(), _compiled_regions_eager():
             gm = make_fx(train_step)(*inputs, *targets)
     except FlintError:
         raise
@@ -150,7 +160,12 @@ def capture(step: TorchStep, world_size: int, mesh=None,
                          f"{_first_line(e)}") from None
     timings["trace_s"] = time.perf_counter() - t
     cluster = Cluster(world_size, mesh, hardware, "gpu", min(devices_per_host, world_size))
-    return CapturedTorch(gm, cluster, _group_ranks(gm), timings)
+    from flint.frontends.torch_state import state_bytes
+
+    with fake:
+        state = state_bytes(model, optimizer, inputs + targets)
+    return CapturedTorch(gm, cluster, _group_ranks(gm), timings=timings, state=state,
+                         model_flops=step.model_flops)
 
 
 def _build(model):
@@ -203,6 +218,38 @@ class _region:
 
     def __exit__(self, *exc):
         torch.ops.profiler._record_function_exit._RecordFunction(self.handle)
+
+
+@contextlib.contextmanager
+def _compiled_regions_eager():
+    """torch.compile'd code inside the step (torchtitan's flex-attention masks, a user's
+    compiled block) runs as eager aten ops while Flint traces: Dynamo compiling under
+    FakeTensorMode inside make_fx crashes the process (a segfault with torch 2.13), and the
+    eager ops are what Flint costs anyway (passes/fuse.py fuses pointwise chains as
+    Inductor would). `force_eager` is torch.compiler's own switch for exactly this."""
+    import torch._dynamo
+
+    import torch.nn.attention.flex_attention as flex
+
+    torch._dynamo.reset()   # nothing compiled before the capture is reused inside it
+    validate_device = flex._validate_device
+    flex._validate_device = _flex_device_check
+    # make_fx counts as FX tracing, where Dynamo would refuse the compiled function
+    # instead of running it as written
+    try:
+        with torch.compiler.set_stance("force_eager"), \
+                torch._dynamo.config.patch(error_on_nested_fx_trace=False):
+            yield
+    finally:
+        flex._validate_device = validate_device
+
+
+def _flex_device_check(query, key, value) -> None:
+    """Flex attention refuses gradients on CPU (no CPU backward kernel); Flint's CPU
+    tensors are fake and stand for the GPU's, where it has one, so only the device kind
+    is checked."""
+    if query.device.type not in ("cpu", "cuda", "xpu", "hpu", "mps"):
+        raise ValueError(f"FlexAttention does not run on {query.device.type}")
 
 
 @contextlib.contextmanager
