@@ -301,9 +301,8 @@ def rebuild(row: Row, cache: Path, cached_only: bool = False) -> None:
     if row.gbs % (dp * row.mbs):
         row.reason = f"GBS {row.gbs} is not a multiple of DP {dp} x MBS {row.mbs}"
         return
-    if cfg.n_layers % (row.pp * row.vp):
-        row.reason = (f"{cfg.n_layers} layers do not split evenly into PP {row.pp} x VP "
-                      f"{row.vp} chunks (uneven layouts are not rebuilt)")
+    if cfg.n_layers < row.pp * row.vp:
+        row.reason = f"{cfg.n_layers} layers cannot fill PP {row.pp} x VP {row.vp} chunks"
         return
     program = template_program(row)
     path = cache / "templates" / f"{_digest(program)}.json"
