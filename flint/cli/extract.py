@@ -16,8 +16,9 @@ def extract(
                    "an HLO file); default: the built-in --model"),
     devices: int = typer.Option(4096, "--devices", "-n", help="virtual cluster size"),
     mesh: Optional[str] = typer.Option(
-        None, help="mesh axes, e.g. data=512,model=8 (default: fsdp=N/8,model=8 for zoo "
-                   "models, data=N for scripts)"),
+        None, help="mesh axes, e.g. data=512,model=8 (default: the preset's recipe, "
+                   "llama3-8b: data=N/8,fsdp=8; other zoo models fsdp=N/8,model=8; "
+                   "data=N for scripts)"),
     hardware: str = typer.Option("h100-sxm", help="compile target (see `flint hardware`)"),
     model: str = typer.Option("llama3-8b", help="built-in model when no TARGET is given: a "
                               "zoo/preset name, a model YAML or a Hugging Face config.json"),
@@ -40,7 +41,8 @@ def extract(
     seq_len: Optional[int] = typer.Option(None, help="zoo: override the sequence length"),
     batch_per_replica: int = typer.Option(1, help="zoo: sequences per data-parallel replica"),
     remat: Optional[str] = typer.Option(None, help="zoo: none | full | dots | selective "
-                                        "(default: selective for the built-in showcase)"),
+                                        "(default: the preset's recipe, llama3-8b: full; "
+                                        "else selective)"),
     sequence_parallel: bool = typer.Option(False, help="zoo: shard activations' sequence dim "
                                                        "over the TP axis"),
     devices_per_host: Optional[int] = typer.Option(None, help="devices per host (GPU: 8)"),

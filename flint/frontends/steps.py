@@ -66,9 +66,15 @@ def captured_step(request):
     if target is None:
         from flint.models.train import build
 
-        mesh_t = parse_mesh(mesh or default_zoo_mesh(devices, model), devices)
+        from flint.models.describe import recipe_mesh
+
+        recipe = None if mesh or request.dims else recipe_mesh(model, devices,
+                                                                devices_per_host or 8)
+        mesh_t = parse_mesh(mesh or (recipe[0] if recipe else default_zoo_mesh(devices, model)),
+                            devices)
         sequence_parallel = bool(request.sequence_parallel)
-        remat = request.remat if request.remat is not None else "selective"
+        remat = request.remat if request.remat is not None else (
+            recipe[1] if recipe else "selective")
         w = build(model, mesh_t, request.batch_per_replica, request.seq_len, request.scan,
                   remat, sequence_parallel, request.layers, dims=request.dims or None,
                   gemm_precision=request.gemm_precision)

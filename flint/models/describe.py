@@ -81,6 +81,27 @@ PRESETS = {c.name: c for c in (
 )}
 
 
+# How practitioners lay out a preset on a GPU cluster when the user gives no mesh: the
+# built-in showcase (Llama-3-8B) trains without tensor parallelism, as torchtitan's
+# llama3_8b.toml recipe does (FSDP only, TP 1), with FSDP inside each 8-GPU NVLink host
+# and data parallelism across hosts (HSDP; PyTorch FSDP's HYBRID_SHARD, MaxText's
+# ici_fsdp + dcn_data), one 8192-token sequence per GPU, and full rematerialization (an
+# 8B model's states are 16 B/param / 8 = 16 GB per GPU; layer inputs only, ~2 GB, are
+# kept for the backward). Models without a recipe use the generic default mesh.
+RECIPES = {"llama3-8b": {"fsdp_per_host": 8, "remat": "full"}}
+
+
+def recipe_mesh(model: str | None, devices: int, devices_per_host: int = 8) -> tuple[str, str] | None:
+    """(mesh, remat) of the model's recipe on `devices` GPUs, or None without one (or on a
+    cluster that is not whole hosts)."""
+    r = RECIPES.get(model or "")
+    per_host = r["fsdp_per_host"] if r else 0
+    if not r or devices < per_host or devices % per_host or devices_per_host % per_host:
+        return None
+    hosts = devices // per_host
+    return (f"data={hosts},fsdp={per_host}" if hosts > 1 else f"fsdp={per_host}"), r["remat"]
+
+
 def known_models() -> dict[str, DecoderConfig]:
     return {**ZOO, **PRESETS}
 
