@@ -61,6 +61,7 @@ class _PairSlot:
     send_base: "cf.Node | None"   # a permute's SEND half (id 2i)
     target_of: dict            # source rank -> target rank
     source_of: dict            # target rank -> source rank
+    in_stage: bool             # pairs of one stage's SPMD program (its own rank numbers)
 
 
 class ChakraPlan:
@@ -254,7 +255,11 @@ class ChakraPlan:
                 else:
                     tag = next((x for x in node.inputs if x in sent), n + comm.id)
                 target_of, source_of = peers(comm)
-                slot = _PairSlot(node, tag, proto, send_base, target_of, source_of)
+                # a stage's own permute names the stage's ranks 0..per_stage-1; the
+                # pipeline's transfers name the whole cluster's
+                in_stage = self.stages > 1 and comm.num_devices == self.per_stage
+                slot = _PairSlot(node, tag, proto, send_base, target_of, source_of,
+                                 in_stage)
                 slots.append(slot)
                 lane.extend(self._pair_lane(slot, stage, deps))
             else:
@@ -295,8 +300,8 @@ class ChakraPlan:
         ranks of one stage are alike, so one lane per stage stands for all of them."""
         node, out = slot.node, []
         ranks = range(stage * self.per_stage, (stage + 1) * self.per_stage)
-        targets = {self._peer(slot.target_of, r) for r in ranks} - {None}
-        sources = {self._peer(slot.source_of, r) for r in ranks} - {None}
+        targets = {self._peer(slot, slot.target_of, r) for r in ranks} - {None}
+        sources = {self._peer(slot, slot.source_of, r) for r in ranks} - {None}
         send_id = slot.send_base.id if slot.send_base is not None else slot.base.id
         send_deps = sorted(set(slot.send_base.data_deps) | set(slot.send_base.ctrl_deps)) \
             if slot.send_base is not None else deps
@@ -310,14 +315,19 @@ class ChakraPlan:
                         (sorted(frm), slot.tag, describe(node))))
         return out
 
-    def _peer(self, table: dict, rank: int):
+    def _peer(self, slot: _PairSlot, table: dict, rank: int):
         """A rank's peer. Pipeline stages name their pairs by each stage's first rank
-        (passes/pipeline.py): rank l of a stage talks to rank l of the peer stage."""
+        (passes/pipeline.py): rank l of a stage talks to rank l of the peer stage. A
+        permute inside a stage's program names ranks of that stage: local rank l talks
+        to the local peer in the same stage."""
         if self.stages == 1:
             return table.get(rank)
-        first = rank - rank % self.per_stage
+        first, local = rank - rank % self.per_stage, rank % self.per_stage
+        if slot.in_stage:
+            peer = table.get(local)
+            return None if peer is None else first + peer
         peer = table.get(first)
-        return None if peer is None else peer + rank % self.per_stage
+        return None if peer is None else peer + local
 
     # --- per rank -----------------------------------------------------------------
     def rank_bytes(self, rank: int) -> bytes:
@@ -343,8 +353,8 @@ class ChakraPlan:
         return b"".join(parts)
 
     def _pair_nodes(self, slot: _PairSlot, rank: int) -> list[bytes]:
-        target = self._peer(slot.target_of, rank)
-        source = self._peer(slot.source_of, rank)
+        target = self._peer(slot, slot.target_of, rank)
+        source = self._peer(slot, slot.source_of, rank)
         node, c = slot.node, slot.node.collective
         out = []
         if node.op == "collective-permute":
