@@ -16,11 +16,16 @@ astra-sim, and `chakra_check`, which proves it before anything is written):
   right before the RECV that stands for the node. ASTRA-sim issues ready nodes smallest
   id first.
 - Every communication node of a rank is chained to the previous one by a control
-  dependency, in program order: one order per rank, shared by all members of every
-  communicator, so no two ranks wait on each other in different collectives.
+  dependency, in the order Flint's schedule starts them (program order where it starts
+  them together): one order per rank, shared by all members of every communicator, so
+  no two ranks wait on each other in different collectives. It is Flint's issue order,
+  not program order, because a framework's own stream (FSDP2's parameter all-gathers)
+  is issued ahead of the compute stream: in program order the next layer's all-gather
+  would queue behind this layer's gradient reduce-scatter, which Flint overlaps.
 - Compute-stream nodes are chained in program order (one in-order GPU stream, as Flint's
   schedule runs them); an asynchronous collective also waits for the compute node before
-  it, which is when Flint's schedule issues it.
+  it, which is when Flint's schedule issues it. Work on a framework's own stream waits
+  only for its inputs and control edges, as in Flint's schedule.
 - Names start with the Chakra node type (`COMP_NODE:fusion.3`): Chakra's timeline
   visualizer tells node types by name. Durations are whole microseconds (the field's
   unit); the rounding error is carried along the compute chain so the running total
@@ -40,7 +45,7 @@ from flint.errors import FlintError
 from flint.exporters import chakra_format as cf
 from flint.graph import Communicator, Node, NodeKind, WorkloadGraph
 from flint.exporters.chakra_nodes import (FLINT_NODE, FLINT_PART, ID_SCHEME, add_ctrl, chakra_id, chakra_name, chakra_type, comm_size, describe, flint_record, p2p_node, peers)
-from flint.hardware_models.schedule import stream_of
+from flint.hardware_models.schedule import simulate, stream_of
 
 @dataclass
 class _GroupSlot:
@@ -94,6 +99,7 @@ class ChakraPlan:
         self.segments: list[list[bytes]] = []
         self.slots: list[list] = []
         self.lanes: list[list[tuple]] = []       # per stage: what chakra_check simulates
+        self.start_s = simulate(flat, durations_s).start     # Flint's issue times
         for stage in range(self.stages):
             self._encode_stage(stage, on, durations_s, annotate, sent)
 
@@ -185,7 +191,8 @@ class ChakraPlan:
         flat = self.graph
         segments, slots, lane = [], [], []
         run: list[bytes] = []
-        last_compute = last_comm = None
+        last_compute = None
+        after = self._communication_order(stage, on, sent)
         modeled = written = 0.0        # running compute totals, microseconds
         n = len(flat.nodes)
         for node, d in zip(flat.nodes, durations_s):
@@ -203,12 +210,11 @@ class ChakraPlan:
             # order, as on Flint's one p2p stream; one whose send may come later (XLA's
             # SPMD send/recv) must not block the order: ASTRA-sim lets it wait aside.
             aside = node.kind == NodeKind.RECV and not any(x in sent for x in node.inputs)
-            if communicates and aside:
+            own_stream = bool(node.meta.get("stream"))
+            if not own_stream:
                 chain |= {last_compute} - {None}
-            elif communicates:
-                chain |= {last_compute, last_comm} - {None}
-            else:
-                chain |= {last_compute} - {None}
+            if communicates and not aside and node.id in after:
+                chain.add(chakra_id(after[node.id]))
             if ctype == cf.COMP and not communicates:
                 modeled += d * node.repeat * 1e6
                 micros = max(1, round(modeled - written))
@@ -224,12 +230,10 @@ class ChakraPlan:
                 chain = {send_base.id}
             add_ctrl(proto, chain)
             deps = sorted(set(proto.data_deps) | set(proto.ctrl_deps))
-            if not communicates:
+            if not communicates and not own_stream:
                 last_compute = proto.id
-            elif not aside:                     # a receive waiting aside keeps no place
-                last_comm = proto.id
-                if stream_of(node) == "compute":
-                    last_compute = proto.id       # a synchronous collective blocks compute
+            elif communicates and not aside and stream_of(node) == "compute":
+                last_compute = proto.id           # a synchronous collective blocks compute
             if comm is not None and comm.kind == "groups" and ctype == cf.COLL \
                     and self.involved[self.canonical[comm.id]] is not None:
                 # the same node on every rank: ASTRA-sim finds the group from the dims
@@ -270,6 +274,26 @@ class ChakraPlan:
         self.slots.append(slots)
         self.lanes.append(lane)
 
+    def _communication_order(self, stage: int, on: list[int], sent: set) -> dict[int, int]:
+        """{node: the communication node before it in its stage's one order}: the nodes
+        that take a place in the order (every collective, send and permute, and receives
+        whose send comes earlier), sorted by when Flint's schedule starts them. Every
+        dependency the export writes goes from an earlier start to a later one (ties in
+        program order), so the order adds no cycle."""
+        flat, placed = self.graph, []
+        for node in flat.nodes:
+            if on[node.id] != stage:
+                continue
+            c = node.collective
+            pairs = c is not None and flat.communicators[c.communicator].kind == "pairs"
+            if chakra_type(node) == cf.COMP and not pairs:
+                continue
+            if node.kind == NodeKind.RECV and not any(x in sent for x in node.inputs):
+                continue                          # waits aside, keeps no place
+            placed.append(node.id)
+        placed.sort(key=lambda i: (self.start_s[i], i))
+        return dict(zip(placed[1:], placed))
+
     def _template(self, node: Node, comm: Communicator | None, seconds: float,
                   annotate: bool, ctype: int, inputs: list[int], control: list[int]) -> cf.Node:
         c = node.collective
@@ -285,7 +309,12 @@ class ChakraPlan:
         # At least 1 op and 1 byte: ASTRA-sim's roofline takes num_ops / min(peak,
         # bw x num_ops / tensor_size), which is 0/0 for a pure copy with num_ops 0 and
         # exactly tensor_size / bw with num_ops 1.
-        p.attr.extend([cf.Attr(name="is_cpu_op", bool_val=False),
+        # ASTRA-sim runs one GPU compute node per NPU at a time; its one other compute
+        # resource is the host's. Compute on a framework's own stream (FSDP2's copy-in
+        # kernels on its all-gather stream) goes there, so that it runs beside the
+        # compute stream, one node at a time, as Flint's schedule runs that stream.
+        side = ctype == cf.COMP and bool(node.meta.get("stream"))
+        p.attr.extend([cf.Attr(name="is_cpu_op", bool_val=side),
                        cf.Attr(name="num_ops", int64_val=max(1, round(node.flops * node.repeat))),
                        cf.Attr(name="tensor_size", uint64_val=max(1, moved * node.repeat))])
         if c is not None and c.type in cf.SIMULATED:
