@@ -33,6 +33,16 @@ astra-sim, and `chakra_check`, which proves it before anything is written):
 
 Point-to-point traffic (collective-permute, send, recv) becomes COMM_SEND / COMM_RECV
 pairs per rank, built with protobuf for the ranks that take part.
+
+A pipeline transfer (a SEND/RECV pair between stages) is a rendezvous in Flint's schedule,
+as NCCL's send/recv are: the data moves once the sender has issued it and the receiver
+has got to its receive. ASTRA-sim moves a SEND's data at once and lets a late receive
+complete on arrival, so the export writes the handshake a rendezvous protocol uses: the
+receiver, at its receive's place, sends a 1-byte clear-to-send to the sender (id 2i,
+beside the RECV); the sender's data SEND waits for it (a RECV with id 2i beside the
+SEND) and then for the communication resource, outside the chain (Flint's sender does
+not wait in line for its receiver). ASTRA-sim still simulates the data transfer itself;
+the handshake adds one small message's latency per transfer.
 """
 from __future__ import annotations
 
@@ -46,6 +56,9 @@ from flint.exporters import chakra_format as cf
 from flint.graph import Communicator, Node, NodeKind, WorkloadGraph
 from flint.exporters.chakra_nodes import (FLINT_NODE, FLINT_PART, ID_SCHEME, add_ctrl, chakra_id, chakra_name, chakra_type, comm_size, describe, flint_record, p2p_node, peers)
 from flint.hardware_models.schedule import simulate, stream_of
+
+CLEAR_TO_SEND = 1       # bytes of a pipeline transfer's handshake message
+
 
 @dataclass
 class _GroupSlot:
@@ -67,6 +80,8 @@ class _PairSlot:
     target_of: dict            # source rank -> target rank
     source_of: dict            # target rank -> source rank
     in_stage: bool             # pairs of one stage's SPMD program (its own rank numbers)
+    cts: "cf.Node | None" = None  # a pipeline transfer's clear-to-send half (id 2i)
+    cts_tag: int = 0
 
 
 class ChakraPlan:
@@ -220,6 +235,14 @@ class ChakraPlan:
                 micros = max(1, round(modeled - written))
                 written += micros
                 proto.duration_micros = micros
+            cts = None
+            if self._rendezvous(node, sent) and node.kind == NodeKind.RECV:
+                cts = self._half(proto, cf.SEND, node.name + "/cts")
+                add_ctrl(cts, chain)        # the clear-to-send takes the receive's place
+                chain = {cts.id}
+            elif self._rendezvous(node, sent):
+                cts = self._half(proto, cf.RECV, node.name + "/cts")
+                chain.add(cts.id)           # the data waits for its receiver
             send_base = None
             if node.op == "collective-permute":
                 send_base = cf.Node()
@@ -263,7 +286,7 @@ class ChakraPlan:
                 # pipeline's transfers name the whole cluster's
                 in_stage = self.stages > 1 and comm.num_devices == self.per_stage
                 slot = _PairSlot(node, tag, proto, send_base, target_of, source_of,
-                                 in_stage)
+                                 in_stage, cts, 2 * n + tag)
                 slots.append(slot)
                 lane.extend(self._pair_lane(slot, stage, deps))
             else:
@@ -290,9 +313,31 @@ class ChakraPlan:
                 continue
             if node.kind == NodeKind.RECV and not any(x in sent for x in node.inputs):
                 continue                          # waits aside, keeps no place
+            if node.kind == NodeKind.SEND and self._rendezvous(node, sent):
+                continue                          # waits for its receiver, aside
             placed.append(node.id)
         placed.sort(key=lambda i: (self.start_s[i], i))
         return dict(zip(placed[1:], placed))
+
+    def _rendezvous(self, node: Node, sent: set) -> bool:
+        """A transfer between pipeline stages (both halves in the graph)."""
+        if self.stages == 1:
+            return False
+        if node.kind == NodeKind.SEND:
+            return node.id in sent
+        return node.kind == NodeKind.RECV and any(x in sent for x in node.inputs)
+
+    @staticmethod
+    def _half(proto: cf.Node, kind: int, name: str) -> cf.Node:
+        """An extra node with id 2i beside node i (2i+1), without dependencies."""
+        half = cf.Node()
+        half.CopyFrom(proto)
+        half.id = proto.id - 1
+        half.type = kind
+        half.name = chakra_name(kind, name)
+        del half.data_deps[:]
+        del half.ctrl_deps[:]
+        return half
 
     def _template(self, node: Node, comm: Communicator | None, seconds: float,
                   annotate: bool, ctype: int, inputs: list[int], control: list[int]) -> cf.Node:
@@ -334,14 +379,19 @@ class ChakraPlan:
         send_id = slot.send_base.id if slot.send_base is not None else slot.base.id
         send_deps = sorted(set(slot.send_base.data_deps) | set(slot.send_base.ctrl_deps)) \
             if slot.send_base is not None else deps
+        to = sorted({t // self.per_stage for t in targets})
+        frm = sorted({s // self.per_stage for s in sources})
+        if slot.cts is not None:
+            cts_deps = sorted(set(slot.cts.data_deps) | set(slot.cts.ctrl_deps))
+            peer = frm if node.kind == NodeKind.RECV else to
+            out.append(("send" if node.kind == NodeKind.RECV else "recv", slot.cts.id,
+                        cts_deps, (peer, slot.cts_tag, describe(node) + " clear-to-send")))
         if node.op == "collective-permute" or node.kind == NodeKind.SEND:
-            to = {t // self.per_stage for t in targets}
             out.append(("send" if to else "comp", send_id, send_deps,
-                        (sorted(to), slot.tag, describe(node))))
+                        (to, slot.tag, describe(node))))
         if node.op == "collective-permute" or node.kind == NodeKind.RECV:
-            frm = {s // self.per_stage for s in sources}
             out.append(("recv" if frm else "comp", slot.base.id, deps,
-                        (sorted(frm), slot.tag, describe(node))))
+                        (frm, slot.tag, describe(node))))
         return out
 
     def _peer(self, slot: _PairSlot, table: dict, rank: int):
@@ -386,6 +436,16 @@ class ChakraPlan:
         source = self._peer(slot, slot.source_of, rank)
         node, c = slot.node, slot.node.collective
         out = []
+        if slot.cts is not None:
+            peer = source if node.kind == NodeKind.RECV else target
+            if peer is None:
+                half = p2p_node(slot.cts, cf.COMP, rank, rank, slot.cts_tag, 0)
+            elif node.kind == NodeKind.RECV:
+                half = p2p_node(slot.cts, cf.SEND, rank, peer, slot.cts_tag, CLEAR_TO_SEND)
+            else:
+                half = p2p_node(slot.cts, cf.RECV, peer, rank, slot.cts_tag, CLEAR_TO_SEND)
+            half.attr.append(cf.Attr(name=FLINT_PART, string_val="clear-to-send"))
+            out.append(cf.frame(half))
         if node.op == "collective-permute":
             sends = target is not None and not (target == rank and source == rank)
             half = p2p_node(slot.send_base, cf.SEND if sends else cf.COMP, rank,
