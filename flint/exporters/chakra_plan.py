@@ -32,17 +32,7 @@ astra-sim, and `chakra_check`, which proves it before anything is written):
   stays within a microsecond of the model's, and no compute node lasts 0 us.
 
 Point-to-point traffic (collective-permute, send, recv) becomes COMM_SEND / COMM_RECV
-pairs per rank, built with protobuf for the ranks that take part.
-
-A pipeline transfer (a SEND/RECV pair between stages) is a rendezvous in Flint's schedule,
-as NCCL's send/recv are: the data moves once the sender has issued it and the receiver
-has got to its receive. ASTRA-sim moves a SEND's data at once and lets a late receive
-complete on arrival, so the export writes the handshake a rendezvous protocol uses: the
-receiver, at its receive's place, sends a 1-byte clear-to-send to the sender (id 2i,
-beside the RECV); the sender's data SEND waits for it (a RECV with id 2i beside the
-SEND) and then for the communication resource, outside the chain (Flint's sender does
-not wait in line for its receiver). ASTRA-sim still simulates the data transfer itself;
-the handshake adds one small message's latency per transfer.
+pairs per rank (chakra_pairs), a pipeline's transfers with a rendezvous handshake.
 """
 from __future__ import annotations
 
@@ -54,11 +44,11 @@ import numpy as np
 from flint.errors import FlintError
 from flint.exporters import chakra_format as cf
 from flint.graph import Communicator, Node, NodeKind, WorkloadGraph
-from flint.exporters.chakra_nodes import (FLINT_NODE, FLINT_PART, ID_SCHEME, add_ctrl, chakra_id, chakra_name, chakra_type, comm_size, describe, flint_record, p2p_node, peers)
+from flint.exporters.chakra_nodes import (FLINT_NODE, ID_SCHEME, add_ctrl, chakra_id,
+                                          chakra_name, chakra_type, comm_size, describe,
+                                          flint_record, p2p_node, peers)
+from flint.exporters.chakra_pairs import PairSlot, half_node, rendezvous
 from flint.hardware_models.schedule import simulate, stream_of
-
-CLEAR_TO_SEND = 1       # bytes of a pipeline transfer's handshake message
-
 
 @dataclass
 class _GroupSlot:
@@ -68,20 +58,6 @@ class _GroupSlot:
     noop: bytes                # framed no-op for ranks outside every group
     cid: int
     deps: list[int]
-
-
-@dataclass
-class _PairSlot:
-    """A permute / send / recv: SEND and RECV nodes for the ranks that take part."""
-    node: Node
-    tag: int
-    base: "cf.Node"            # template proto of the node (id 2i+1), specialized per rank
-    send_base: "cf.Node | None"   # a permute's SEND half (id 2i)
-    target_of: dict            # source rank -> target rank
-    source_of: dict            # target rank -> source rank
-    in_stage: bool             # pairs of one stage's SPMD program (its own rank numbers)
-    cts: "cf.Node | None" = None  # a pipeline transfer's clear-to-send half (id 2i)
-    cts_tag: int = 0
 
 
 class ChakraPlan:
@@ -236,12 +212,12 @@ class ChakraPlan:
                 written += micros
                 proto.duration_micros = micros
             cts = None
-            if self._rendezvous(node, sent) and node.kind == NodeKind.RECV:
-                cts = self._half(proto, cf.SEND, node.name + "/cts")
+            if rendezvous(node, sent, self.stages) and node.kind == NodeKind.RECV:
+                cts = half_node(proto, cf.SEND, node.name + "/cts")
                 add_ctrl(cts, chain)        # the clear-to-send takes the receive's place
                 chain = {cts.id}
-            elif self._rendezvous(node, sent):
-                cts = self._half(proto, cf.RECV, node.name + "/cts")
+            elif rendezvous(node, sent, self.stages):
+                cts = half_node(proto, cf.RECV, node.name + "/cts")
                 chain.add(cts.id)           # the data waits for its receiver
             send_base = None
             if node.op == "collective-permute":
@@ -285,10 +261,10 @@ class ChakraPlan:
                 # a stage's own permute names the stage's ranks 0..per_stage-1; the
                 # pipeline's transfers name the whole cluster's
                 in_stage = self.stages > 1 and comm.num_devices == self.per_stage
-                slot = _PairSlot(node, tag, proto, send_base, target_of, source_of,
-                                 in_stage, cts, 2 * n + tag)
+                slot = PairSlot(node, tag, proto, send_base, target_of, source_of,
+                                in_stage, self.stages, self.per_stage, cts, 2 * n + tag)
                 slots.append(slot)
-                lane.extend(self._pair_lane(slot, stage, deps))
+                lane.extend(slot.lane(stage, deps))
             else:
                 run.append(cf.frame(proto))
                 lane.append(("comp", proto.id, deps, None))
@@ -313,31 +289,11 @@ class ChakraPlan:
                 continue
             if node.kind == NodeKind.RECV and not any(x in sent for x in node.inputs):
                 continue                          # waits aside, keeps no place
-            if node.kind == NodeKind.SEND and self._rendezvous(node, sent):
+            if node.kind == NodeKind.SEND and rendezvous(node, sent, self.stages):
                 continue                          # waits for its receiver, aside
             placed.append(node.id)
         placed.sort(key=lambda i: (self.start_s[i], i))
         return dict(zip(placed[1:], placed))
-
-    def _rendezvous(self, node: Node, sent: set) -> bool:
-        """A transfer between pipeline stages (both halves in the graph)."""
-        if self.stages == 1:
-            return False
-        if node.kind == NodeKind.SEND:
-            return node.id in sent
-        return node.kind == NodeKind.RECV and any(x in sent for x in node.inputs)
-
-    @staticmethod
-    def _half(proto: cf.Node, kind: int, name: str) -> cf.Node:
-        """An extra node with id 2i beside node i (2i+1), without dependencies."""
-        half = cf.Node()
-        half.CopyFrom(proto)
-        half.id = proto.id - 1
-        half.type = kind
-        half.name = chakra_name(kind, name)
-        del half.data_deps[:]
-        del half.ctrl_deps[:]
-        return half
 
     def _template(self, node: Node, comm: Communicator | None, seconds: float,
                   annotate: bool, ctype: int, inputs: list[int], control: list[int]) -> cf.Node:
@@ -369,45 +325,6 @@ class ChakraPlan:
             p.attr.append(cf.Attr(name=FLINT_NODE, string_val=flint_record(node)))
         return p
 
-    def _pair_lane(self, slot: _PairSlot, stage: int, deps: list[int]) -> list[tuple]:
-        """The SEND/RECV a stage's ranks run for a pair slot, as chakra_check sees them:
-        ranks of one stage are alike, so one lane per stage stands for all of them."""
-        node, out = slot.node, []
-        ranks = range(stage * self.per_stage, (stage + 1) * self.per_stage)
-        targets = {self._peer(slot, slot.target_of, r) for r in ranks} - {None}
-        sources = {self._peer(slot, slot.source_of, r) for r in ranks} - {None}
-        send_id = slot.send_base.id if slot.send_base is not None else slot.base.id
-        send_deps = sorted(set(slot.send_base.data_deps) | set(slot.send_base.ctrl_deps)) \
-            if slot.send_base is not None else deps
-        to = sorted({t // self.per_stage for t in targets})
-        frm = sorted({s // self.per_stage for s in sources})
-        if slot.cts is not None:
-            cts_deps = sorted(set(slot.cts.data_deps) | set(slot.cts.ctrl_deps))
-            peer = frm if node.kind == NodeKind.RECV else to
-            out.append(("send" if node.kind == NodeKind.RECV else "recv", slot.cts.id,
-                        cts_deps, (peer, slot.cts_tag, describe(node) + " clear-to-send")))
-        if node.op == "collective-permute" or node.kind == NodeKind.SEND:
-            out.append(("send" if to else "comp", send_id, send_deps,
-                        (to, slot.tag, describe(node))))
-        if node.op == "collective-permute" or node.kind == NodeKind.RECV:
-            out.append(("recv" if frm else "comp", slot.base.id, deps,
-                        (frm, slot.tag, describe(node))))
-        return out
-
-    def _peer(self, slot: _PairSlot, table: dict, rank: int):
-        """A rank's peer. Pipeline stages name their pairs by each stage's first rank
-        (passes/pipeline.py): rank l of a stage talks to rank l of the peer stage. A
-        permute inside a stage's program names ranks of that stage: local rank l talks
-        to the local peer in the same stage."""
-        if self.stages == 1:
-            return table.get(rank)
-        first, local = rank - rank % self.per_stage, rank % self.per_stage
-        if slot.in_stage:
-            peer = table.get(local)
-            return None if peer is None else first + peer
-        peer = table.get(first)
-        return None if peer is None else peer + local
-
     # --- per rank -----------------------------------------------------------------
     def rank_bytes(self, rank: int) -> bytes:
         # `attr` is GlobalMetadata's last field too: the rank attribute is appended bytes.
@@ -427,44 +344,6 @@ class ChakraPlan:
                     parts.append(slot.body)
                     parts.append(pg)
             else:
-                parts.extend(self._pair_nodes(slot, rank))
+                parts.extend(slot.rank_nodes(rank))
             parts.append(seg)
         return b"".join(parts)
-
-    def _pair_nodes(self, slot: _PairSlot, rank: int) -> list[bytes]:
-        target = self._peer(slot, slot.target_of, rank)
-        source = self._peer(slot, slot.source_of, rank)
-        node, c = slot.node, slot.node.collective
-        out = []
-        if slot.cts is not None:
-            peer = source if node.kind == NodeKind.RECV else target
-            if peer is None:
-                half = p2p_node(slot.cts, cf.COMP, rank, rank, slot.cts_tag, 0)
-            elif node.kind == NodeKind.RECV:
-                half = p2p_node(slot.cts, cf.SEND, rank, peer, slot.cts_tag, CLEAR_TO_SEND)
-            else:
-                half = p2p_node(slot.cts, cf.RECV, peer, rank, slot.cts_tag, CLEAR_TO_SEND)
-            half.attr.append(cf.Attr(name=FLINT_PART, string_val="clear-to-send"))
-            out.append(cf.frame(half))
-        if node.op == "collective-permute":
-            sends = target is not None and not (target == rank and source == rank)
-            half = p2p_node(slot.send_base, cf.SEND if sends else cf.COMP, rank,
-                        target if sends else rank, slot.tag, c.bytes_in if sends else 0)
-            half.attr.append(cf.Attr(name=FLINT_PART, string_val="send"))
-            out.append(cf.frame(half))
-            if target == rank and source == rank:
-                local = p2p_node(slot.base, cf.COMP, rank, rank, slot.tag, 0)
-                local.duration_micros = max(1, slot.base.duration_micros)  # a copy to itself
-                out.append(cf.frame(local))
-                return out
-        elif node.kind == NodeKind.SEND:
-            kind = cf.SEND if target is not None else cf.COMP
-            out.append(cf.frame(p2p_node(slot.base, kind, rank, target if target is not None
-                                     else rank, slot.tag, c.bytes_in)))
-            return out
-        if source is not None:
-            out.append(cf.frame(p2p_node(slot.base, cf.RECV, source, rank, slot.tag,
-                                     c.bytes_out)))
-        else:
-            out.append(cf.frame(p2p_node(slot.base, cf.COMP, rank, rank, slot.tag, 0)))
-        return out
