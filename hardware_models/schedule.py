@@ -12,13 +12,15 @@ SMs and move bytes through HBM; Echo, arXiv 2412.12487, measures this): with a
 communication is in flight on its device progresses at 1/factor of its speed until that
 communication ends.
 
-A device's asynchronous collectives share its links whichever stream issues them (FSDP2's
-all-gather stream beside the reduce-scatters): NCCL kernels on two streams move their
-bytes over the same NVLink and NIC ports, and each collective's time here is priced with
-the full bus bandwidth, so two in flight at once would each get bandwidth that only one
-has. They run one at a time: a collective takes the earliest interval, from when it
-could start, in which the device's network is free. (Where one stream issues every
-collective, as in XLA's programs, its own order already does this.)
+A device's asynchronous collectives and sends share its links whichever stream issues
+them (FSDP2's all-gather stream beside the reduce-scatters; a pipeline stage's sends
+beside its data-parallel reduction): NCCL kernels on two streams move their bytes over
+the same NVLink and NIC ports, and each transfer's time here is priced with the full
+bandwidth, so two in flight at once would each get bandwidth that only one has. They run
+one at a time: each takes the earliest interval, from when it could start, in which the
+device's network is free. A receive is the far end of its send's transfer and takes no
+interval of its own. (Where one stream issues every collective, as in XLA's programs,
+its own order already does this.)
 
 Multi-device (MPMD) graphs, made by the pipeline and placement passes, tag nodes with
 `meta["device"]`: each device then has its own set of streams, and a RECV that depends on
@@ -74,7 +76,7 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None) -> Tim
     in_flight: dict[int, list[int]] = defaultdict(list)   # device -> async comm nodes
     kinds = [node.kind for node in graph.nodes]
     own_stream = [bool(node.meta.get("stream")) for node in graph.nodes]
-    network: dict[int, _Busy] = defaultdict(_Busy)      # device -> its collectives' intervals
+    network: dict[int, _Busy] = defaultdict(_Busy)      # device -> its transfers' intervals
     for node in graph.nodes:
         i = node.id
         ready, because = 0.0, -1
@@ -94,7 +96,7 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None) -> Tim
         elif start_at == issue and issue > ready and dev in last_compute:
             because = last_compute[dev]
         d = durations[i]
-        if node.collective is not None and streams[i] not in ("compute", "p2p"):
+        if node.collective is not None and streams[i] != "compute" and kinds[i] != NodeKind.RECV:
             start_at, blocker = network[dev].place(start_at, d, i)
             if blocker >= 0:
                 because = blocker
