@@ -12,9 +12,9 @@ r // (ranks per stage).
 
 What ASTRA-sim needs to run the files to completion (its README in ../shared/tools/
 astra-sim, and `chakra_check`, which proves it before anything is written):
-- Chakra ids are 2i+1 for Flint node i; the SEND half of a collective-permute is 2i,
-  right before the RECV that stands for the node. ASTRA-sim issues ready nodes smallest
-  id first.
+- Chakra ids are 2i+1 for Flint node i; the SEND half of a collective-permute (or the
+  clear-to-send of a pipeline transfer, chakra_pairs) is 2i, right before the node.
+  ASTRA-sim issues ready nodes smallest id first.
 - Every communication node of a rank is chained to the previous one by a control
   dependency, in the order Flint's schedule starts them (program order where it starts
   them together): one order per rank, shared by all members of every communicator, so
