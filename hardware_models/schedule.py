@@ -12,12 +12,23 @@ SMs and move bytes through HBM; Echo, arXiv 2412.12487, measures this): with a
 communication is in flight on its device progresses at 1/factor of its speed until that
 communication ends.
 
+A device's asynchronous collectives and sends share its links whichever stream issues
+them (FSDP2's all-gather stream beside the reduce-scatters; a pipeline stage's sends
+beside its data-parallel reduction): NCCL kernels on two streams move their bytes over
+the same NVLink and NIC ports, and each transfer's time here is priced with the full
+bandwidth, so two in flight at once would each get bandwidth that only one has. They run
+one at a time: each takes the earliest interval, from when it could start, in which the
+device's network is free. A receive is the far end of its send's transfer and takes no
+interval of its own. (Where one stream issues every collective, as in XLA's programs,
+its own order already does this.)
+
 Multi-device (MPMD) graphs, made by the pipeline and placement passes, tag nodes with
 `meta["device"]`: each device then has its own set of streams, and a RECV that depends on
 a SEND starts with it (a rendezvous, as NCCL's send/recv are) rather than after it.
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -65,6 +76,7 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None) -> Tim
     in_flight: dict[int, list[int]] = defaultdict(list)   # device -> async comm nodes
     kinds = [node.kind for node in graph.nodes]
     own_stream = [bool(node.meta.get("stream")) for node in graph.nodes]
+    network: dict[int, _Busy] = defaultdict(_Busy)      # device -> its transfers' intervals
     for node in graph.nodes:
         i = node.id
         ready, because = 0.0, -1
@@ -83,8 +95,12 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None) -> Tim
             because = last_on[s]
         elif start_at == issue and issue > ready and dev in last_compute:
             because = last_compute[dev]
-        start[i] = start_at
         d = durations[i]
+        if node.collective is not None and streams[i] != "compute" and kinds[i] != NodeKind.RECV:
+            start_at, blocker = network[dev].place(start_at, d, i)
+            if blocker >= 0:
+                because = blocker
+        start[i] = start_at
         if slowdown is not None and streams[i] == "compute" and in_flight[dev]:
             d = _stretched(node, d, start_at, in_flight, dev, finish, graph, slowdown)
         finish[i] = start_at + d
@@ -104,6 +120,30 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None) -> Tim
             cur = why[cur]
         timeline.critical_path = path[::-1]
     return timeline
+
+
+class _Busy:
+    """Disjoint busy intervals of one device's network, sorted."""
+
+    def __init__(self):
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.nodes: list[int] = []
+
+    def place(self, t: float, d: float, node: int) -> tuple[float, int]:
+        """(the earliest start >= t of a free interval of length d, the node whose end
+        it waited for or -1); the interval is then taken."""
+        k = bisect_right(self.ends, t)
+        blocker = -1
+        while k < len(self.starts) and self.starts[k] < t + d:
+            if self.ends[k] > t:
+                t, blocker = self.ends[k], self.nodes[k]
+            k += 1
+        if d > 0:
+            self.starts.insert(k, t)
+            self.ends.insert(k, t + d)
+            self.nodes.insert(k, node)
+        return t, blocker
 
 
 def _stretched(node, d: float, t: float, in_flight: dict, dev: int, finish: list, graph,

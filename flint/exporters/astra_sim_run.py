@@ -177,9 +177,9 @@ def report_second_opinion(graph, hardware, overrides, backend: str, astra_sim: s
     result = second_opinion(graph, hardware, binary, overrides)
     notes = where_they_differ(result)
     if int(graph.meta.get("mpmd_devices", 1) or 1) > 1:
-        notes.append("pipeline send/recv: ASTRA-sim buffers a send, so a receive posted "
-                     "after its data arrived completes at once; Flint's receive takes the "
-                     "transfer time from when the receiver gets to it (a rendezvous)")
+        notes.append("pipeline send/recv: a rendezvous in both (the export's receiver "
+                     "sends a 1-byte clear-to-send first), which costs ASTRA-sim one more "
+                     "small message's latency per transfer")
     report = {**result.to_json(), "where_they_differ": notes}
     if as_json:
         print(json.dumps(report, sort_keys=True, indent=1))

@@ -11,7 +11,7 @@ from flint.exporters import chakra_format as cf
 from flint.graph import Communicator, Node, NodeKind
 
 FLINT_NODE = "flint_node"      # attribute holding what Chakra has no field for (round trip)
-FLINT_PART = "flint_part"      # "send" on the extra SEND node a collective-permute makes
+FLINT_PART = "flint_part"      # on the extra node 2i: a permute's "send", a "clear-to-send"
 ID_SCHEME = "2i+1"             # header field naming how Chakra ids map to Flint ids
 _UNSAFE = re.compile(r"[,=\r\n]")   # separators of ASTRA-sim's trace lines
 _TYPED = re.compile(r"^[A-Z_]+_NODE:")

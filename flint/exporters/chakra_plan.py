@@ -12,22 +12,27 @@ r // (ranks per stage).
 
 What ASTRA-sim needs to run the files to completion (its README in ../shared/tools/
 astra-sim, and `chakra_check`, which proves it before anything is written):
-- Chakra ids are 2i+1 for Flint node i; the SEND half of a collective-permute is 2i,
-  right before the RECV that stands for the node. ASTRA-sim issues ready nodes smallest
-  id first.
+- Chakra ids are 2i+1 for Flint node i; the SEND half of a collective-permute (or the
+  clear-to-send of a pipeline transfer, chakra_pairs) is 2i, right before the node.
+  ASTRA-sim issues ready nodes smallest id first.
 - Every communication node of a rank is chained to the previous one by a control
-  dependency, in program order: one order per rank, shared by all members of every
-  communicator, so no two ranks wait on each other in different collectives.
+  dependency, in the order Flint's schedule starts them (program order where it starts
+  them together): one order per rank, shared by all members of every communicator, so
+  no two ranks wait on each other in different collectives. It is Flint's issue order,
+  not program order, because a framework's own stream (FSDP2's parameter all-gathers)
+  is issued ahead of the compute stream: in program order the next layer's all-gather
+  would queue behind this layer's gradient reduce-scatter, which Flint overlaps.
 - Compute-stream nodes are chained in program order (one in-order GPU stream, as Flint's
   schedule runs them); an asynchronous collective also waits for the compute node before
-  it, which is when Flint's schedule issues it.
+  it, which is when Flint's schedule issues it. Work on a framework's own stream waits
+  only for its inputs and control edges, as in Flint's schedule.
 - Names start with the Chakra node type (`COMP_NODE:fusion.3`): Chakra's timeline
   visualizer tells node types by name. Durations are whole microseconds (the field's
   unit); the rounding error is carried along the compute chain so the running total
   stays within a microsecond of the model's, and no compute node lasts 0 us.
 
 Point-to-point traffic (collective-permute, send, recv) becomes COMM_SEND / COMM_RECV
-pairs per rank, built with protobuf for the ranks that take part.
+pairs per rank (chakra_pairs), a pipeline's transfers with a rendezvous handshake.
 """
 from __future__ import annotations
 
@@ -39,8 +44,11 @@ import numpy as np
 from flint.errors import FlintError
 from flint.exporters import chakra_format as cf
 from flint.graph import Communicator, Node, NodeKind, WorkloadGraph
-from flint.exporters.chakra_nodes import (FLINT_NODE, FLINT_PART, ID_SCHEME, add_ctrl, chakra_id, chakra_name, chakra_type, comm_size, describe, flint_record, p2p_node, peers)
-from flint.hardware_models.schedule import stream_of
+from flint.exporters.chakra_nodes import (FLINT_NODE, ID_SCHEME, add_ctrl, chakra_id,
+                                          chakra_name, chakra_type, comm_size, describe,
+                                          flint_record, p2p_node, peers)
+from flint.exporters.chakra_pairs import PairSlot, half_node, rendezvous
+from flint.hardware_models.schedule import simulate, stream_of
 
 @dataclass
 class _GroupSlot:
@@ -50,17 +58,6 @@ class _GroupSlot:
     noop: bytes                # framed no-op for ranks outside every group
     cid: int
     deps: list[int]
-
-
-@dataclass
-class _PairSlot:
-    """A permute / send / recv: SEND and RECV nodes for the ranks that take part."""
-    node: Node
-    tag: int
-    base: "cf.Node"            # template proto of the node (id 2i+1), specialized per rank
-    send_base: "cf.Node | None"   # a permute's SEND half (id 2i)
-    target_of: dict            # source rank -> target rank
-    source_of: dict            # target rank -> source rank
 
 
 class ChakraPlan:
@@ -93,6 +90,7 @@ class ChakraPlan:
         self.segments: list[list[bytes]] = []
         self.slots: list[list] = []
         self.lanes: list[list[tuple]] = []       # per stage: what chakra_check simulates
+        self.start_s = simulate(flat, durations_s).start     # Flint's issue times
         for stage in range(self.stages):
             self._encode_stage(stage, on, durations_s, annotate, sent)
 
@@ -184,7 +182,8 @@ class ChakraPlan:
         flat = self.graph
         segments, slots, lane = [], [], []
         run: list[bytes] = []
-        last_compute = last_comm = None
+        last_compute = None
+        after = self._communication_order(stage, on, sent)
         modeled = written = 0.0        # running compute totals, microseconds
         n = len(flat.nodes)
         for node, d in zip(flat.nodes, durations_s):
@@ -202,17 +201,24 @@ class ChakraPlan:
             # order, as on Flint's one p2p stream; one whose send may come later (XLA's
             # SPMD send/recv) must not block the order: ASTRA-sim lets it wait aside.
             aside = node.kind == NodeKind.RECV and not any(x in sent for x in node.inputs)
-            if communicates and aside:
+            own_stream = bool(node.meta.get("stream"))
+            if not own_stream:
                 chain |= {last_compute} - {None}
-            elif communicates:
-                chain |= {last_compute, last_comm} - {None}
-            else:
-                chain |= {last_compute} - {None}
+            if communicates and not aside and node.id in after:
+                chain.add(chakra_id(after[node.id]))
             if ctype == cf.COMP and not communicates:
                 modeled += d * node.repeat * 1e6
                 micros = max(1, round(modeled - written))
                 written += micros
                 proto.duration_micros = micros
+            cts = None
+            if rendezvous(node, sent, self.stages) and node.kind == NodeKind.RECV:
+                cts = half_node(proto, cf.SEND, node.name + "/cts")
+                add_ctrl(cts, chain)        # the clear-to-send takes the receive's place
+                chain = {cts.id}
+            elif rendezvous(node, sent, self.stages):
+                cts = half_node(proto, cf.RECV, node.name + "/cts")
+                chain.add(cts.id)           # the data waits for its receiver
             send_base = None
             if node.op == "collective-permute":
                 send_base = cf.Node()
@@ -223,12 +229,10 @@ class ChakraPlan:
                 chain = {send_base.id}
             add_ctrl(proto, chain)
             deps = sorted(set(proto.data_deps) | set(proto.ctrl_deps))
-            if not communicates:
+            if not communicates and not own_stream:
                 last_compute = proto.id
-            elif not aside:                     # a receive waiting aside keeps no place
-                last_comm = proto.id
-                if stream_of(node) == "compute":
-                    last_compute = proto.id       # a synchronous collective blocks compute
+            elif communicates and not aside and stream_of(node) == "compute":
+                last_compute = proto.id           # a synchronous collective blocks compute
             if comm is not None and comm.kind == "groups" and ctype == cf.COLL \
                     and self.involved[self.canonical[comm.id]] is not None:
                 # the same node on every rank: ASTRA-sim finds the group from the dims
@@ -254,9 +258,13 @@ class ChakraPlan:
                 else:
                     tag = next((x for x in node.inputs if x in sent), n + comm.id)
                 target_of, source_of = peers(comm)
-                slot = _PairSlot(node, tag, proto, send_base, target_of, source_of)
+                # a stage's own permute names the stage's ranks 0..per_stage-1; the
+                # pipeline's transfers name the whole cluster's
+                in_stage = self.stages > 1 and comm.num_devices == self.per_stage
+                slot = PairSlot(node, tag, proto, send_base, target_of, source_of,
+                                in_stage, self.stages, self.per_stage, cts, 2 * n + tag)
                 slots.append(slot)
-                lane.extend(self._pair_lane(slot, stage, deps))
+                lane.extend(slot.lane(stage, deps))
             else:
                 run.append(cf.frame(proto))
                 lane.append(("comp", proto.id, deps, None))
@@ -264,6 +272,28 @@ class ChakraPlan:
         self.segments.append(segments)
         self.slots.append(slots)
         self.lanes.append(lane)
+
+    def _communication_order(self, stage: int, on: list[int], sent: set) -> dict[int, int]:
+        """{node: the communication node before it in its stage's one order}: the nodes
+        that take a place in the order (every collective, send and permute, and receives
+        whose send comes earlier), sorted by when Flint's schedule starts them. Every
+        dependency the export writes goes from an earlier start to a later one (ties in
+        program order), so the order adds no cycle."""
+        flat, placed = self.graph, []
+        for node in flat.nodes:
+            if on[node.id] != stage:
+                continue
+            c = node.collective
+            pairs = c is not None and flat.communicators[c.communicator].kind == "pairs"
+            if chakra_type(node) == cf.COMP and not pairs:
+                continue
+            if node.kind == NodeKind.RECV and not any(x in sent for x in node.inputs):
+                continue                          # waits aside, keeps no place
+            if node.kind == NodeKind.SEND and rendezvous(node, sent, self.stages):
+                continue                          # waits for its receiver, aside
+            placed.append(node.id)
+        placed.sort(key=lambda i: (self.start_s[i], i))
+        return dict(zip(placed[1:], placed))
 
     def _template(self, node: Node, comm: Communicator | None, seconds: float,
                   annotate: bool, ctype: int, inputs: list[int], control: list[int]) -> cf.Node:
@@ -280,7 +310,12 @@ class ChakraPlan:
         # At least 1 op and 1 byte: ASTRA-sim's roofline takes num_ops / min(peak,
         # bw x num_ops / tensor_size), which is 0/0 for a pure copy with num_ops 0 and
         # exactly tensor_size / bw with num_ops 1.
-        p.attr.extend([cf.Attr(name="is_cpu_op", bool_val=False),
+        # ASTRA-sim runs one GPU compute node per NPU at a time; its one other compute
+        # resource is the host's. Compute on a framework's own stream (FSDP2's copy-in
+        # kernels on its all-gather stream) goes there, so that it runs beside the
+        # compute stream, one node at a time, as Flint's schedule runs that stream.
+        side = ctype == cf.COMP and bool(node.meta.get("stream"))
+        p.attr.extend([cf.Attr(name="is_cpu_op", bool_val=side),
                        cf.Attr(name="num_ops", int64_val=max(1, round(node.flops * node.repeat))),
                        cf.Attr(name="tensor_size", uint64_val=max(1, moved * node.repeat))])
         if c is not None and c.type in cf.SIMULATED:
@@ -289,35 +324,6 @@ class ChakraPlan:
         if annotate:
             p.attr.append(cf.Attr(name=FLINT_NODE, string_val=flint_record(node)))
         return p
-
-    def _pair_lane(self, slot: _PairSlot, stage: int, deps: list[int]) -> list[tuple]:
-        """The SEND/RECV a stage's ranks run for a pair slot, as chakra_check sees them:
-        ranks of one stage are alike, so one lane per stage stands for all of them."""
-        node, out = slot.node, []
-        ranks = range(stage * self.per_stage, (stage + 1) * self.per_stage)
-        targets = {self._peer(slot.target_of, r) for r in ranks} - {None}
-        sources = {self._peer(slot.source_of, r) for r in ranks} - {None}
-        send_id = slot.send_base.id if slot.send_base is not None else slot.base.id
-        send_deps = sorted(set(slot.send_base.data_deps) | set(slot.send_base.ctrl_deps)) \
-            if slot.send_base is not None else deps
-        if node.op == "collective-permute" or node.kind == NodeKind.SEND:
-            to = {t // self.per_stage for t in targets}
-            out.append(("send" if to else "comp", send_id, send_deps,
-                        (sorted(to), slot.tag, describe(node))))
-        if node.op == "collective-permute" or node.kind == NodeKind.RECV:
-            frm = {s // self.per_stage for s in sources}
-            out.append(("recv" if frm else "comp", slot.base.id, deps,
-                        (sorted(frm), slot.tag, describe(node))))
-        return out
-
-    def _peer(self, table: dict, rank: int):
-        """A rank's peer. Pipeline stages name their pairs by each stage's first rank
-        (passes/pipeline.py): rank l of a stage talks to rank l of the peer stage."""
-        if self.stages == 1:
-            return table.get(rank)
-        first = rank - rank % self.per_stage
-        peer = table.get(first)
-        return None if peer is None else peer + rank % self.per_stage
 
     # --- per rank -----------------------------------------------------------------
     def rank_bytes(self, rank: int) -> bytes:
@@ -338,34 +344,6 @@ class ChakraPlan:
                     parts.append(slot.body)
                     parts.append(pg)
             else:
-                parts.extend(self._pair_nodes(slot, rank))
+                parts.extend(slot.rank_nodes(rank))
             parts.append(seg)
         return b"".join(parts)
-
-    def _pair_nodes(self, slot: _PairSlot, rank: int) -> list[bytes]:
-        target = self._peer(slot.target_of, rank)
-        source = self._peer(slot.source_of, rank)
-        node, c = slot.node, slot.node.collective
-        out = []
-        if node.op == "collective-permute":
-            sends = target is not None and not (target == rank and source == rank)
-            half = p2p_node(slot.send_base, cf.SEND if sends else cf.COMP, rank,
-                        target if sends else rank, slot.tag, c.bytes_in if sends else 0)
-            half.attr.append(cf.Attr(name=FLINT_PART, string_val="send"))
-            out.append(cf.frame(half))
-            if target == rank and source == rank:
-                local = p2p_node(slot.base, cf.COMP, rank, rank, slot.tag, 0)
-                local.duration_micros = max(1, slot.base.duration_micros)  # a copy to itself
-                out.append(cf.frame(local))
-                return out
-        elif node.kind == NodeKind.SEND:
-            kind = cf.SEND if target is not None else cf.COMP
-            out.append(cf.frame(p2p_node(slot.base, kind, rank, target if target is not None
-                                     else rank, slot.tag, c.bytes_in)))
-            return out
-        if source is not None:
-            out.append(cf.frame(p2p_node(slot.base, cf.RECV, source, rank, slot.tag,
-                                     c.bytes_out)))
-        else:
-            out.append(cf.frame(p2p_node(slot.base, cf.COMP, rank, rank, slot.tag, 0)))
-        return out

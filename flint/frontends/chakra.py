@@ -211,7 +211,7 @@ def _rebuild_flint(info: dict, nodes: list, file) -> WorkloadGraph:
     for p in sorted(nodes, key=lambda p: p.id):
         a = cf.attrs(p)
         if FLINT_PART in a:
-            continue            # the SEND half of a collective-permute
+            continue            # a permute's SEND half, a transfer's clear-to-send
         d = _json_record(a[FLINT_NODE], file, f"node {p.id} flint_node")
         if not isinstance(d, dict):
             raise FlintError(f"{file}: node {p.id}'s flint_node record is not a JSON object")
