@@ -24,6 +24,7 @@ DATA_AXES = ("data", "dp", "batch", "replica")
 FSDP_AXES = ("fsdp", "zero")
 TP_AXES = ("model", "tensor", "tp")
 CONTEXT_AXES = ("context", "cp")
+EXPERT_AXES = ("expert", "ep")   # expert parallelism (MoE models); also a batch axis
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,13 @@ class Parallelism:
     tp_axis: str | None
     sequence_parallel: bool = False
     context_axis: str | None = None
+    expert_axis: str | None = None
 
     @classmethod
     def from_mesh(cls, mesh: tuple[tuple[str, int], ...], sequence_parallel: bool = False,
                   fsdp_over_data: bool = False) -> "Parallelism":
         names = [n for n, _ in mesh]
-        known = DATA_AXES + FSDP_AXES + TP_AXES + CONTEXT_AXES
+        known = DATA_AXES + FSDP_AXES + TP_AXES + CONTEXT_AXES + EXPERT_AXES
         unknown = [n for n in names if n not in known]
         if unknown:
             raise FlintError(f"zoo models do not know mesh axis {unknown[0]!r}; use "
@@ -50,11 +52,14 @@ class Parallelism:
         if len(tp) > 1:
             raise FlintError(f"more than one tensor-parallel axis in mesh: {tp}")
         fsdp = tuple(n for n in names if n in FSDP_AXES or (fsdp_over_data and n in DATA_AXES))
-        batch = tuple(n for n in names if n in DATA_AXES + FSDP_AXES)
+        expert = [n for n in names if n in EXPERT_AXES]
+        if len(expert) > 1:
+            raise FlintError(f"more than one expert-parallel axis in mesh: {expert}")
+        batch = tuple(n for n in names if n in DATA_AXES + FSDP_AXES + EXPERT_AXES)
         if sequence_parallel and not tp:
             raise FlintError("sequence parallelism needs a tensor-parallel mesh axis")
         return cls(batch, fsdp, tp[0] if tp else None, sequence_parallel,
-                   context[0] if context else None)
+                   context[0] if context else None, expert[0] if expert else None)
 
     def axis(self, names: tuple[str, ...]):
         return None if not names else names[0] if len(names) == 1 else names
@@ -134,6 +139,7 @@ def build(model, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
                          f"{' | '.join(decoder.GEMM_PRECISIONS)}")
     par = Parallelism.from_mesh(mesh, sequence_parallel)
     sizes = dict(mesh)
+    experts = _expert_sharding(cfg, par, sizes)
     dp = 1
     for a in par.batch_axes:
         dp *= sizes[a]
@@ -144,7 +150,7 @@ def build(model, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
     data = {"tokens": tokens, "targets": tokens}
     batch_axis = par.axis(par.batch_axes)
     fsdp = par.axis(par.fsdp_axes)
-    pspec = spec_tree(params, decoder.sharding_rules(cfg, fsdp, par.tp_axis))
+    pspec = spec_tree(params, decoder.sharding_rules(cfg, fsdp, par.tp_axis, par.expert_axis))
     ospec = {"mu": pspec, "nu": pspec, "count": P()}
     cp = par.context_axis
     dspec = {"tokens": P(batch_axis, cp), "targets": P(batch_axis, cp)}
@@ -156,7 +162,7 @@ def build(model, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
 
     def train_step(params, opt_state, batch):
         def loss_fn(p):
-            logits = decoder.forward(p, batch["tokens"], cfg, act, attn, kv)
+            logits = decoder.forward(p, batch["tokens"], cfg, act, attn, kv, experts)
             return cross_entropy(logits, batch["targets"])
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
@@ -170,5 +176,25 @@ def build(model, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
             "global_batch": batch, "seq_len": cfg.seq_len, "layers": cfg.n_layers,
             "scan": cfg.scan, "remat": cfg.remat, "attention": cfg.attention,
             "gemm_precision": cfg.gemm_precision}
+    if cfg.is_moe:
+        info.update(experts=cfg.n_experts, top_k=cfg.top_k, ep=sizes.get(par.expert_axis, 1),
+                    capacity_factor=cfg.capacity_factor)
     return ZooWorkload(cfg.name, train_step, (params, opt, data), (pspec, ospec, dspec),
                        (pspec, ospec, P()), (0, 1), info)
+
+
+def _expert_sharding(cfg, par: Parallelism, sizes: dict):
+    """Where a MoE model's experts live; an expert axis needs experts that divide by it."""
+    ep = sizes.get(par.expert_axis, 1) if par.expert_axis else 1
+    if ep > 1 and not cfg.is_moe:
+        raise FlintError(f"mesh axis {par.expert_axis}={ep}: {cfg.name} has no experts to shard")
+    if not cfg.is_moe:
+        return None
+    if cfg.n_experts % ep:
+        raise FlintError(f"{cfg.n_experts} experts do not divide over {par.expert_axis}={ep}")
+    if par.context_axis:
+        raise FlintError("MoE models with a context-parallel axis are not built here")
+    from flint.models.moe import ExpertSharding
+
+    return ExpertSharding(par.expert_axis, par.batch_axes, par.fsdp_axes, par.tp_axis,
+                          par.sequence_parallel)
