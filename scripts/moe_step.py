@@ -19,6 +19,10 @@ How (the same for every configuration):
   microbatches (1F1B, interleaved with VP chunks when VP > 1), and estimate() simulates it.
 - Activation recompute: "selective" (the attention core). Data-parallel gradient
   reduction once per step (the layer template's per-layer reductions).
+- A stage boundary sends the residual stream (bf16 [MBS, seq / TP, d]; its gradient
+  back), as Megatron-Core's p2p communication does. The layer template's own guess (every
+  value one template layer hands the next) also catches values XLA shares between layers
+  (rotary tables, a fused attention kernel's extra outputs), so it is replaced.
 """
 from __future__ import annotations
 
@@ -127,6 +131,10 @@ def predict(run: MoeRun, distributions, cache: Path | None = None, seed: int = 0
                             capacity_factor=cfg.capacity_factor or 1.0,
                             top_k=cfg.top_k).run(graph)
         layered = LayerTemplate(cfg.n_layers, run.hardware).run(routed)
+        residual = f"bf16[{run.mbs},{run.seq // run.tp},{cfg.d_model}]"
+        for n in layered.nodes:
+            if n.name.startswith(("fwd.", "bwd.")) and n.name not in ("fwd.head", "bwd.embed"):
+                n.outputs = [residual]
         layered.meta["model_flops_per_device"] = model_flops(cfg, tokens_mb) / run.stage_gpus
         piped = layered
         if run.pp > 1 or run.microbatches > 1:

@@ -236,12 +236,13 @@ def _routed(x, router, up, gate, down, cfg, es: ExpertSharding):
         pos = jnp.sum(jnp.cumsum(onehot, axis=1) * onehot, axis=-1) - 1
         keep = pos < cap
         slot = jnp.where(keep, choice * cap + pos, e * cap)      # dropped: a spare slot
-        token = jnp.arange(s * k) // k
-
-        def scatter(xr, sl):
-            return jnp.zeros((e * cap + 1, d), x.dtype).at[sl].set(xr[token])
-
-        buf = jax.vmap(scatter)(x, slot)[:, :e * cap].reshape(b, e, cap, d)
+        # Gather, not scatter, as Megatron-Core's permute does (index_select of the rows):
+        # which (token, choice) fills each expert slot; empty slots read a zero row.
+        source = jax.vmap(lambda sl: jnp.full((e * cap + 1,), s * k, jnp.int32)
+                          .at[sl].set(jnp.arange(s * k, dtype=jnp.int32)))(slot)[:, :e * cap]
+        buf = jax.vmap(lambda xr, src: jnp.take(xr, src // k, axis=0, mode="fill",
+                                                fill_value=0))(x, source)
+        buf = buf.reshape(b, e, cap, d)
         send = buf.transpose(1, 0, 2, 3).reshape(ep, e // ep, b, cap, d)
     if ep > 1:
         with jax.named_scope("dispatch"):
