@@ -57,6 +57,15 @@ def main(argv=None) -> int:
                      f"{r['a2a_straggler_bytes_per_rank'] / 1e6:11.1f} "
                      f"{r['a2a_balanced_bytes_per_rank'] / 1e6:10.1f} {r['step_s']:8.2f} "
                      f"{r['tokens_s_gpu']:9.0f} {r['step_s'] / base:7.2f}x")
+    from flint.models.describe import resolve_model
+
+    cfg = resolve_model(RUN.model)
+    closed = RUN.mbs * RUN.seq // RUN.tp * cfg.top_k * cfg.d_model * 2
+    lines.append(f"closed form, dispatch = combine bytes per rank per MoE layer and microbatch "
+                 f"(balanced): MBS x seq / TP x top_k x d_model x 2 B = {RUN.mbs} x {RUN.seq} "
+                 f"/ {RUN.tp} x {cfg.top_k} x {cfg.d_model} x 2 = {closed / 1e6:.1f} MB; "
+                 f"extracted graph: {rows[0]['a2a_balanced_bytes_per_rank'] / 1e6:.1f} MB; "
+                 f"(ep-1)/ep of it leaves the rank")
     text = "\n".join(lines) + "\n"
     print(text, end="")
     out = Path(args.out)
@@ -95,6 +104,7 @@ def _plot(rows, path: Path) -> None:
         for r in pts:
             ax.annotate(r["distribution"], (r["straggler_factor"], r["step_s"]), fontsize=6,
                         xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
     ax.set_xlabel("straggler EP rank's tokens / balanced rank's (x)")
     ax.set_ylabel("predicted step time (s)")
     ax.set_title(f"DeepSeek-V3 shape, {RUN.gpus} x {RUN.hardware}, EP{RUN.ep}: step vs routing "
