@@ -162,3 +162,19 @@ def test_hierarchical_all_to_all_deduplicates_across_nodes():
         return NetworkModel(spec, Cluster(64, (("expert", 64),))).time(node, comm)
 
     assert a2a(8) < a2a(0)          # 8 picks over 8 nodes: ~5.25 distinct remote nodes of 7
+
+
+def test_torch_twin_expert_parallel_all_to_all():
+    import flint.torch as ft
+
+    graph = ft.zoo(TINY_MOE, world_size=8, mesh={"data": 2, "expert": 4}, batch_per_replica=2)
+    cfg = resolve_model(TINY_MOE)
+    a2a = [n for n in graph.collectives() if n.collective.type == "all-to-all"]
+    assert len(a2a) == 4 * (cfg.n_layers - cfg.first_dense)
+    assert {graph.communicator(n).mesh_axes for n in a2a} == {("expert",)}
+    assert {n.collective.bytes_in for n in a2a} == {2 * cfg.seq_len * 2 * cfg.d_model * 2}
+    reduced = {graph.communicator(n).mesh_axes for n in graph.collectives()
+               if n.collective.type == "all-reduce"}
+    assert reduced == {("data",), ("expert",)}       # dense gradients over both, experts' data
+    with pytest.raises(FlintError, match="data x expert"):
+        ft.zoo(TINY_MOE, world_size=8, mesh={"expert": 4, "model": 2})
