@@ -221,6 +221,10 @@ def _routed(x, router, up, gate, down, cfg, es: ExpertSharding):
     for ax in es.fsdp:      # ZeRO-3: gather the experts' d_model shards
         up, gate = (jax.lax.all_gather(w, ax, axis=1, tiled=True) for w in (up, gate))
         down = jax.lax.all_gather(down, ax, axis=2, tiled=True)
+    # The weights meet tokens that vary over more axes (the data-parallel ones): mark them
+    # varying there too, explicitly, so that a custom-VJP GEMM (FP8) returns a gradient of
+    # the weight's own type; the mark's transpose is the data-parallel gradient all-reduce.
+    up, gate, down = (_vary_like(w, x) for w in (up, gate, down))
     b, s, d = x.shape
     e, k = cfg.n_experts, cfg.top_k
     ep = e // up.shape[0]
@@ -267,3 +271,8 @@ def _routed(x, router, up, gate, down, cfg, es: ExpertSharding):
         out = (jax.lax.psum_scatter(out, es.tp, scatter_dimension=1, tiled=True)
                if es.sequence_parallel else jax.lax.psum(out, es.tp))
     return out
+
+
+def _vary_like(w, like):
+    missing = tuple(sorted(set(jax.typeof(like).mat.varying) - set(jax.typeof(w).mat.varying)))
+    return jax.lax.pcast(w, missing, to="varying") if missing else w
