@@ -178,3 +178,17 @@ def test_torch_twin_expert_parallel_all_to_all():
     assert reduced == {("data",), ("expert",)}       # dense gradients over both, experts' data
     with pytest.raises(FlintError, match="data x expert"):
         ft.zoo(TINY_MOE, world_size=8, mesh={"expert": 4, "model": 2})
+
+
+def test_sweep_ep_axis_builds_expert_meshes():
+    from flint.sweep_space import SearchSpace
+
+    configs, skipped = SearchSpace.from_dict({"model": "qwen3-30b-a3b", "devices": [8],
+                                              "ep": [1, 8], "tp": [1, 2],
+                                              "fsdp": [False]}).expand()
+    meshes = {c.mesh() for c in configs}
+    assert (("data", 1), ("expert", 8)) in meshes and (("data", 8),) in meshes
+    assert "ep" not in next(c for c in configs if c.ep == 1).to_json()   # dense keys kept
+    assert [s["reason"] for s in skipped] == ["ep=8 does not divide dp=4"]
+    with pytest.raises(FlintError, match="no experts"):
+        SearchSpace.from_dict({"model": "llama3-8b", "ep": [2]}).expand()
