@@ -126,7 +126,7 @@ class MoeRouting:
                and n.collective.type in ("all-to-all", "ragged-all-to-all")
                and any(s in str(n.meta.get("scope", "")) for s in ("moe/dispatch", "moe/combine"))]
         ep = graph.communicator(a2a[0]).size if a2a else 1
-        local = _dims(gemms[0].outputs[0])[0] if gemms[0].outputs else 1
+        local = _expert_dims(gemms[0])[0] if gemms[0].outputs else 1
         experts = local * ep
         shares = expert_shares(self.distribution, experts, self.seed)
         rank_share = shares.reshape(ep, local).sum(axis=1)
@@ -181,12 +181,19 @@ def _dims(shape: str) -> list[int]:
     return [int(d) for d in inner.split(",") if d.strip().isdigit()]
 
 
+def _expert_dims(node) -> list[int]:
+    """[local experts, rows, cols] of an expert GEMM's output (XLA drops a unit expert
+    dim when a rank holds one expert)."""
+    d = _dims(node.outputs[0]) if node.outputs else []
+    return [1] + d if len(d) == 2 else d
+
+
 def _token_rows(gemms, local: int) -> int:
     """The compiled rows per expert: the forward gate/up GEMMs' M (their output is
     [local experts, tokens, f]; the most common second dim over forward expert GEMMs)."""
     seen: dict[int, int] = {}
     for n in gemms:
-        d = _dims(n.outputs[0]) if n.outputs else []
+        d = _expert_dims(n)
         if len(d) == 3 and d[0] == local and n.meta.get("phase", "forward") == "forward":
             seen[d[1]] = seen.get(d[1], 0) + 1
     if not seen:
@@ -198,7 +205,7 @@ def _grouped(node, per_expert: np.ndarray, rows: int) -> None:
     """One expert GEMM node -> a grouped GEMM of the straggler's per-expert token counts.
     The token count is M for the forward and input-gradient GEMMs, K for the weight
     gradients ([experts, d, f] outputs)."""
-    d = _dims(node.outputs[0]) if node.outputs else []
+    d = _expert_dims(node)
     if len(d) != 3 or not node.flops:
         return
     e, m, n = d
