@@ -103,6 +103,8 @@ def estimate(
                                             "directory (default: $ASTRA_SIM, "
                                             "../shared/tools/astra-sim)"),
     as_json: bool = typer.Option(False, "--json", help="print the estimate as JSON"),
+    routing: Optional[str] = typer.Option(None, help="MoE graphs: tokens per expert, "
+                                          "balanced | zipf:S | imbalance:F | histogram:..."),
 ):
     """Predict the step time of a workload graph with the built-in cost model."""
     def go():
@@ -116,8 +118,12 @@ def estimate(
 
             return report_second_opinion(load_any_graph(graph_file), hardware_name, set_,
                                          backend, astra_sim, as_json)
-        _estimate(load_any_graph(graph_file), hardware_name, set_, algorithm, trace,
-                  as_json, plot)
+        graph = load_any_graph(graph_file)
+        if routing:
+            from flint.passes.moe_routing import MoeRouting
+
+            graph = MoeRouting.for_graph(graph, routing).run(graph)
+        _estimate(graph, hardware_name, set_, algorithm, trace, as_json, plot)
 
     _run(go)
 
@@ -137,12 +143,24 @@ def _estimate(graph, hardware_name, overrides, algorithm, trace, as_json, plot=N
         from flint.exporters.plot import write_breakdown
 
         write_breakdown(result.to_json(), plot)
+    report = result.to_json()
+    if "moe_routing" in graph.meta:
+        report["moe_routing"] = graph.meta["moe_routing"]
     if as_json:
-        print(json.dumps(result.to_json(), sort_keys=True, indent=1))
+        print(json.dumps(report, sort_keys=True, indent=1))
     else:
         from flint.render import render_estimate
 
-        render_estimate(result.to_json(), Console())
+        render_estimate(report, Console())
+        if "moe_routing" in graph.meta:
+            r = graph.meta["moe_routing"]
+            Console().print(f"MoE routing {r['distribution']}: hottest expert "
+                            f"{r['max_over_mean_expert']:.2f}x the mean, straggler EP rank "
+                            f"{r['straggler_factor']:.2f}x a balanced rank's tokens; "
+                            f"all-to-all {r['all_to_all_straggler_bytes_per_rank'] / 1e6:.2f} "
+                            f"MB per rank (balanced "
+                            f"{r['all_to_all_balanced_bytes_per_rank'] / 1e6:.2f} MB); "
+                            f"dropped tokens {100 * r['dropped_token_share']:.1f}%")
 
 
 @app.command()
@@ -250,6 +268,9 @@ def _jax_graph(target, devices, mesh, hardware_name, model, scan, layers, seq_le
     graph.meta["model"] = label
     if info.get("model_flops"):
         graph.meta["model_flops_per_device"] = info["model_flops"] / devices
+        if info.get("experts"):
+            graph.meta["moe"] = {k: info[k] for k in ("experts", "top_k", "ep",
+                                                      "capacity_factor")}
     return graph, compiled.timings
 
 

@@ -41,6 +41,8 @@ def extract_program(program: dict) -> WorkloadGraph:
     graph = step.lower(*args).compile().workload()
     graph.meta["model"] = label
     graph.meta["model_flops_per_device"] = info["model_flops"] / devices
+    if info.get("experts"):
+        graph.meta["moe"] = {k: info[k] for k in ("experts", "top_k", "ep", "capacity_factor")}
     return graph
 
 

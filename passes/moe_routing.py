@@ -117,6 +117,15 @@ class MoeRouting:
     top_k: int = 0               # for the report (and hierarchical all-to-all dedup)
     name: str = "moe-routing"
 
+    @classmethod
+    def for_graph(cls, graph: WorkloadGraph, distribution: str, seed: int = 0) -> "MoeRouting":
+        """The pass for a graph whose meta["moe"] (written at extraction) says top_k and
+        the capacity factor."""
+        moe = graph.meta.get("moe") or {}
+        cf = float(moe.get("capacity_factor") or 0.0)
+        return cls(distribution, seed, dropless=not cf, capacity_factor=cf or 1.0,
+                   top_k=int(moe.get("top_k") or 0))
+
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
         experts_nodes = [n for n in graph.nodes if "moe/experts" in str(n.meta.get("scope", ""))]
         gemms = [n for n in experts_nodes if n.op_class == "gemm"]
