@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -110,7 +109,8 @@ def template(run: MoeRun, cache: Path):
 
 
 def predict(run: MoeRun, distributions, cache: Path | None = None, seed: int = 0) -> list[dict]:
-    """One row per routing distribution: step time and the MoE report."""
+    """One row per routing distribution: step time and the MoE report (no wall times:
+    the rows are written as deterministic files)."""
     from flint.hardware_models.estimate import estimate
     from flint.models.decoder import model_flops
     from flint.models.describe import resolve_model
@@ -120,13 +120,10 @@ def predict(run: MoeRun, distributions, cache: Path | None = None, seed: int = 0
 
     cache = cache or REPO / "build" / "moe"
     cfg = resolve_model(run.model).with_(seq_len=run.seq)
-    t0 = time.perf_counter()
-    graph, extracted = template(run, cache)
-    t_extract = time.perf_counter() - t0
+    graph, _ = template(run, cache)
     tokens_mb = run.mbs * run.dp * run.seq      # one microbatch of the data-parallel group
     rows = []
     for dist in distributions:
-        t1 = time.perf_counter()
         routed = MoeRouting(dist, seed=seed, dropless=not cfg.capacity_factor,
                             capacity_factor=cfg.capacity_factor or 1.0,
                             top_k=cfg.top_k).run(graph)
@@ -154,7 +151,5 @@ def predict(run: MoeRun, distributions, cache: Path | None = None, seed: int = 0
                      "a2a_balanced_bytes_per_rank": report["all_to_all_balanced_bytes_per_rank"],
                      "a2a_straggler_bytes_per_rank":
                          report["all_to_all_straggler_bytes_per_rank"],
-                     "dropped_token_share": report["dropped_token_share"],
-                     "extracted": extracted, "extract_s": t_extract,
-                     "estimate_s": time.perf_counter() - t1})
+                     "dropped_token_share": report["dropped_token_share"]})
     return rows
