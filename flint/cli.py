@@ -113,16 +113,16 @@ def estimate(
         for flag, path in (("--trace", trace), ("--plot", plot)):
             if path:
                 _check_output_dir(path, flag)
-        if backend != "flint":
-            from flint.exporters.astra_sim_run import report_second_opinion
-
-            return report_second_opinion(load_any_graph(graph_file), hardware_name, set_,
-                                         backend, astra_sim, as_json)
         graph = load_any_graph(graph_file)
         if routing:
             from flint.passes.moe_routing import MoeRouting
 
             graph = MoeRouting.for_graph(graph, routing).run(graph)
+        if backend != "flint":
+            from flint.exporters.astra_sim_run import report_second_opinion
+
+            return report_second_opinion(graph, hardware_name, set_, backend, astra_sim,
+                                         as_json)
         _estimate(graph, hardware_name, set_, algorithm, trace, as_json, plot)
 
     _run(go)
