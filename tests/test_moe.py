@@ -192,3 +192,18 @@ def test_sweep_ep_axis_builds_expert_meshes():
     assert [s["reason"] for s in skipped] == ["ep=8 does not divide dp=4"]
     with pytest.raises(FlintError, match="no experts"):
         SearchSpace.from_dict({"model": "llama3-8b", "ep": [2]}).expand()
+
+
+def test_cli_estimate_routing(ep_graph, tmp_path):
+    from tests.conftest import run_flint
+
+    _, graph = ep_graph
+    path = tmp_path / "moe.json"
+    graph.save(path)
+    out = run_flint("estimate", str(path), "--routing", "imbalance:4", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)["moe_routing"]
+    assert report["straggler_factor"] == pytest.approx((4 + 3 * 4 / 7) / 4)
+    bad = run_flint("estimate", str(path), "--routing", "pareto:2")
+    assert bad.returncode == 2 and "routing distribution" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
