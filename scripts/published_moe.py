@@ -91,11 +91,14 @@ def num(cell) -> float | None:
 
 
 def moe_rows(path: Path) -> list[MoeRow]:
-    rows = []
+    rows, blocks = [], {}
     for section, records in csv_blocks(path):
+        blocks[section] = blocks.get(section, 0) + 1
+        if blocks[section] > 1:          # a section's later tables: 1c.2, 1c.3, ...
+            section = f"{section}.{blocks[section]}"
         for k, r in enumerate(records):
             name = str(r.get("model", ""))
-            if not (MOE_NAMES.search(name) or section == "1g"):
+            if not (MOE_NAMES.search(name) or section.startswith("1g")):
                 continue
             label = f"{section}#{k + 1} " + " ".join(str(r.get(c, "")) for c in (
                 "release", "model", "task", "system", "tpu", "gpus", "chips", "precision",
@@ -107,14 +110,14 @@ def moe_rows(path: Path) -> list[MoeRow]:
 
 
 def _build(row: MoeRow, section: str, r: dict, name: str) -> str:
-    if section == "1g":
+    if section.startswith("1g"):
         return "TFLOP/s under the write-up's own FLOP count, no tokens/s or step time"
     if section.startswith("2"):
         return "TPU row: v6e has no compile-only target; v5p needs libtpu (not installed)"
     preset = next((p for rx, p in MODELS if re.search(rx, name, re.I)), "")
     if not preset:
         return f"no public MoE shape for {name!r} in flint.models.describe"
-    prec = str(r.get("precision") or ("FP8-CS" if section == "1c" else "BF16")).split()[0]
+    prec = str(r.get("precision") or ("FP8-CS" if section.startswith("1c") else "BF16")).split()[0]
     if prec.lower().startswith("n/s"):
         return "precision not stated"
     if prec.lower() not in PRECISION:
