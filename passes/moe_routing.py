@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
