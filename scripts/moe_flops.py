@@ -3,8 +3,8 @@
     python scripts/moe_flops.py [--models mixtral-8x7b,qwen3-30b-a3b,deepseek-v3,gpt-oss-120b]
 
 Each preset is extracted for one compile-only device (host CPU by default) with a few
-layers (`--layers`; DeepSeek-V3 keeps one leading dense layer), batch 2 x seq 4096, no activation recompute, and the graph's
-executed FLOPs (HLO cost of every node; the fused attention nodes count the causal half,
+layers (`--layers`; DeepSeek-V3 keeps one leading dense layer), batch 2 x seq 4096, no
+activation recompute, and the graph's executed FLOPs (HLO cost of every node; the fused attention nodes count the causal half,
 backward 2.5x forward) are compared with a count written out here by hand from the public
 configuration, independent of flint.models.moe:
 
