@@ -104,7 +104,8 @@ class Config:
     layers: int = 0
     framework: str = "jax"
     pipeline_split: str = "layers"
-    gemm_precision: str = "bf16"  # bf16 | fp8 | mxfp8 (flint.models.decoder._mm)
+    gemm_precision: str = "bf16"  # bf16 | fp8 | mxfp8 (flint.models.layers.matmul)
+    ep: int = 1                   # expert parallelism (MoE models): an `expert` mesh axis
 
     @property
     def stage_devices(self) -> int:
@@ -116,7 +117,9 @@ class Config:
         return self.pp == 1
 
     def mesh(self) -> tuple[tuple[str, int], ...]:
-        axes = [("fsdp" if self.fsdp else "data", self.dp)]
+        axes = [("fsdp" if self.fsdp else "data", self.dp // self.ep)]
+        if self.ep > 1:      # EP ranks are data-parallel ranks for all but the experts
+            axes.append(("expert", self.ep))
         if self.tp > 1:
             axes.append(("model", self.tp))
         return tuple(axes)
@@ -129,7 +132,8 @@ class Config:
                 "remat": self.remat, "sequence_parallel": self.sp, "scan": self.scan,
                 "seq_len": self.seq_len, "layers": self.layers, "hardware": self.hardware,
                 **({"gemm_precision": self.gemm_precision}
-                   if self.gemm_precision != "bf16" else {})}
+                   if self.gemm_precision != "bf16" else {}),
+                **({"ep": self.ep} if self.ep > 1 else {})}
 
     def program_key(self) -> str:
         return _digest(self.program())
@@ -140,6 +144,8 @@ class Config:
     def to_json(self) -> dict:
         d = asdict(self)
         d["what_if"] = {k: v for k, v in self.what_if}
+        if d["ep"] == 1:
+            del d["ep"]        # dense configurations keep the keys they always had
         return d
 
     @classmethod
@@ -231,6 +237,8 @@ class SearchSpace:
         for ep in self.axes["ep"]:
             if ep > 1 and not shape.get("experts"):
                 raise FlintError(f"ep={ep}: {name} has no experts to shard")
+            if ep > 1 and shape["experts"] % ep:
+                raise FlintError(f"ep={ep} does not divide {name}'s {shape['experts']} experts")
         for hw in self.axes["hardware"]:
             for wi in self.axes["what_if"]:
                 load_spec(hw, [f"{k}={v}" for k, v in wi.items()])   # bad units fail here
@@ -268,11 +276,14 @@ class SearchSpace:
             return None, "pipeline schedules only differ when pp > 1"
         if pt["sp"] and tp == 1:
             return None, "sequence parallelism needs tp > 1"
+        if dp % pt["ep"]:
+            return None, f"ep={pt['ep']} does not divide dp={dp}"
         return Config(self.settings["model"], devices, tp, pp, dp, bool(pt["fsdp"]),
                       bool(pt["sp"]), mb, m, pt["schedule"], pt["virtual"], pt["remat"],
                       pt["hardware"], tuple(sorted(pt["what_if"].items())),
                       self.settings["seq_len"], self.settings["layers"],
-                      self.settings["framework"], self.settings["pipeline_split"]), ""
+                      self.settings["framework"], self.settings["pipeline_split"],
+                      ep=pt["ep"]), ""
 
 
 def _model_shape(settings: dict) -> dict:
@@ -290,5 +301,6 @@ def _model_shape(settings: dict) -> dict:
     settings["model"] = settings["model"] if isinstance(settings["model"], str) and \
         settings["model"] in decoder.ZOO else to_mapping(cfg)
     return {"heads": cfg.n_heads, "kv_heads": cfg.n_kv_heads,
-            "layers": settings["layers"] or cfg.n_layers, "experts": 0, "name": cfg.name,
+            "layers": settings["layers"] or cfg.n_layers, "experts": cfg.n_experts,
+            "name": cfg.name,
             "seq_len": cfg.seq_len}

@@ -78,8 +78,10 @@ def interference(spec: HardwareSpec, compute, network, node: Node, comm: Node) -
 
 def default_cost_model(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
                        algorithm: str = "auto", protocol: str = "auto") -> DefaultCostModel:
+    from flint.hardware_models.grouped_gemm import with_grouped_gemms
+
     spec = load_spec(hardware or _spec_name(graph.cluster.hardware), overrides)
-    return DefaultCostModel(spec, RooflineCompute(spec),
+    return DefaultCostModel(spec, with_grouped_gemms(RooflineCompute(spec), graph),
                             NetworkModel(spec, graph.cluster, algorithm, protocol))
 
 

@@ -115,14 +115,14 @@ class NetworkModel:
         place = self.placement(comm)
         if place.size <= 1:
             return 0.0
-        options = self._options(c.type, size, place)
+        options = self._options(c.type, size, place, int(node.meta.get("moe_top_k") or 0))
         if self.algorithm != "auto":
             if self.algorithm not in options:
                 return min(options.values())
             return options[self.algorithm]
         return min(options.values())
 
-    def _options(self, kind: str, s: float, pl: Placement) -> dict[str, float]:
+    def _options(self, kind: str, s: float, pl: Placement, top_k: int = 0) -> dict[str, float]:
         p, k, m = pl.size, pl.domains, pl.per_domain
         up, out = self.up, self.out(pl.leaves)
         flat = up if k == 1 else out  # a flat ring is as fast as its slowest link
@@ -153,9 +153,32 @@ class NetworkModel:
         if kind in ("all-to-all", "ragged-all-to-all"):
             intra = (m - 1) / p * s / up.bandwidth
             inter = (p - m) / p * s / out.bandwidth if k > 1 else 0.0
-            return {"direct": max(intra, inter) + self.phase(0.0, p - 1, flat, "ring", k)}
+            opts = {"direct": max(intra, inter) + self.phase(0.0, p - 1, flat, "ring", k)}
+            if k > 1 and m > 1:
+                opts["hierarchical"] = self._hierarchical_all_to_all(s, pl, top_k)
+            return opts
         # collective-broadcast and anything else: a pipelined chain
         return {"ring": self.phase(s, log_p, flat, "ring", k)}
+
+    def _hierarchical_all_to_all(self, s: float, pl: Placement, top_k: int) -> float:
+        """DeepEP's inter-node dispatch/combine (DeepSeek-V3, arXiv 2412.19437 section
+        3.2.2; deepseek-ai/DeepEP README, "normal kernels"): a token bound for another
+        node crosses the network once, to the GPU of the same local index there, which
+        forwards it over NVLink to every GPU of that node holding one of its experts. With
+        top_k picks spread evenly over k nodes, a token reaches (k-1)(1-(1-1/k)^top_k)
+        distinct remote nodes instead of top_k (k-1)/k copies (without top_k: no
+        deduplication). The network and NVLink parts run pipelined (RDMA and NVLink
+        forwarding overlap in DeepEP), so the slower one sets the time."""
+        p, k, m = pl.size, pl.domains, pl.per_domain
+        remote = (p - m) / p * s                 # bytes a flat all-to-all sends off-node
+        if top_k:
+            naive = top_k * (k - 1) / k
+            distinct = (k - 1) * (1 - (1 - 1 / k) ** top_k)
+            remote *= distinct / naive if naive else 1.0
+        nvlink = (m - 1) / p * s + remote * (m - 1) / m
+        up, out = self.up, self.out(pl.leaves)
+        return (max(remote / out.bandwidth, nvlink / up.bandwidth)
+                + self.phase(0.0, k - 1, out, "ring", k) + self.phase(0.0, m - 1, up))
 
     def _intra(self, kind: str, s: float, pl: Placement) -> float:
         """Reduce-scatter or all-gather of S among the m ranks of one domain."""

@@ -351,7 +351,15 @@ def main(argv=None) -> int:
     ap.add_argument("--json", dest="json_out", default=None, help="also write rows as JSON")
     ap.add_argument("--cached-only", action="store_true", help="only rows whose extracted "
                     "graph is already in --cache (a bounded-time rerun)")
+    ap.add_argument("--moe", action="store_true", help="rebuild the MoE rows instead "
+                    "(scripts/published_moe.py)")
     args = ap.parse_args(argv)
+    if args.moe:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import published_moe
+
+        return published_moe.main(["--table", args.table] + ["--rows", args.rows] * bool(
+            args.rows) + ["--json", args.json_out] * bool(args.json_out))
     from flint.frontends.targets import prepare_environment
 
     prepare_environment()

@@ -30,6 +30,8 @@ def estimate(
                                             "directory (default: $ASTRA_SIM, "
                                             "../shared/tools/astra-sim)"),
     as_json: bool = typer.Option(False, "--json", help="print the estimate as JSON"),
+    routing: Optional[str] = typer.Option(None, help="MoE graphs: tokens per expert, "
+                                          "balanced | zipf:S | imbalance:F | histogram:..."),
 ):
     """Predict the step time of a workload graph with the built-in cost model."""
     def go():
@@ -39,13 +41,17 @@ def estimate(
         for flag, path in (("--trace", trace), ("--plot", plot)):
             if path:
                 check_output_file(path, flag)
+        graph = load_graph(graph_file)
+        if routing:
+            from flint.passes.moe_routing import MoeRouting
+
+            graph = MoeRouting.for_graph(graph, routing).run(graph)
         if backend != "flint":
             from flint.exporters.astra_sim_run import report_second_opinion
 
-            return report_second_opinion(load_graph(graph_file), hardware_name, set_,
-                                         backend, astra_sim, as_json)
-        _estimate(load_graph(graph_file), hardware_name, set_, algorithm, trace, as_json,
-                  plot, factory)
+            return report_second_opinion(graph, hardware_name, set_, backend, astra_sim,
+                                         as_json)
+        _estimate(graph, hardware_name, set_, algorithm, trace, as_json, plot, factory)
 
     run(go)
 
@@ -69,4 +75,19 @@ def _estimate(graph, hardware_name, overrides, algorithm, trace, as_json, plot=N
         write_breakdown(result.to_json(), plot)
     from flint.render import render_estimate
 
-    report_out(result.to_json(), as_json, render_estimate)
+    report = result.to_json()
+    if "moe_routing" in graph.meta:
+        report["moe_routing"] = graph.meta["moe_routing"]
+
+    def render(rep, console):
+        render_estimate(rep, console)
+        r = rep.get("moe_routing")
+        if r:
+            console.print(f"MoE routing {r['distribution']}: hottest expert "
+                          f"{r['max_over_mean_expert']:.2f}x the mean, straggler EP rank "
+                          f"{r['straggler_factor']:.2f}x a balanced rank's tokens; all-to-all "
+                          f"{r['all_to_all_straggler_bytes_per_rank'] / 1e6:.2f} MB per rank "
+                          f"(balanced {r['all_to_all_balanced_bytes_per_rank'] / 1e6:.2f} MB); "
+                          f"dropped tokens {100 * r['dropped_token_share']:.1f}%")
+
+    report_out(report, as_json, render)

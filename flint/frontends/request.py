@@ -127,4 +127,6 @@ def _jax_graph(request: ExtractRequest, stage):
     if info.get("model_flops"):
         graph.meta.update(model_flops_per_device=info["model_flops"] / devices,
                           model_flops_source="model config (PaLM appendix B)")
+    if info.get("experts"):
+        graph.meta["moe"] = {k: info[k] for k in ("experts", "top_k", "ep", "capacity_factor")}
     return graph, compiled.timings

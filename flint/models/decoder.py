@@ -11,12 +11,15 @@ Few-Shot Learners", Table 2.1), with GPT-2's vocabulary, norms and learned posit
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import partial
 
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
+
+from flint.models.layers import matmul as _mm
+from flint.models.layers import norm as _norm
+from flint.models.layers import rope as _rope
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,28 @@ class DecoderConfig:
     compute_dtype: str = "bfloat16"
     attention: str = "flash"     # flash (fused kernel) | xla (materialized S x S scores)
     gemm_precision: str = "bf16"  # bf16 | fp8 (per-tensor current scaling) | mxfp8 (1x32)
+    head_size: int = 0           # per-head dim when not d_model / heads (Qwen3: 128)
+    # Mixture of experts (flint.models.moe): 0 experts = a dense decoder.
+    n_experts: int = 0
+    top_k: int = 0
+    moe_ffn: int = 0             # each routed (and shared) expert's hidden dim
+    n_shared_experts: int = 0
+    first_dense: int = 0         # leading layers with a dense MLP of d_ff (DeepSeek-V3: 3)
+    capacity_factor: float = 0.0  # 0: dropless; > 0: tokens beyond cf x balanced dropped
+    # Multi-head latent attention (DeepSeek-V2/V3) when kv_lora > 0; head_size is then the
+    # non-rotary query/key head dim.
+    q_lora: int = 0
+    kv_lora: int = 0
+    rope_dim: int = 0
+    v_head: int = 0
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.head_size or self.d_model // self.n_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
 
     def with_(self, **kw) -> "DecoderConfig":
         return replace(self, **kw)
@@ -90,8 +111,13 @@ def param_shapes(cfg: DecoderConfig) -> dict:
         return p
 
     params = {"embed": s(cfg.vocab, d), "final_norm": s(d)}
-    params["layers"] = (layer(cfg.n_layers) if cfg.scan
-                        else {f"layer_{i}": layer() for i in range(cfg.n_layers)})
+    if cfg.is_moe or cfg.kv_lora:
+        from flint.models import moe
+
+        params.update(moe.layer_params(cfg, s, layer))
+    else:
+        params["layers"] = (layer(cfg.n_layers) if cfg.scan
+                            else {f"layer_{i}": layer() for i in range(cfg.n_layers)})
     if cfg.pos == "learned":
         params["pos_embed"] = s(cfg.seq_len, d)
     if not cfg.tie_embeddings:
@@ -109,42 +135,35 @@ def model_flops(cfg: DecoderConfig, tokens: int) -> float:
     """Model flops per step (Chowdhery et al. 2022, PaLM, appendix B): 6 flops per matmul
     weight per token, plus 12 * layers * d_attn * seq per token for attention; recompute
     is not counted, so MFU stays comparable across remat policies."""
+    if cfg.is_moe or cfg.kv_lora:
+        from flint.models import moe
+
+        return moe.model_flops(cfg, tokens)
     d_attn = cfg.n_heads * cfg.head_dim
     matmul_params = param_count(cfg) - cfg.vocab * cfg.d_model * (
         0 if cfg.tie_embeddings else 1) - (cfg.seq_len * cfg.d_model if cfg.pos == "learned" else 0)
     return tokens * (6 * matmul_params + 12 * cfg.n_layers * d_attn * cfg.seq_len)
 
 
-def sharding_rules(cfg: DecoderConfig, fsdp: str | None, tp: str | None) -> list:
+def sharding_rules(cfg: DecoderConfig, fsdp: str | None, tp: str | None,
+                   expert: str | None = None) -> list:
     """Partition-spec rules: FSDP shards the d_model side of every matrix over `fsdp`,
     Megatron TP splits attention heads and the MLP hidden dim over `tp` (column-parallel
     wq/wk/wv/w_up/w_gate, row-parallel wo/w_down), embeddings are vocab-parallel."""
     lead = (None,) if cfg.scan else ()
     col, row = P(*lead, fsdp, tp), P(*lead, tp, fsdp)
-    return [
+    moe_rules = []
+    if cfg.is_moe or cfg.kv_lora:
+        from flint.models import moe
+
+        moe_rules = moe.sharding_rules(cfg, fsdp, tp, expert)
+    return moe_rules + [
         (r"layers/.*(wq|wk|wv|w_up|w_gate)$", col),
         (r"layers/.*(wo|w_down)$", row),
         (r"embed$", P(tp, fsdp)),
         (r"lm_head$", P(fsdp, tp)),
         (r".*", P()),
     ]
-
-
-def _norm(x, w, kind):
-    x32 = x.astype(jnp.float32)
-    if kind == "layer":
-        x32 = x32 - x32.mean(-1, keepdims=True)
-    y = x32 * jax.lax.rsqrt((x32 * x32).mean(-1, keepdims=True) + 1e-6)
-    return (y * w).astype(x.dtype)
-
-
-def _rope(x, positions):
-    half = x.shape[-1] // 2
-    freqs = 500000.0 ** (-jnp.arange(half, dtype=jnp.float32) / half)  # Llama 3 theta
-    ang = positions[:, None].astype(jnp.float32) * freqs[None, :]
-    sin, cos = jnp.sin(ang)[None, :, None, :], jnp.cos(ang)[None, :, None, :]
-    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
 
 
 def _attention(x, p, cfg: DecoderConfig, attn_spec=None, kv_spec=None):
@@ -175,72 +194,6 @@ def _attention(x, p, cfg: DecoderConfig, attn_spec=None, kv_spec=None):
     return _mm(out, p["wo"], cfg)
 
 
-def _mm(x, w, cfg: DecoderConfig):
-    """x @ w in the compute dtype. bf16 GEMMs accumulate in f32 inside the kernel (cuBLAS
-    computeType 32F, the TPU MXU likewise) and round the result to bf16, so a row-parallel
-    partial sum is reduced in bf16 as Megatron does; the attention scores and the logits
-    ask for f32 results explicitly (preferred_element_type). fp8: both operands quantized to E4M3 with a
-    per-tensor scale from the current amax (Transformer Engine's current scaling); mxfp8:
-    one scale per 1x32 block of the contraction dim (OCP MX spec), whose GEMM runs at the
-    FP8 tensor rate on Blackwell."""
-    cd = x.dtype
-    w = w.astype(cd)
-    if cfg.gemm_precision == "bf16":
-        return jnp.matmul(x, w)
-    return _fp8_matmul(x, w, cfg.gemm_precision)
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _fp8_matmul(x, w, kind):
-    return _fp8_forward(x, w, kind)[0]
-
-
-def _fp8_forward(x, w, kind):
-    xq, sx = _quantize_fp8(x, kind, axis=-1)
-    wq, sw = _quantize_fp8(w, kind, axis=0)
-    y = jnp.matmul(xq, wq, preferred_element_type=jnp.float32)
-    if kind == "fp8":
-        y = y * (sx * sw)
-    return y.astype(x.dtype), (xq, sx, wq, sw)
-
-
-def _fp8_fwd(x, w, kind):
-    y, (xq, sx, wq, sw) = _fp8_forward(x, w, kind)
-    return y, (xq, sx, wq, sw)
-
-
-def _fp8_bwd(kind, res, dy):
-    """Both backward GEMMs in FP8 too, as Transformer Engine runs them: the output
-    gradient in E5M2 (wider range) with a per-tensor scale, against the saved E4M3
-    operands (their block scales, for mxfp8, are folded in per tensor here)."""
-    xq, sx, wq, sw = res
-    sx, sw = jnp.max(sx), jnp.max(sw)
-    d32 = dy.astype(jnp.float32)
-    sd = jnp.max(jnp.abs(d32)) / 57344.0 + 1e-12          # E5M2 max normal is 57344
-    dq = (d32 / sd).astype(jnp.float8_e5m2)
-    dx = jnp.matmul(dq, wq.T, preferred_element_type=jnp.float32) * (sd * sw)
-    lead = "".join(chr(ord("a") + i) for i in range(dy.ndim - 1))
-    dw = jnp.einsum(f"{lead}k,{lead}n->kn", xq, dq, preferred_element_type=jnp.float32)
-    return dx.astype(dy.dtype), (dw * (sx * sd)).astype(dy.dtype)   # both operands were bf16
-
-
-_fp8_matmul.defvjp(_fp8_fwd, _fp8_bwd)
-
-
-def _quantize_fp8(t, kind: str, axis: int):
-    f8 = jnp.float8_e4m3fn
-    t32 = t.astype(jnp.float32)
-    if kind == "fp8":
-        scale = jnp.max(jnp.abs(t32)) / 448.0 + 1e-12      # E4M3 max normal is 448
-        return (t32 / scale).astype(f8), scale
-    axis = axis % t.ndim
-    n = t.shape[axis]
-    blocks = t32.reshape(t.shape[:axis] + (n // 32, 32) + t.shape[axis + 1:]) if n % 32 == 0 \
-        else t32.reshape(t.shape[:axis] + (1, n) + t.shape[axis + 1:])
-    scale = jnp.max(jnp.abs(blocks), axis=axis + 1, keepdims=True) / 448.0 + 1e-12
-    return (blocks / scale).astype(f8).reshape(t.shape), scale
-
-
 def _mlp(x, p, cfg: DecoderConfig, hidden_spec=None):
     """`hidden_spec` shards the [batch, seq, ffn] hidden activations: Megatron's column-
     then row-parallel MLP keeps them split over the tensor-parallel axis. Without it XLA
@@ -258,10 +211,12 @@ def _mlp(x, p, cfg: DecoderConfig, hidden_spec=None):
     return _mm(up, p["w_down"], cfg)
 
 
-def forward(params, tokens, cfg: DecoderConfig, act_spec=None, attn_spec=None, kv_spec=None):
+def forward(params, tokens, cfg: DecoderConfig, act_spec=None, attn_spec=None, kv_spec=None,
+            experts=None):
     """Logits [batch, seq, vocab]. `act_spec` shards the residual stream between layers;
     `attn_spec` shards the attention core's [batch, seq, heads, head_dim] queries;
-    `kv_spec` the keys' and values' ([batch, seq, kv heads, head dim]) in attention."""
+    `kv_spec` the keys' and values' ([batch, seq, kv heads, head dim]) in attention;
+    `experts` (flint.models.moe.ExpertSharding) says how MoE layers shard their experts."""
     cd = jnp.dtype(cfg.compute_dtype)
     # the MLP's hidden activations split like the attention heads: batch, sequence (context
     # parallelism) and the tensor-parallel axis on the FFN dimension
@@ -277,8 +232,17 @@ def forward(params, tokens, cfg: DecoderConfig, act_spec=None, attn_spec=None, k
         x = constrain(x)
 
     def layer(x, p):
+        attend = _attention
+        if cfg.kv_lora:
+            from flint.models.moe import mla_attention as attend
         with jax.named_scope("attention"):
-            x = x + _attention(_norm(x, p["attn_norm"], cfg.norm), p, cfg, attn_spec, kv_spec)
+            x = x + attend(_norm(x, p["attn_norm"], cfg.norm), p, cfg, attn_spec, kv_spec)
+        if "router" in p:
+            from flint.models.moe import moe_mlp
+
+            with jax.named_scope("moe"):
+                x = x + moe_mlp(_norm(x, p["mlp_norm"], cfg.norm), p, cfg, experts)
+            return constrain(x)
         with jax.named_scope("mlp"):
             x = x + _mlp(_norm(x, p["mlp_norm"], cfg.norm), p, cfg, hidden_spec)
         return constrain(x)
@@ -294,6 +258,8 @@ def forward(params, tokens, cfg: DecoderConfig, act_spec=None, attn_spec=None, k
         def body(x, p):
             with jax.named_scope("layers"):
                 return layer(x, p), None
+        if "dense_layers" in params:     # MoE models' leading dense layers: their own stack
+            x, _ = jax.lax.scan(body, x, params["dense_layers"])
         x, _ = jax.lax.scan(body, x, params["layers"])
     else:
         for i in range(cfg.n_layers):

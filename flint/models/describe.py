@@ -7,11 +7,14 @@
 
 Dims use these keys everywhere (CLI options, YAML, sweep spaces): layers, hidden, heads,
 kv_heads, ffn, vocab, seq, norm (rms | layer), activation (swiglu | gelu | relu2),
-positional (rope | learned), tie_embeddings; `base` starts from a named model. A Hugging
-Face config is only read (never fetched); mixture-of-experts configs are refused (MoE has
-its own model family).
+positional (rope | learned), tie_embeddings, head_dim; mixture of experts (flint.models.moe):
+experts, top_k, moe_ffn, shared_experts, first_dense (leading dense layers of `ffn`),
+capacity_factor (0 = dropless); multi-head latent attention: q_lora, kv_lora, rope_dim,
+v_head_dim (head_dim is then the non-rotary query/key dim). `base` starts from a named
+model. A Hugging Face config is only read (never fetched); Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3
+and GPT-OSS expert keys are understood.
 
-Presets are the dense models of the public training tables, shaped from their public
+Presets are the models of the public training tables, shaped from their public
 configurations (the paper or model card named beside each).
 """
 from __future__ import annotations
@@ -28,7 +31,14 @@ from flint.models.decoder import ZOO, DecoderConfig
 DIM_KEYS = {"layers": "n_layers", "hidden": "d_model", "heads": "n_heads",
             "kv_heads": "n_kv_heads", "ffn": "d_ff", "vocab": "vocab", "seq": "seq_len",
             "norm": "norm", "activation": "mlp", "positional": "pos",
-            "tie_embeddings": "tie_embeddings"}
+            "tie_embeddings": "tie_embeddings", "head_dim": "head_size",
+            "experts": "n_experts", "top_k": "top_k", "moe_ffn": "moe_ffn",
+            "shared_experts": "n_shared_experts", "first_dense": "first_dense",
+            "capacity_factor": "capacity_factor", "q_lora": "q_lora", "kv_lora": "kv_lora",
+            "rope_dim": "rope_dim", "v_head_dim": "v_head"}
+# keys that may be 0 (feature off); capacity_factor is a number >= 0
+ZERO_OK = {"head_size", "n_experts", "top_k", "moe_ffn", "n_shared_experts", "first_dense",
+           "q_lora", "kv_lora", "rope_dim", "v_head"}
 CHOICES = {"norm": ("rms", "layer"), "mlp": ("swiglu", "gelu", "relu2"),
            "pos": ("rope", "learned")}
 
@@ -49,6 +59,12 @@ def _nemotron(name, layers, hidden, heads, kv, ffn, seq=4096):
     untied embeddings, 256k SentencePiece vocabulary."""
     return DecoderConfig(name, 256000, hidden, layers, heads, kv, ffn, seq, norm="layer",
                          mlp="relu2")
+
+
+def _moe(name, layers, hidden, heads, kv, experts, top_k, moe_ffn, vocab, seq=4096, **kw):
+    """A SwiGLU/RMSNorm/RoPE decoder whose MLPs are routed experts (dropless)."""
+    return DecoderConfig(name, vocab, hidden, layers, heads, kv, kw.pop("ffn", moe_ffn), seq,
+                         n_experts=experts, top_k=top_k, moe_ffn=moe_ffn, **kw)
 
 
 PRESETS = {c.name: c for c in (
@@ -78,6 +94,32 @@ PRESETS = {c.name: c for c in (
     # 16384; 40 x 6144 x 48 heads, FFN 24576), multi-head attention.
     _nemotron("nemotron-8b", 32, 4096, 32, 32, 16384),
     _nemotron("nemotron-22b", 40, 6144, 48, 48, 24576),
+    # Mixture of experts (flint.models.moe); seq 4096 as the training tables run them.
+    # Mixtral 8x7B (arXiv 2401.04088 Table 1; HF mistralai/Mixtral-8x7B-v0.1 config.json):
+    # 32 layers, d 4096, 32 heads, 8 KV, expert FFN 14336, 8 experts, top-2, vocab 32000.
+    _moe("mixtral-8x7b", 32, 4096, 32, 8, 8, 2, 14336, 32000),
+    # Mixtral 8x22B (HF mistralai/Mixtral-8x22B-v0.1 config.json): 56 layers, d 6144, 48
+    # heads, 8 KV, expert FFN 16384, 8 experts, top-2, vocab 32768.
+    _moe("mixtral-8x22b", 56, 6144, 48, 8, 8, 2, 16384, 32768),
+    # Qwen3-30B-A3B (HF Qwen/Qwen3-30B-A3B config.json; Qwen3 report arXiv 2505.09388
+    # Table 2): 48 layers, d 2048, 32 heads of 128, 4 KV, 128 experts of 768, top-8, no
+    # shared experts, vocab 151936. QK-norm (two tiny RMSNorms) is left out.
+    _moe("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 8, 768, 151936, head_size=128),
+    # Qwen3-235B-A22B (HF Qwen/Qwen3-235B-A22B config.json): 94 layers, d 4096, 64 heads of
+    # 128, 4 KV, 128 experts of 1536, top-8, vocab 151936.
+    _moe("qwen3-235b-a22b", 94, 4096, 64, 4, 128, 8, 1536, 151936, head_size=128),
+    # DeepSeek-V3 (arXiv 2412.19437 section 4.2; HF deepseek-ai/DeepSeek-V3 config.json):
+    # 61 layers, d 7168, 128 heads, MLA (q_lora 1536, kv_lora 512, nope 128, rope 64, v 128),
+    # first 3 layers dense with FFN 18432, then 256 routed experts of 2048 (top-8) and 1
+    # shared, vocab 129280. Multi-token prediction is left out (as "w/o MTP" rows run).
+    _moe("deepseek-v3", 61, 7168, 128, 128, 256, 8, 2048, 129280, ffn=18432,
+         n_shared_experts=1, first_dense=3, head_size=128, q_lora=1536, kv_lora=512,
+         rope_dim=64, v_head=128),
+    # GPT-OSS-120B (OpenAI gpt-oss model card, arXiv 2508.10925 Table 1; HF openai/
+    # gpt-oss-120b config.json): 36 layers, d 2880, 64 heads of 64, 8 KV, 128 experts of
+    # 2880, top-4, vocab 201088. Its alternating 128-token sliding-window layers, attention
+    # sinks and biases are left out (full causal attention in every layer).
+    _moe("gpt-oss-120b", 36, 2880, 64, 8, 128, 4, 2880, 201088, head_size=64),
 )}
 
 
@@ -176,6 +218,16 @@ def _apply(cfg: DecoderConfig, doc: dict, where: str) -> DecoderConfig:
         field = DIM_KEYS[key]
         if field in CHOICES or field == "tie_embeddings":
             changes[field] = value
+        elif field == "capacity_factor":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not 0 <= value <= 64:
+                raise FlintError(f"{where}: capacity_factor must be a number in 0..64 "
+                                 f"(0 = dropless), got {value!r}")
+            changes[field] = float(value)
+        elif field in ZERO_OK:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise FlintError(f"{where}: {key} must be an integer >= 0, got {value!r}")
+            changes[field] = value
         else:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise FlintError(f"{where}: {key} must be a positive integer, got {value!r}")
@@ -191,15 +243,33 @@ def check(cfg: DecoderConfig) -> DecoderConfig:
                              f"got {getattr(cfg, f)!r}")
     if not isinstance(cfg.tie_embeddings, bool):
         raise FlintError(f"model {cfg.name}: tie_embeddings must be true or false")
-    if cfg.d_model % cfg.n_heads:
+    if cfg.d_model % cfg.n_heads and not cfg.head_size:
         raise FlintError(f"model {cfg.name}: hidden {cfg.d_model} is not a multiple of "
-                         f"{cfg.n_heads} heads")
+                         f"{cfg.n_heads} heads (give head_dim)")
+    _check_moe(cfg)
     if cfg.n_heads % cfg.n_kv_heads:
         raise FlintError(f"model {cfg.name}: {cfg.n_heads} heads are not a multiple of "
                          f"{cfg.n_kv_heads} KV heads")
     if cfg.pos == "rope" and cfg.head_dim % 2:
         raise FlintError(f"model {cfg.name}: RoPE needs an even head dim, got {cfg.head_dim}")
     return cfg
+
+
+def _check_moe(cfg: DecoderConfig) -> None:
+    if cfg.n_experts:
+        if not 1 <= cfg.top_k <= cfg.n_experts:
+            raise FlintError(f"model {cfg.name}: top_k must be in 1..{cfg.n_experts} experts, "
+                             f"got {cfg.top_k}")
+        if cfg.moe_ffn < 1:
+            raise FlintError(f"model {cfg.name}: a MoE model needs moe_ffn >= 1")
+        if cfg.first_dense >= cfg.n_layers:
+            raise FlintError(f"model {cfg.name}: first_dense {cfg.first_dense} leaves no MoE "
+                             f"layer of {cfg.n_layers}")
+    elif cfg.top_k or cfg.n_shared_experts or cfg.first_dense:
+        raise FlintError(f"model {cfg.name}: top_k/shared_experts/first_dense need experts")
+    if cfg.kv_lora and (cfg.rope_dim % 2 or cfg.rope_dim < 2 or cfg.v_head < 1):
+        raise FlintError(f"model {cfg.name}: latent attention needs an even rope_dim >= 2 and "
+                         f"v_head_dim >= 1")
 
 
 _MOE_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")
@@ -213,10 +283,6 @@ def from_hf(doc: dict, name: str = "hf-model") -> DecoderConfig:
     Gated (SwiGLU) MLPs are the `silu` activation of Llama-style models; GPT-2-style models
     (n_layer/n_embd keys) use LayerNorm, GeLU and learned positions. Vocabularies are padded
     to a multiple of 128 (as Megatron-LM and nanoGPT do) so vocab-parallel layers divide."""
-    if any(doc.get(k) for k in _MOE_KEYS):
-        raise FlintError(f"{name}: a mixture-of-experts config; only dense decoders are "
-                         f"described here")
-
     def get(*keys, default=None):
         for k in keys:
             if doc.get(k) is not None:
@@ -240,6 +306,7 @@ def from_hf(doc: dict, name: str = "hf-model") -> DecoderConfig:
     learned = gpt2_style or doc.get("position_embedding_type") == "absolute" and \
         "rope_theta" not in doc
     vocab = int(get("vocab_size"))
+    experts = _hf_experts(doc, get, name)
     return check(DecoderConfig(
         name=str(doc.get("_name_or_path") or name), vocab=math.ceil(vocab / 128) * 128,
         d_model=hidden, n_layers=int(get("num_hidden_layers", "n_layer")), n_heads=heads,
@@ -247,7 +314,27 @@ def from_hf(doc: dict, name: str = "hf-model") -> DecoderConfig:
         d_ff=int(get("intermediate_size", "n_inner", "ffn_hidden_size", default=4 * hidden)),
         seq_len=int(get("max_position_embeddings", "n_positions", "seq_length")),
         norm=norm, mlp=mlp, pos="learned" if learned else "rope",
-        tie_embeddings=bool(doc.get("tie_word_embeddings", gpt2_style))))
+        tie_embeddings=bool(doc.get("tie_word_embeddings", gpt2_style)),
+        head_size=int(doc.get("qk_nope_head_dim") or doc.get("head_dim") or 0), **experts))
+
+
+def _hf_experts(doc: dict, get, name: str) -> dict:
+    """MoE and MLA keys of Mixtral / Qwen-MoE / DeepSeek-V2/V3 / GPT-OSS configs."""
+    out: dict = {}
+    experts = next((int(doc[k]) for k in _MOE_KEYS if doc.get(k)), 0)
+    if experts:
+        top_k = doc.get("num_experts_per_tok") or doc.get("experts_per_token") or \
+            doc.get("moe_top_k")
+        if not top_k:
+            raise FlintError(f"{name}: a MoE config without num_experts_per_tok")
+        out.update(n_experts=experts, top_k=int(top_k),
+                   moe_ffn=int(get("moe_intermediate_size", "intermediate_size")),
+                   n_shared_experts=int(doc.get("n_shared_experts") or 0),
+                   first_dense=int(doc.get("first_k_dense_replace") or 0))
+    if doc.get("kv_lora_rank"):
+        out.update(q_lora=int(doc.get("q_lora_rank") or 0), kv_lora=int(doc["kv_lora_rank"]),
+                   rope_dim=int(get("qk_rope_head_dim")), v_head=int(get("v_head_dim")))
+    return out
 
 
 def to_mapping(cfg: DecoderConfig) -> dict:
@@ -260,8 +347,15 @@ def to_mapping(cfg: DecoderConfig) -> dict:
 
 
 def describe(cfg: DecoderConfig) -> str:
+    moe = (f", {cfg.n_experts} experts of {cfg.moe_ffn} top-{cfg.top_k}"
+           f"{f' + {cfg.n_shared_experts} shared' if cfg.n_shared_experts else ''}"
+           f"{f', first {cfg.first_dense} layers dense' if cfg.first_dense else ''}, "
+           + (f"capacity factor {cfg.capacity_factor:g}" if cfg.capacity_factor else "dropless")
+           if cfg.n_experts else "")
+    mla = (f", MLA (q_lora {cfg.q_lora}, kv_lora {cfg.kv_lora}, rope {cfg.rope_dim}, "
+           f"v {cfg.v_head})" if cfg.kv_lora else "")
     return (f"{cfg.name}: {cfg.n_layers} layers, hidden {cfg.d_model}, {cfg.n_heads} heads "
-            f"({cfg.n_kv_heads} KV), FFN {cfg.d_ff} ({cfg.mlp}), vocab {cfg.vocab}, "
-            f"seq {cfg.seq_len}, {cfg.norm} norm, {cfg.pos} positions"
+            f"({cfg.n_kv_heads} KV, dim {cfg.head_dim}), FFN {cfg.d_ff} ({cfg.mlp}){moe}{mla}, "
+            f"vocab {cfg.vocab}, seq {cfg.seq_len}, {cfg.norm} norm, {cfg.pos} positions"
             f"{', tied embeddings' if cfg.tie_embeddings else ''}")
 

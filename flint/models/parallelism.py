@@ -11,6 +11,7 @@ DATA_AXES = ("data", "dp", "batch", "replica")
 FSDP_AXES = ("fsdp", "zero")
 TP_AXES = ("model", "tensor", "tp")
 CONTEXT_AXES = ("context", "cp")
+EXPERT_AXES = ("expert", "ep")   # expert parallelism (MoE models); also a batch axis
 
 
 @dataclass(frozen=True)
@@ -20,12 +21,13 @@ class Parallelism:
     tp_axis: str | None
     sequence_parallel: bool = False
     context_axis: str | None = None
+    expert_axis: str | None = None
 
     @classmethod
     def from_mesh(cls, mesh: tuple[tuple[str, int], ...], sequence_parallel: bool = False,
                   fsdp_over_data: bool = False) -> "Parallelism":
         names = [n for n, _ in mesh]
-        known = DATA_AXES + FSDP_AXES + TP_AXES + CONTEXT_AXES
+        known = DATA_AXES + FSDP_AXES + TP_AXES + CONTEXT_AXES + EXPERT_AXES
         unknown = [n for n in names if n not in known]
         if unknown:
             raise FlintError(f"zoo models do not know mesh axis {unknown[0]!r}; use "
@@ -37,11 +39,14 @@ class Parallelism:
         if len(tp) > 1:
             raise FlintError(f"more than one tensor-parallel axis in mesh: {tp}")
         fsdp = tuple(n for n in names if n in FSDP_AXES or (fsdp_over_data and n in DATA_AXES))
-        batch = tuple(n for n in names if n in DATA_AXES + FSDP_AXES)
+        expert = [n for n in names if n in EXPERT_AXES]
+        if len(expert) > 1:
+            raise FlintError(f"more than one expert-parallel axis in mesh: {expert}")
+        batch = tuple(n for n in names if n in DATA_AXES + FSDP_AXES + EXPERT_AXES)
         if sequence_parallel and not tp:
             raise FlintError("sequence parallelism needs a tensor-parallel mesh axis")
         return cls(batch, fsdp, tp[0] if tp else None, sequence_parallel,
-                   context[0] if context else None)
+                   context[0] if context else None, expert[0] if expert else None)
 
     def axis(self, names: tuple[str, ...]):
         return None if not names else names[0] if len(names) == 1 else names

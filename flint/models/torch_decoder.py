@@ -9,7 +9,9 @@ bfloat16 under autocast, like the JAX twin's casts.
 wq/wk/wv/w_up/w_gate, row-parallel wo/w_down, vocab-parallel embedding and LM head with a
 loss-parallel cross entropy) over the `model` mesh dimension, then FSDP2 `fully_shard` per
 block and at the root over the `fsdp` dimension (HSDP when there is also a `data` one),
-gathering bf16 parameters and reduce-scattering fp32 gradients.
+gathering bf16 parameters and reduce-scattering fp32 gradients. MoE models (experts, top-k,
+shared experts; GQA attention) use flint/models/torch_moe.py, with expert parallelism over
+an `expert` mesh dimension (all-to-all dispatch and combine on its process group).
 """
 from __future__ import annotations
 
@@ -106,11 +108,15 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: DecoderConfig):
+    def __init__(self, cfg: DecoderConfig, moe: bool = False):
         super().__init__()
         layer_norm = cfg.norm == "layer"
         self.attn_norm, self.mlp_norm = RMSNorm(cfg.d_model, layer_norm), RMSNorm(cfg.d_model, layer_norm)
         self.attention, self.mlp = Attention(cfg), MLP(cfg)
+        if moe:
+            from flint.models.torch_moe import MoE
+
+            self.mlp = MoE(cfg)
 
     def forward(self, x, cos=None, sin=None):
         x = x + self.attention(self.attn_norm(x), cos, sin)
@@ -124,7 +130,12 @@ class Decoder(nn.Module):
         self.embed = nn.Embedding(cfg.vocab, cfg.d_model)
         if cfg.pos == "learned":
             self.pos_embed = nn.Embedding(cfg.seq_len, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        if cfg.kv_lora:
+            from flint.errors import FlintError
+
+            raise FlintError(f"{cfg.name}: latent attention (MLA) is in the JAX zoo only")
+        self.layers = nn.ModuleList(Block(cfg, cfg.is_moe and i >= cfg.first_dense)
+                                    for i in range(cfg.n_layers))
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm == "layer")
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
         if cfg.tie_embeddings:
@@ -168,6 +179,15 @@ def parallelize(model: Decoder, mesh, sequence_parallel: bool = False) -> Decode
     names = mesh.mesh_dim_names
     tp = next((n for n in names if n in TP_AXES), None)
     fsdp = [n for n in names if n in DATA_AXES + FSDP_AXES]
+    if model.cfg.is_moe:
+        from flint.errors import FlintError
+        from flint.models.torch_moe import expert_parallel
+
+        if (tp and mesh[tp].size() > 1) or any(n in FSDP_AXES for n in names):
+            raise FlintError("the torch MoE twin runs on data x expert meshes (no TP/FSDP)")
+        if "expert" in names:
+            expert_parallel(model, mesh["expert"])
+        return model
     if tp is not None and mesh[tp].size() > 1:
         from torch.distributed.tensor.parallel import parallelize_module
 
@@ -189,6 +209,11 @@ def data_parallel(model: Decoder, mesh) -> None:
     """Pure data parallelism (data axes without `fsdp`): every gradient is averaged over
     the data ranks as soon as it is accumulated, as DDP does (DDP itself buckets gradients
     into ~25 MB all-reduces and needs real memory, so it cannot be traced)."""
+    if getattr(model, "cfg", None) is not None and model.cfg.is_moe and \
+            "expert" in mesh.mesh_dim_names:
+        from flint.models.torch_moe import average_dense_grads
+
+        average_dense_grads(model, mesh["expert"])
     data = [n for n in mesh.mesh_dim_names if n in DATA_AXES]
     if not data or any(n in FSDP_AXES for n in mesh.mesh_dim_names):
         return

@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from flint.errors import FlintError
 from flint.models import decoder, mlp
-from flint.models.parallelism import Parallelism, ZooWorkload
+from flint.models.parallelism import EXPERT_AXES, Parallelism, ZooWorkload  # noqa: F401
 
 
 def adamw_update(params, grads, state, lr=3e-4, b1=0.9, b2=0.95, eps=1e-8, wd=0.1):
@@ -82,6 +82,7 @@ def build(model, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
                          f"{' | '.join(decoder.GEMM_PRECISIONS)}")
     par = Parallelism.from_mesh(mesh, sequence_parallel)
     sizes = dict(mesh)
+    experts = _expert_sharding(cfg, par, sizes)
     dp = 1
     for a in par.batch_axes:
         dp *= sizes[a]
@@ -92,7 +93,7 @@ def build(model, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
     data = {"tokens": tokens, "targets": tokens}
     batch_axis = par.axis(par.batch_axes)
     fsdp = par.axis(par.fsdp_axes)
-    pspec = spec_tree(params, decoder.sharding_rules(cfg, fsdp, par.tp_axis))
+    pspec = spec_tree(params, decoder.sharding_rules(cfg, fsdp, par.tp_axis, par.expert_axis))
     ospec = {"mu": pspec, "nu": pspec, "count": P()}
     cp = par.context_axis
     dspec = {"tokens": P(batch_axis, cp), "targets": P(batch_axis, cp)}
@@ -104,7 +105,7 @@ def build(model, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
 
     def train_step(params, opt_state, batch):
         def loss_fn(p):
-            logits = decoder.forward(p, batch["tokens"], cfg, act, attn, kv)
+            logits = decoder.forward(p, batch["tokens"], cfg, act, attn, kv, experts)
             return cross_entropy(logits, batch["targets"])
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
@@ -118,5 +119,25 @@ def build(model, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
             "global_batch": batch, "seq_len": cfg.seq_len, "layers": cfg.n_layers,
             "scan": cfg.scan, "remat": cfg.remat, "attention": cfg.attention,
             "gemm_precision": cfg.gemm_precision}
+    if cfg.is_moe:
+        info.update(experts=cfg.n_experts, top_k=cfg.top_k, ep=sizes.get(par.expert_axis, 1),
+                    capacity_factor=cfg.capacity_factor)
     return ZooWorkload(cfg.name, train_step, (params, opt, data), (pspec, ospec, dspec),
                        (pspec, ospec, P()), (0, 1), info)
+
+
+def _expert_sharding(cfg, par: Parallelism, sizes: dict):
+    """Where a MoE model's experts live; an expert axis needs experts that divide by it."""
+    ep = sizes.get(par.expert_axis, 1) if par.expert_axis else 1
+    if ep > 1 and not cfg.is_moe:
+        raise FlintError(f"mesh axis {par.expert_axis}={ep}: {cfg.name} has no experts to shard")
+    if not cfg.is_moe:
+        return None
+    if cfg.n_experts % ep:
+        raise FlintError(f"{cfg.n_experts} experts do not divide over {par.expert_axis}={ep}")
+    if par.context_axis:
+        raise FlintError("MoE models with a context-parallel axis are not built here")
+    from flint.models.moe import ExpertSharding
+
+    return ExpertSharding(par.expert_axis, par.batch_axes, par.fsdp_axes, par.tp_axis,
+                          par.sequence_parallel)
