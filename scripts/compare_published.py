@@ -342,6 +342,19 @@ def rebuild(row: Row, cache: Path, cached_only: bool = False) -> None:
                   "error": e.step_time_s / row.published_step_s - 1}
 
 
+def print_not_rebuildable(rows, kind: str) -> list:
+    """Print the rows that could not be rebuilt, grouped by reason; return them."""
+    skipped = [r for r in rows if r.reason]
+    print(f"\nnot rebuildable ({len(skipped)} {kind} rows):")
+    reasons: dict[str, list[str]] = {}
+    for r in skipped:
+        reasons.setdefault(r.reason, []).append(r.label.split(" ")[0])
+    for why, labels in sorted(reasons.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        print(f"  {len(labels):4d} rows: {why} ({', '.join(labels[:6])}"
+              f"{', ...' if len(labels) > 6 else ''})")
+    return skipped
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--table", default=str(TABLE))
@@ -393,14 +406,7 @@ def main(argv=None) -> int:
                 + (f", bubble {res['bubble_fraction'] * 100:.1f}%" if r.pp > 1 else ""))
         print(f"{r.label[:58]:58s} {r.published_step_s:9.3f}s {res['predicted_step_s']:9.3f}s "
               f"{res['error'] * 100:+7.1f}%  {note}", flush=True)
-    skipped = [r for r in dense if r.reason]
-    print(f"\nnot rebuildable ({len(skipped)} dense rows):")
-    reasons: dict[str, list[str]] = {}
-    for r in skipped:
-        reasons.setdefault(r.reason, []).append(r.label.split(" ")[0])
-    for why, labels in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
-        print(f"  {len(labels):4d} rows: {why} ({', '.join(labels[:6])}"
-              f"{', ...' if len(labels) > 6 else ''})")
+    skipped = print_not_rebuildable(dense, "dense")
     not_run = len(dense) - len(skipped) - len(done)
     print(f"MoE rows (out of scope): {sum(r.moe for r in rows)}; rebuildable dense rows not "
           f"run (--rows / --cached-only): {not_run}")

@@ -34,8 +34,6 @@ Assumptions (the same for every row, never chosen per row):
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import re
 import sys
@@ -70,24 +68,16 @@ class MoeRow:
 
 
 def csv_blocks(path: Path):
-    """(section id, rows as dicts) for every ```csv block."""
-    section, out, lines, i = "", [], path.read_text().splitlines(), 0
-    while i < len(lines):
-        if lines[i].startswith("#"):
-            section = lines[i].lstrip("# ").split(" ")[0].rstrip(".")
-        if lines[i].strip() == "```csv":
-            j = i + 1
-            while lines[j].strip() != "```":
-                j += 1
-            out.append((section, list(csv.DictReader(io.StringIO("\n".join(lines[i + 1:j]))))))
-            i = j
-        i += 1
-    return out
+    """(section id, rows as dicts) for every ```csv block (compare_published's reader)."""
+    from compare_published import tables
+
+    return [(heading.split(" ")[0].rstrip("."), records) for heading, records in tables(path)]
 
 
 def num(cell) -> float | None:
-    m = re.match(r"\s*([\d.]+)", str(cell or ""))
-    return float(m.group(1)) if m else None
+    from compare_published import first_number
+
+    return first_number(cell)
 
 
 def moe_rows(path: Path) -> list[MoeRow]:
@@ -182,14 +172,9 @@ def main(argv=None) -> int:
         done.append(r)
         print(f"{r.label[:60]:60s} {r.published_step_s:9.3f}s {res['step_s']:9.3f}s "
               f"{r.result['error'] * 100:+7.1f}%{'  OOM' if res['oom'] else ''}", flush=True)
-    skipped = [r for r in rows if r.reason]
-    print(f"\nnot rebuildable ({len(skipped)} MoE rows):")
-    reasons: dict[str, list[str]] = {}
-    for r in skipped:
-        reasons.setdefault(r.reason, []).append(r.label.split(" ")[0])
-    for why, labels in sorted(reasons.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        print(f"  {len(labels):4d} rows: {why} ({', '.join(labels[:6])}"
-              f"{', ...' if len(labels) > 6 else ''})")
+    from compare_published import print_not_rebuildable
+
+    skipped = print_not_rebuildable(rows, "MoE")
     if done:
         errs = sorted(abs(r.result["error"]) for r in done)
         print(f"MoE rows rebuilt: {len(done)}; |error| median {errs[len(errs) // 2] * 100:.1f}%,"

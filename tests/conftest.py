@@ -22,6 +22,23 @@ def run_flint(*args, cwd=None, timeout=600):
                           text=True, cwd=cwd, timeout=timeout)
 
 
+def run_cli(argv) -> tuple[int, str, str]:
+    """Run the CLI in this process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from flint.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main([str(a) for a in argv])
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+    return code, out.getvalue(), err.getvalue()
+
+
 @pytest.fixture(scope="session")
 def maxtext_archive():
     path = SHARED_TRACES / "jaxtoolbox_maxtext_fsdp4_4xH100.data.zip"

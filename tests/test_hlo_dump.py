@@ -1,7 +1,5 @@
 """`flint extract DUMP`: an XLA dump (directory or file) read as the direct path reads the
 compile, with its device count, mesh and target recovered from the dump."""
-import contextlib
-import io
 import shutil
 import subprocess
 import sys
@@ -9,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flint.cli import main
+from tests.conftest import run_cli
 from flint.errors import FlintError
 from flint.frontends.hlo_dump import load_dump
 from flint.graph import WorkloadGraph
@@ -19,15 +17,6 @@ STEP = Path(__file__).parent / "hlo_dump_step.py"
 SAME = ("cluster", "nodes", "communicators", "loops")
 
 
-def run_cli(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main([str(a) for a in argv])
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module", params=["h100", "cpu", "tpu-v5p"])

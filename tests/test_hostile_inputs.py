@@ -2,8 +2,6 @@
 run in-process through the real `flint` entry point, must end with exit code 2, one line
 on stderr, no traceback and nothing written; plus interrupts and injection checks."""
 import ast
-import contextlib
-import io
 import os
 import signal
 import subprocess
@@ -15,20 +13,11 @@ import pytest
 
 from hostile_cases import all_cases, write_graph
 
-from flint.cli import main
+from tests.conftest import run_cli
 
 CASES = all_cases()
 
 
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main([str(a) for a in argv])
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-    return code, out.getvalue(), err.getvalue()
 
 
 def snapshot(directory: Path) -> dict:

@@ -342,7 +342,10 @@ def to_mapping(cfg: DecoderConfig) -> dict:
     d = asdict(cfg)
     out = {"name": d["name"]}
     for key, f in DIM_KEYS.items():
-        out[key] = d[f]
+        # optional features left off (0) are omitted: a dense model's mapping, and so the
+        # sweep/extraction cache keys built from it, stay what they were before MoE keys
+        if not (f in ZERO_OK or f == "capacity_factor") or d[f]:
+            out[key] = d[f]
     return out
 
 
