@@ -12,15 +12,18 @@ SMs and move bytes through HBM; Echo, arXiv 2412.12487, measures this): with a
 communication is in flight on its device progresses at 1/factor of its speed until that
 communication ends.
 
-A device's asynchronous collectives and sends share its links whichever stream issues
-them (FSDP2's all-gather stream beside the reduce-scatters; a pipeline stage's sends
-beside its data-parallel reduction): NCCL kernels on two streams move their bytes over
-the same NVLink and NIC ports, and each transfer's time here is priced with the full
-bandwidth, so two in flight at once would each get bandwidth that only one has. They run
-one at a time: each takes the earliest interval, from when it could start, in which the
-device's network is free. A receive is the far end of its send's transfer and takes no
-interval of its own. (Where one stream issues every collective, as in XLA's programs,
-its own order already does this.)
+A device's asynchronous collectives share its links whichever stream issues them
+(FSDP2's all-gather stream beside the reduce-scatters): NCCL kernels on two streams move
+their bytes over the same NVLink and NIC ports, and each collective's time here is priced
+with the full bandwidth, so two in flight at once would each get bandwidth that only one
+has. They run one at a time: each takes the earliest interval, from when it could start,
+in which the device's collective channels are free. A pipeline's point-to-point sends
+(and their receives, the far end of the same transfer) are not queued behind them: NCCL
+runs send/recv on its own point-to-point channels, and a stage-boundary activation is
+small beside a data-parallel reduction, which would otherwise hold the pipeline's
+critical path for its whole length where the real transfer only shares bandwidth with
+it. (Where one stream issues every collective, as in XLA's programs, its own order
+already does this.)
 
 Multi-device (MPMD) graphs, made by the pipeline and placement passes, tag nodes with
 `meta["device"]`: each device then has its own set of streams, and a RECV that depends on
@@ -96,7 +99,8 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None) -> Tim
         elif start_at == issue and issue > ready and dev in last_compute:
             because = last_compute[dev]
         d = durations[i]
-        if node.collective is not None and streams[i] != "compute" and kinds[i] != NodeKind.RECV:
+        if node.collective is not None and streams[i] != "compute" and kinds[i] not in (
+                NodeKind.RECV, NodeKind.SEND):
             start_at, blocker = network[dev].place(start_at, d, i)
             if blocker >= 0:
                 because = blocker

@@ -1,4 +1,4 @@
-"""A device's collectives and sends share its links one at a time, whichever stream issues
+"""A device's collectives share its links one at a time, whichever stream issues
 them (hardware_models/schedule.py): each takes the earliest free interval of the device's
 network from when it could start."""
 from flint.cluster import Cluster
