@@ -36,7 +36,7 @@ def test_flops_match_the_jax_twin_and_the_formula(llama_4096):
     """Llama-3-8B shapes (2 layers), 4096 ranks: torch vs JAX vs 6*P*T + attention."""
     torch_flops = llama_4096.total_flops()
     r = run_flint("extract", "--model", "llama3-8b", "--layers", "2", "--devices", "4096",
-                  "--json")
+                  "--mesh", "fsdp=512,model=8", "--json")    # the twin's mesh, not the recipe's
     assert r.returncode == 0, r.stderr
     jax_flops = json.loads(r.stdout)["summary"]["flops_per_device"]
     formula = llama_4096.meta["model_flops_per_device"]
