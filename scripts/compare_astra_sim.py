@@ -22,15 +22,21 @@ import time
 from pathlib import Path
 
 GRAPHS = {
-    "gpt2-small": lambda n: ["--model", "gpt2-small", "--devices", str(n)],
-    "llama3-8b": lambda n: ["--model", "llama3-8b", "--devices", str(n)],
+    # TP=8 inside each 8-GPU node and FSDP across (the zoo's former default mesh, kept
+    # so the table stays comparable: the default now picks TP=4 for GPT-2's 12 heads, see
+    # the torch note below, and HSDP for llama3-8b)
+    "gpt2-small": lambda n: ["--model", "gpt2-small", "--devices", str(n),
+                             "--mesh", f"fsdp={n // 8},model=8"],
+    "llama3-8b": lambda n: ["--model", "llama3-8b", "--devices", str(n),
+                            "--mesh", f"fsdp={n // 8},model=8", "--remat", "selective"],
     # pure FSDP: gpt2-small's 12 heads do not split over an 8-GPU node, and a TP group
     # of 4 makes FSDP groups that straddle network dimensions, which ASTRA-sim's
     # analytical backend charges on the innermost dimension they differ in only
     "torch": lambda n: ["--framework", "torch", "--model", "gpt2-small", "--devices", str(n),
                         "--mesh", f"fsdp={n}"],
     # one stage's program; PipelineParallel makes the 4-stage MPMD graph
-    "pipeline": lambda n: ["--model", "gpt2-small", "--unroll", "--devices", str(n // 4)],
+    "pipeline": lambda n: ["--model", "gpt2-small", "--unroll", "--devices", str(n // 4),
+                           "--mesh", f"fsdp={max(n // 32, 1)},model={min(n // 4, 8)}"],
 }
 
 
