@@ -408,7 +408,7 @@ def main(argv=None) -> int:
               f"{res['error'] * 100:+7.1f}%  {note}", flush=True)
     skipped = print_not_rebuildable(dense, "dense")
     not_run = len(dense) - len(skipped) - len(done)
-    print(f"MoE rows (out of scope): {sum(r.moe for r in rows)}; rebuildable dense rows not "
+    print(f"MoE rows: {sum(r.moe for r in rows)} (rebuilt by --moe); rebuildable dense rows not "
           f"run (--rows / --cached-only): {not_run}")
     if args.json_out:
         from flint.io import write_atomic
