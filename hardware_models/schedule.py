@@ -52,25 +52,35 @@ class Timeline:
         return max(self.finish, default=0.0)
 
 
-def stream_of(node) -> str:
+def stream_of(node, duplex: bool = True) -> str:
+    """The stream a node runs on. `duplex`: a NIC port is full duplex, so a stage's sends
+    (to the next stage) and receives (from the previous one) move at once, as Megatron's
+    batched isend/irecv do; without it both share one point-to-point stream (what an
+    ASTRA-sim rank, one collective in flight, runs)."""
     if node.meta.get("stream"):     # a framework's own stream (FSDP2's all-gathers)
         return node.meta["stream"]
     c = node.collective
     if c is not None and c.is_async:
-        return "p2p" if node.kind in (NodeKind.SEND, NodeKind.RECV) else "collectives"
+        if node.kind not in (NodeKind.SEND, NodeKind.RECV):
+            return "collectives"
+        if not duplex:
+            return "p2p"
+        return "p2p-send" if node.kind == NodeKind.SEND else "p2p-recv"
     if node.meta.get("async") and node.kind == NodeKind.MEMORY:
         return "copies"
     return "compute"
 
 
-def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None) -> Timeline:
+def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
+             duplex: bool = True) -> Timeline:
     """Place every node of a loop-free graph; `durations[i]` is node i's time in seconds
-    when it runs alone; `slowdown(node, comm_node)` (>= 1) stretches overlapped compute."""
+    when it runs alone; `slowdown(node, comm_node)` (>= 1) stretches overlapped compute;
+    `duplex` as in stream_of."""
     if graph.loops:
         raise ValueError("simulate() needs a loop-free graph: run ExpandLoops first")
     n = len(graph.nodes)
     start, finish = [0.0] * n, [0.0] * n
-    streams = [stream_of(node) for node in graph.nodes]
+    streams = [stream_of(node, duplex) for node in graph.nodes]
     devices = [node.device_or_0 for node in graph.nodes]
     free: dict[tuple, float] = defaultdict(float)
     last_on: dict[tuple, int] = {}

@@ -97,7 +97,7 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     rows = []
     head = (f"{'graph':<11} {'ranks':>5}  {'finished':<9} {'ASTRA-sim':>11} {'Flint':>11} "
-            f"{'diff':>7} {'ASTRA wall':>10}")
+            f"{'diff':>7} {'ASTRA wall':>10}  Flint, one transfer per rank at a time, diff")
     if not args.json:
         print(head, flush=True)
     for name in args.graphs.split(","):
@@ -113,9 +113,11 @@ def main() -> None:
                                             f"{row['finished']}/{ranks}")
             astra = f"{row['astra_sim_step_s'] * 1e3:8.3f} ms" if row["ok"] else "-"
             diff = f"{row['difference'] * 100:+6.1f}%" if row["ok"] else "-"
+            one = (f"{row['flint_one_transfer_s'] * 1e3:8.3f} ms "
+                   f"{row['difference_one_transfer'] * 100:+6.1f}%" if row["ok"] else "-")
             print(f"{name:<11} {ranks:>5}  {done:<9} {astra:>11} "
-                  f"{row['flint_step_s'] * 1e3:8.3f} ms {diff:>7} {row['wall_s']:9.1f} s",
-                  flush=True)
+                  f"{row['flint_step_s'] * 1e3:8.3f} ms {diff:>7} {row['wall_s']:9.1f} s  "
+                  f"{one}", flush=True)
     if args.json:
         print(json.dumps(rows, indent=1, sort_keys=True))
 

@@ -270,4 +270,8 @@ def test_pipelined_graph_finishes_and_agrees_with_flint(graphs, stage_ranks, tmp
     export_chakra(pipelined, et, hardware="h100-sxm", annotate="none")
     r = run_export(et, BINARY, timeout_s=120)
     assert r.ok, f"{r.finished} of {r.ranks} ranks finished: {r.log_tail}"
-    assert abs(r.difference) < 0.05, (r.astra_sim_step_s, r.flint_step_s)
+    # an ASTRA-sim rank runs one transfer at a time; Flint lets a stage send and receive
+    # at once (full-duplex links), so its own step is shorter; under ASTRA-sim's rule the
+    # two agree
+    assert abs(r.difference_one_transfer) < 0.05, (r.astra_sim_step_s, r.flint_one_transfer_s)
+    assert r.flint_step_s <= r.flint_one_transfer_s * (1 + 1e-9)

@@ -37,9 +37,11 @@ from flint.hardware_models.pluggable import cost_model_name
 from flint.hardware_models.schedule import simulate
 
 
-def flint_step_s(flat: WorkloadGraph, durations: list[float]) -> float:
-    """Flint's own step time for the exported (loop-free) graph and durations."""
-    return simulate(flat, durations).step_time
+def flint_step_s(flat: WorkloadGraph, durations: list[float], duplex: bool = True) -> float:
+    """Flint's own step time for the exported (loop-free) graph and durations; with
+    duplex=False, each rank's sends and receives take turns on one stream (ASTRA-sim's
+    rule: one transfer in flight per rank), the figure ASTRA-sim should reproduce."""
+    return simulate(flat, durations, duplex=duplex).step_time
 
 
 _PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
@@ -129,6 +131,7 @@ def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
                 "annotate": annotate, "chakra_ids": "2i+1",
                 "network_dimensions": inputs.dims, "algorithms": inputs.algorithms,
                 "flint_step_s": flint_step_s(flat, durations),
+                "flint_step_one_transfer_s": flint_step_s(flat, durations, duplex=False),
                 **({"cost_model": cost_model_name(cost_model)} if cost_model else {})}),
         }
         for name, text in side.items():

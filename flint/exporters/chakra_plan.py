@@ -90,7 +90,11 @@ class ChakraPlan:
         self.segments: list[list[bytes]] = []
         self.slots: list[list] = []
         self.lanes: list[list[tuple]] = []       # per stage: what chakra_check simulates
-        self.start_s = simulate(flat, durations_s).start     # Flint's issue times
+        # Flint's issue times, with a stage's sends and receives on one stream: an
+        # ASTRA-sim rank runs one transfer at a time, so the export's order must be one
+        # that a single stream can keep (with duplex links the receive of one task and the
+        # send of another may cross, and the clear-to-send handshakes would deadlock)
+        self.start_s = simulate(flat, durations_s, duplex=False).start
         for stage in range(self.stages):
             self._encode_stage(stage, on, durations_s, annotate, sent)
 

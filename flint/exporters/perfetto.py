@@ -4,7 +4,7 @@ from __future__ import annotations
 from flint.graph import dumps_json
 from flint.io import write_atomic
 
-_TIDS = {"compute": 1, "collectives": 2, "p2p": 3, "copies": 4}
+_TIDS = {"compute": 1, "collectives": 2, "p2p": 3, "p2p-send": 3, "p2p-recv": 5, "copies": 4}
 
 
 def timeline_events(timeline) -> dict:
@@ -17,7 +17,7 @@ def timeline_events(timeline) -> dict:
     critical = set(timeline.critical_path)
     for node, start, finish, stream in zip(graph.nodes, timeline.start, timeline.finish,
                                            timeline.stream):
-        events.append({"ph": "X", "pid": 0, "tid": _TIDS[stream], "name": node.name,
+        events.append({"ph": "X", "pid": 0, "tid": _TIDS.get(stream, 6), "name": node.name,
                        "cat": node.op_class, "ts": round(start * 1e6, 3),
                        "dur": round((finish - start) * 1e6, 3),
                        "args": {"op": node.op, "flops": node.flops,
