@@ -97,14 +97,11 @@ _INTEGER = re.compile(r"^[su](8|16|32|64)\[\d")     # an integer array: token id
 
 
 def _hoist_parameter_work(graph: WorkloadGraph, tasks: list[str]) -> None:
-    """Per-microbatch casts, transposes and reductions that read no microbatch data and no
-    collective result (a parameter's cast to the GEMM dtype and its amax, its transpose,
-    rotary tables) compute the same
-    value for every microbatch: they run once per step, before the pipeline ('pre'), as
-    Transformer Engine caches a step's FP8 weights across microbatches (Megatron passes
-    is_first_microbatch) and XLA hoists loop-invariant code out of an accumulation loop.
-    A node reading microbatch data is one with an integer array operand and no graph
-    input (the token ids and labels), or anything downstream of one."""
+    """Casts, transposes and reductions that read no microbatch data and no collective
+    result (a weight's cast to the GEMM dtype and its amax, rotary tables) are the same in
+    every microbatch: they run once per step, before the pipeline ('pre'), as Transformer
+    Engine caches a step's FP8 weights (Megatron's is_first_microbatch) and XLA hoists
+    loop-invariant code. Microbatch data enters as integer arrays (token ids, labels)."""
     batch = [False] * len(tasks)
     for n in graph.nodes:
         i = n.id

@@ -69,13 +69,13 @@ class MoeRow:
 
 def csv_blocks(path: Path):
     """(section id, rows as dicts) for every ```csv block (compare_published's reader)."""
-    from compare_published import tables
+    from published_rows import tables
 
     return [(heading.split(" ")[0].rstrip("."), records) for heading, records in tables(path)]
 
 
 def num(cell) -> float | None:
-    from compare_published import first_number
+    from published_rows import first_number
 
     return first_number(cell)
 
@@ -172,9 +172,9 @@ def main(argv=None) -> int:
         done.append(r)
         print(f"{r.label[:60]:60s} {r.published_step_s:9.3f}s {res['step_s']:9.3f}s "
               f"{r.result['error'] * 100:+7.1f}%{'  OOM' if res['oom'] else ''}", flush=True)
-    from compare_published import print_not_rebuildable
+    from published_rows import print_not_rebuildable
 
-    skipped = print_not_rebuildable(rows, "MoE")
+    print_not_rebuildable(rows, "MoE")
     if done:
         errs = sorted(abs(r.result["error"]) for r in done)
         print(f"MoE rows rebuilt: {len(done)}; |error| median {errs[len(errs) // 2] * 100:.1f}%,"

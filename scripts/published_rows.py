@@ -1,0 +1,213 @@
+"""The rows of ../shared/tables/published.md and the configuration each one states: the
+parsing half of scripts/compare_published.py (whose docstring lists the assumptions used
+where a row is silent), shared with scripts/published_moe.py."""
+from __future__ import annotations
+
+import csv
+import io
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+TABLE = REPO.parent / "shared" / "tables" / "published.md"
+WITHIN = 0.10
+MOE = re.compile(r"deepseek|qwen3|kimi|gpt.?oss|mixtral|nemotron_3|nemotron v3|llama4|a3b|"
+                 r"a22b|moe", re.I)
+MODELS = [  # (regex on the row's model name, preset)
+    (r"llama3\.1[-_ ]?405b|llama3[-_ ]405b|^405b$", "llama3.1-405b"),
+    (r"llama3(\.1)?[-_ ]?70b", "llama3-70b"), (r"llama3(\.1)?[-_ ]?8b|^8b$", "llama3-8b"),
+    (r"llama2[-_ ]?70b", "llama2-70b"), (r"llama2[-_ ]?13b", "llama2-13b"),
+    (r"llama2[-_ ]?7b", "llama2-7b"), (r"gpt3[-_ ]?175b|^175b", "gpt3-175b"),
+    (r"gpt3[-_ ]?5b", "gpt3-5b"), (r"gpt3[-_ ]?20b", "gpt3-20b"),
+    (r"nemotron[-_ ]?340b", "nemotron-340b"), (r"nemotron[-_ ]?15b", "nemotron-15b"),
+    (r"nemotron[-_ ]?22b", "nemotron-22b"), (r"nemotron[-_ ]?8b", "nemotron-8b"),
+    (r"mistral[-_ ]?7b", "mistral-7b"), (r"^22b$", "gpt-22b"), (r"^530b", "gpt-530b"),
+    (r"^1t$", "gpt-1t"),
+]
+SYSTEMS = {  # published system -> (compile target, spec)
+    "dgx-h100": ("h100-sxm", "h100-sxm"), "h100": ("h100-sxm", "h100-sxm"),
+    "dgx-b200": ("b200", "b200"), "dgx-b300": ("b200", "b300"),
+    "dgx-gb200": ("b200", "gb200-nvl72"), "dgx-gb300": ("b200", "gb300-nvl72"),
+    "a100": ("a100-80gb-sxm", "a100-80gb-sxm"), "v5p": ("tpu-v5p", "tpu-v5p"),
+    "v5e": ("tpu-v5e", "tpu-v5e"), "v4": ("tpu-v4", "tpu-v4"),
+}
+PRECISION = {"bf16": "bf16", "fp8": "fp8", "fp8-cs": "fp8", "mxfp8": "mxfp8", "fp8-mx": "mxfp8"}
+
+
+@dataclass
+class Row:
+    label: str
+    reason: str = ""                  # why it cannot be rebuilt ("" = rebuildable)
+    moe: bool = False
+    model: str = ""
+    system: str = ""
+    gpus: int = 0
+    precision: str = "bf16"
+    gbs: int = 0
+    mbs: int = 1
+    seq: int = 0
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    vp: int = 1
+    fsdp: bool = False
+    remat: str = "selective"
+    published_step_s: float = 0.0
+    result: dict = field(default_factory=dict)
+
+
+def first_number(cell) -> float | None:
+    m = re.match(r"\s*([\d.]+)", str(cell or ""))
+    return float(m.group(1)) if m else None
+
+
+def tables(path: Path):
+    """(heading, rows as dicts) for every ```csv block."""
+    heading, lines, out = "", path.read_text().splitlines(), []
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("#"):
+            heading = lines[i].lstrip("# ").strip()
+        if lines[i].strip() == "```csv":
+            j = i + 1
+            while lines[j].strip() != "```":
+                j += 1
+            out.append((heading, list(csv.DictReader(io.StringIO("\n".join(lines[i + 1:j]))))))
+            i = j
+        i += 1
+    return out
+
+
+def rows_of(heading: str, records: list[dict]) -> list[Row]:
+    section = heading.split(".")[0]
+    out = []
+    for k, r in enumerate(records):
+        label = f"{section}#{k + 1} " + " ".join(str(r.get(c, "")) for c in (
+            "release", "version", "round", "model", "task", "system", "hw", "tpu", "gpus",
+            "chips", "accelerators", "precision") if r.get(c))
+        row = Row(label.strip())
+        out.append(row)
+        name = str(r.get("model", ""))
+        if MOE.search(name) or section == "1g":     # 1g: the DeepSeek-V3 ladder
+            row.moe, row.reason = True, "MoE model (not a dense decoder)"
+            continue
+        why = _not_rebuildable(section, r, name)
+        if why:
+            row.reason = why
+            continue
+        _fill(row, section, r, name)
+    return out
+
+
+def _not_rebuildable(section: str, r: dict, name: str) -> str:
+    task = str(r.get("task", "")).lower()
+    if "lora" in task or section == "6b":
+        return "LoRA fine-tuning (frozen base weights, adapters) is not modelled"
+    if section in ("1d",):
+        return "TFLOP/s only, and the non-CP configurations are not published"
+    if section in ("1g", "2b", "2c", "2e"):
+        return "published figure is TFLOP/s or MFU with an uncertain FLOP convention"
+    if section == "5":
+        return "no per-step configuration (batch ramp, pods, parallel blocks) is published"
+    if section == "2a":
+        return "head_dim 256 differs from emb/heads; the zoo decoder ties them"
+    prec = str(r.get("precision", "")).lower()
+    if "fp4" in prec:
+        return "NVFP4 GEMMs are not modelled"
+    if prec.startswith("n/s"):
+        return "precision not stated"
+    hw = str(r.get("system") or r.get("tpu") or r.get("hw") or "").lower()
+    if "int8" in str(r.get("config_name", "")).lower():
+        return "int8-quantized training is not modelled"
+    if section == "2d":
+        if hw == "v6e":
+            return "no compile-only TPU v6e target (libtpu topology) in Flint"
+        if (first_number(r.get("slices")) or 1) > 1:
+            return "multi-slice (DCN) job"
+    if not _preset(name, section):
+        return f"no public dense shape for {name!r} in flint.models.describe"
+    return ""
+
+
+def _preset(name: str, section: str) -> str:
+    for rx, preset in MODELS:
+        if re.search(rx, name.strip(), re.I):
+            return preset
+    return ""
+
+
+def _fill(row: Row, section: str, r: dict, name: str) -> None:
+    num = lambda *cols, default=None: next(  # noqa: E731
+        (first_number(r[c]) for c in cols if first_number(r.get(c)) is not None), default)
+    row.model = _preset(name, section)
+    system = str(r.get("system") or r.get("tpu") or "").lower()
+    if not system:         # 1f: no system column; the README's script is the H100 one
+        system = "dgx-h100"
+    if section == "4":
+        system = "a100"
+        # the source: interleaved pipeline with 3 stages per rank for 175B and 530B
+        row.vp = 3 if row.model in ("gpt3-175b", "gpt-530b") else 1
+    if section == "6c":    # "512 GB200 (8x NVL72)" in the accelerators column
+        acc = str(r.get("accelerators", "")).lower()
+        system = "dgx-gb300" if "gb300" in acc else "dgx-gb200" if "gb200" in acc else system
+    row.system = system
+    gpus = num("gpus", "chips", "accelerators")
+    if gpus is None:
+        row.reason = "no GPU count in the row"
+        return
+    row.gpus = int(gpus)
+    # 6c: "seq 8192" is stated in the section heading, not per row
+    seq = num("seq", "packed_seq", default=8192 if section == "6c" else None)
+    gbs = num("gbs", "gbs_seqs")
+    if seq is None or gbs is None:
+        row.reason = "no sequence length or global batch in the row"
+        return
+    row.gbs = int(gbs)
+    row.mbs = int(num("mbs", "per_device_batch", default=1))
+    row.seq = int(seq)
+    row.tp, row.pp = int(num("tp", default=1)), int(num("pp", default=1))
+    row.cp = int(num("cp", default=1))
+    row.vp = row.vp if section == "4" else int(num("vp", default=1))
+    row.fsdp = (num("fsdp", default=0) or 0) > 0
+    prec = str(r.get("precision") or ("FP8-CS" if section in ("1c", "1f") else
+                                      "FP8" if section == "1b" else "BF16"))
+    row.precision = PRECISION.get(prec.split()[0].lower().replace("_hybrid", ""), "")
+    if not row.precision:
+        row.reason = f"precision {prec!r} not modelled"
+    if str(r.get("remat", "")).lower() == "full":
+        row.remat = "full"
+    tok = num("tok_s_gpu", "tokens_s_device")
+    step = num("step_time_s", "step_s_median", "step_s", "iter_s_seqpar+selective")
+    if section == "2d":
+        row.gbs = int(num("gbs_seqs"))
+        row.fsdp = True
+    row.published_step_s = step if step else row.gbs * row.seq / (tok * row.gpus)
+    if system not in SYSTEMS:
+        row.reason = f"no hardware spec for system {system!r}"
+    elif SYSTEMS[system][0].startswith("tpu") and not _have_libtpu():
+        row.reason = "TPU target needs libtpu (pip install 'flint[tpu]'), not installed"
+
+
+def _have_libtpu() -> bool:
+    try:
+        import libtpu  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def print_not_rebuildable(rows, kind: str) -> list:
+    """Print the rows that could not be rebuilt, grouped by reason; return them."""
+    skipped = [r for r in rows if r.reason]
+    print(f"\nnot rebuildable ({len(skipped)} {kind} rows):")
+    reasons: dict[str, list[str]] = {}
+    for r in skipped:
+        reasons.setdefault(r.reason, []).append(r.label.split(" ")[0])
+    for why, labels in sorted(reasons.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        print(f"  {len(labels):4d} rows: {why} ({', '.join(labels[:6])}"
+              f"{', ...' if len(labels) > 6 else ''})")
+    return skipped
