@@ -26,6 +26,7 @@ from typing_extensions import Annotated
 
 from flint.cluster import MAX_DEVICES
 from flint.errors import FlintError
+from flint.models import REMAT_POLICIES
 from flint.schema import Bool, Number, PositiveInt, Str, Strict, did_you_mean, validated
 
 # Axis -> default values. Scalars become one-element lists.
@@ -43,7 +44,6 @@ SETTINGS = {"model": "llama3-8b", "framework": "jax", "global_batch": 0, "seq_le
 MAX_CONFIGURATIONS = 100_000
 MAX_AXIS_VALUES = 1000
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-REMAT_POLICIES = ("none", "full", "dots", "selective")  # = flint.models.decoder.REMAT_POLICIES (no jax import here)
 
 
 def _axis(t):
@@ -242,7 +242,6 @@ class SearchSpace:
         for hw in self.axes["hardware"]:
             for wi in self.axes["what_if"]:
                 load_spec(hw, [f"{k}={v}" for k, v in wi.items()])   # bad units fail here
-        from flint.models.decoder import REMAT_POLICIES
 
         bad = [r for r in self.axes["remat"] if r not in REMAT_POLICIES]
         if bad:

@@ -91,11 +91,11 @@ class CollapseAttention:
             skipped += len(broken)
             calls = [c for k, c in enumerate(calls) if k not in broken]
         if not calls:
-            return _with_counts(graph, graph, 0, skipped)
-        return _with_counts(graph, _rebuild(graph, calls, order), len(calls), skipped)
+            return _with_counts(graph, 0, skipped)
+        return _with_counts(_rebuild(graph, calls, order), len(calls), skipped)
 
 
-def _with_counts(graph: WorkloadGraph, out: WorkloadGraph, calls: int, skipped: int):
+def _with_counts(out: WorkloadGraph, calls: int, skipped: int):
     meta = dict(out.meta, attention_calls=calls)
     if skipped:
         meta["attention_uncollapsed"] = skipped

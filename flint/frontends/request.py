@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from flint.errors import FlintError
+from flint.models import REMAT_POLICIES
 
 FRAMEWORKS = ("jax", "torch")
-# flint.models.decoder.REMAT_POLICIES (not imported: it starts JAX, which must be set up first)
-REMAT_POLICIES = ("none", "full", "dots", "selective")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ class DecoderConfig:
     pos: str = "rope"            # rope | learned
     tie_embeddings: bool = False
     scan: bool = True            # layers in lax.scan (as MaxText does) or unrolled
-    remat: str = "none"          # see REMAT_POLICIES
+    remat: str = "none"          # see flint.models.REMAT_POLICIES
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
     attention: str = "flash"     # flash (fused kernel) | xla (materialized S x S scores)
@@ -89,7 +89,6 @@ ZOO = {
 #   selective: save everything but the attention core's output, which the backward
 #   recomputes (Korthikanti et al. 2022 "selective": with a flash kernel the S x S
 #   probabilities are never stored anyway, so only the core's forward is re-run).
-REMAT_POLICIES = ("none", "full", "dots", "selective")
 GEMM_PRECISIONS = ("bf16", "fp8", "mxfp8")
 
 

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from flint.errors import FlintError
-from flint.models import decoder, mlp
-from flint.models.parallelism import EXPERT_AXES, Parallelism, ZooWorkload  # noqa: F401
+from flint.models import REMAT_POLICIES, decoder, mlp
+from flint.models.parallelism import Parallelism, ZooWorkload
 
 
 def adamw_update(params, grads, state, lr=3e-4, b1=0.9, b2=0.95, eps=1e-8, wd=0.1):
@@ -74,9 +74,9 @@ def build(model, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
                                        n_layers=layers, gemm_precision=gemm_precision,
                                        attention=attention).items() if v is not None}
     cfg = cfg.with_(**overrides)
-    if cfg.remat not in decoder.REMAT_POLICIES:
+    if cfg.remat not in REMAT_POLICIES:
         raise FlintError(f"unknown remat policy {cfg.remat!r}; use "
-                         f"{' | '.join(decoder.REMAT_POLICIES)}")
+                         f"{' | '.join(REMAT_POLICIES)}")
     if cfg.gemm_precision not in decoder.GEMM_PRECISIONS:
         raise FlintError(f"unknown GEMM precision {cfg.gemm_precision!r}; use "
                          f"{' | '.join(decoder.GEMM_PRECISIONS)}")
