@@ -102,6 +102,16 @@ class NetworkModel:
     def placement(self, comm: Communicator) -> Placement:
         return place(comm, self.topology)
 
+    def options(self, node: Node, comm: Communicator) -> dict[str, float]:
+        """Seconds per algorithm the model offers for a group collective ({} for a group
+        of one)."""
+        place = self.placement(comm)
+        if place.size <= 1:
+            return {}
+        return self._options(node.collective.type, float(collective_size_bytes(node)), place,
+                             int(node.meta.get("moe_top_k") or 0),
+                             domain_skew(node, place.per_domain))
+
     def time(self, node: Node, comm: Communicator) -> float:
         c = node.collective
         size = float(collective_size_bytes(node))
@@ -112,17 +122,17 @@ class NetworkModel:
             # charged per tensor (an under-count of one launch per boundary and microbatch).
             # An XLA collective-permute is its own launch.
             return self._point_to_point(comm, size, launch=c.type == "collective-permute")
-        place = self.placement(comm)
-        if place.size <= 1:
+        options = self.options(node, comm)
+        if not options:
             return 0.0
-        options = self._options(c.type, size, place, int(node.meta.get("moe_top_k") or 0))
         if self.algorithm != "auto":
             if self.algorithm not in options:
                 return min(options.values())
             return options[self.algorithm]
         return min(options.values())
 
-    def _options(self, kind: str, s: float, pl: Placement, top_k: int = 0) -> dict[str, float]:
+    def _options(self, kind: str, s: float, pl: Placement, top_k: int = 0,
+                 skew: float = 1.0) -> dict[str, float]:
         p, k, m = pl.size, pl.domains, pl.per_domain
         up, out = self.up, self.out(pl.leaves)
         flat = up if k == 1 else out  # a flat ring is as fast as its slowest link
@@ -155,12 +165,13 @@ class NetworkModel:
             inter = (p - m) / p * s / out.bandwidth if k > 1 else 0.0
             opts = {"direct": max(intra, inter) + self.phase(0.0, p - 1, flat, "ring", k)}
             if k > 1 and m > 1:
-                opts["hierarchical"] = self._hierarchical_all_to_all(s, pl, top_k)
+                opts["hierarchical"] = self._hierarchical_all_to_all(s, pl, top_k, skew)
             return opts
         # collective-broadcast and anything else: a pipelined chain
         return {"ring": self.phase(s, log_p, flat, "ring", k)}
 
-    def _hierarchical_all_to_all(self, s: float, pl: Placement, top_k: int) -> float:
+    def _hierarchical_all_to_all(self, s: float, pl: Placement, top_k: int,
+                                 skew: float = 1.0) -> float:
         """DeepEP's inter-node dispatch/combine (DeepSeek-V3, arXiv 2412.19437 section
         3.2.2; deepseek-ai/DeepEP README, "normal kernels"): a token bound for another
         node crosses the network once, to the GPU of the same local index there, which
@@ -168,14 +179,16 @@ class NetworkModel:
         top_k picks spread evenly over k nodes, a token reaches (k-1)(1-(1-1/k)^top_k)
         distinct remote nodes instead of top_k (k-1)/k copies (without top_k: no
         deduplication). The network and NVLink parts run pipelined (RDMA and NVLink
-        forwarding overlap in DeepEP), so the slower one sets the time."""
+        forwarding overlap in DeepEP), so the slower one sets the time.
+
+        Under routing skew S is the hottest rank's bytes; its NVLink carries them all, but
+        its node's remote tokens arrive through all m NICs of the node (each from senders
+        of that local index), so the network part scales with the hottest node's load:
+        `skew` = hottest node's mean load / hottest rank's load (domain_skew)."""
         p, k, m = pl.size, pl.domains, pl.per_domain
-        remote = (p - m) / p * s                 # bytes a flat all-to-all sends off-node
-        if top_k:
-            naive = top_k * (k - 1) / k
-            distinct = (k - 1) * (1 - (1 - 1 / k) ** top_k)
-            remote *= distinct / naive if naive else 1.0
+        remote = (p - m) / p * s * remote_share(top_k, k)   # off-node, deduplicated
         nvlink = (m - 1) / p * s + remote * (m - 1) / m
+        remote *= skew
         up, out = self.up, self.out(pl.leaves)
         return (max(remote / out.bandwidth, nvlink / up.bandwidth)
                 + self.phase(0.0, k - 1, out, "ring", k) + self.phase(0.0, m - 1, up))
@@ -223,3 +236,28 @@ class NetworkModel:
         crosses = bool(len(pairs)) and bool(((pairs[:, 0] // domain) != (pairs[:, 1] // domain)).any())
         level = self.out() if crosses else (self.torus_link if self.topology.is_torus else self.up)
         return self.phase(s, 1, level, launch=launch)
+
+
+def domain_skew(node: Node, per_domain: int) -> float:
+    """For an all-to-all the routing pass priced at its hottest rank (meta
+    `moe_all_to_all`, passes/moe_routing.py): the hottest domain's mean rank load over the
+    hottest rank's load (1.0 without skew). EP ranks fill domains in order (positions
+    0..m-1 in the first, as when the expert axis is the mesh's innermost)."""
+    info = node.meta.get("moe_all_to_all")
+    load = info.get("rank_load") if isinstance(info, dict) else None
+    if not load or per_domain <= 1 or len(load) % per_domain or max(load) <= 0:
+        return 1.0
+    domains = [sum(load[i:i + per_domain]) / per_domain
+               for i in range(0, len(load), per_domain)]
+    return max(domains) / max(load)
+
+
+def remote_share(top_k: int, domains: int) -> float:
+    """Share of a flat all-to-all's off-domain token copies DeepEP sends (once per
+    destination domain): top_k picks spread evenly over k domains reach (k-1)(1-(1-1/k)^top_k)
+    distinct remote domains instead of top_k (k-1)/k copies; 1.0 without top_k."""
+    k = domains
+    naive = top_k * (k - 1) / k if k > 1 else 0.0
+    if not top_k or not naive:
+        return 1.0
+    return (k - 1) * (1 - (1 - 1 / k) ** top_k) / naive

@@ -31,6 +31,12 @@ tokens in the dispatch and sends them back in the combine). Token dropping (capa
 factor > 0): shapes stay padded to capacity, so times do not change; the dropped share of
 tokens is reported.
 
+The exact per-pair traffic goes with each MoE all-to-all (meta `moe_all_to_all`: the
+balanced bytes per rank, every EP rank's load, and whether it carries tokens into the
+experts): in a dispatch rank i sends rank j balanced/ep x load_j bytes, in a combine
+balanced/ep x load_i. The Chakra exporter writes it as per-peer sends and receives
+(flint/exporters/chakra_alltoallv.py), an all-to-all-v with each rank's own sizes.
+
 Contract: input a per-device graph with nodes in `.../moe/experts` scopes and (with EP) all-
 to-alls in `.../moe/dispatch` and `.../moe/combine`; output a copy whose expert nodes and
 MoE all-to-alls carry the straggler's work, with meta["moe_routing"] the report (experts,
@@ -163,6 +169,10 @@ class MoeRouting:
                 node = copy.copy(n)
                 node.meta = dict(n.meta, moe_top_k=self.top_k) if self.top_k else dict(n.meta)
                 c = n.collective
+                if self.dropless:
+                    node.meta["moe_all_to_all"] = {
+                        "balanced_bytes": c.bytes_in, "into_experts": _into_experts(n),
+                        "rank_load": [float(x * ep) for x in rank_share]}
                 node.collective = replace(c, bytes_in=int(round(c.bytes_in * scale)),
                                           bytes_out=int(round(c.bytes_out * scale)))
             nodes.append(node)
@@ -182,6 +192,13 @@ class MoeRouting:
         meta["moe_routing"] = report
         return WorkloadGraph(graph.cluster, nodes, list(graph.communicators),
                              list(graph.loops), meta)
+
+
+def _into_experts(node) -> bool:
+    """Whether an all-to-all carries tokens to their experts (the forward dispatch, the
+    backward of the combine) rather than back from them."""
+    dispatch = "moe/dispatch" in str(node.meta.get("scope", ""))
+    return dispatch != (node.meta.get("phase") == "backward")
 
 
 def _dims(shape: str) -> list[int]:

@@ -9,7 +9,10 @@ analytical backend (../shared/tools/astra-sim, or $ASTRA_SIM) with a wall-clock 
 and print whether every rank finished, both steps, their difference and ASTRA-sim's wall
 time. Graphs: the JAX zoo's gpt2-small and llama3-8b (default meshes), `torch`: the
 PyTorch twin of gpt2-small (make_fx, fake process group; mesh fsdp=N), `pipeline`: gpt2-small with 4
-1F1B pipeline stages of 8 microbatches (the rank count is 4 x the stage's mesh).
+1F1B pipeline stages of 8 microbatches (the rank count is 4 x the stage's mesh), `moe`:
+Qwen3-30B-A3B (2 layers) with EP=8 per node, `moe-ep`: the same with EP over every rank.
+`NAME:DISTRIBUTION` routes a MoE graph first (passes/moe_routing.py, e.g. moe:zipf:1.0):
+its all-to-alls become all-to-all-v, exported with each rank's sizes.
 """
 from __future__ import annotations
 
@@ -34,6 +37,12 @@ GRAPHS = {
     # analytical backend charges on the innermost dimension they differ in only
     "torch": lambda n: ["--framework", "torch", "--model", "gpt2-small", "--devices", str(n),
                         "--mesh", f"fsdp={n}"],
+    # MoE (Qwen3-30B-A3B, 2 layers): EP=8 inside each node, data parallel across; and EP
+    # over every rank (DeepEP's hierarchical case when EP spans nodes)
+    "moe": lambda n: ["--model", "qwen3-30b-a3b", "--layers", "2", "--unroll",
+                      "--devices", str(n), "--mesh", f"data={n // 8},expert=8"],
+    "moe-ep": lambda n: ["--model", "qwen3-30b-a3b", "--layers", "2", "--unroll",
+                         "--devices", str(n), "--mesh", f"expert={n}"],
     # one stage's program; PipelineParallel makes the 4-stage MPMD graph
     "pipeline": lambda n: ["--model", "gpt2-small", "--unroll", "--devices", str(n // 4),
                            "--mesh", f"fsdp={max(n // 32, 1)},model={min(n // 4, 8)}"],
@@ -41,7 +50,18 @@ GRAPHS = {
 
 
 def extract(name: str, ranks: int, work: Path) -> Path:
+    """The graph `name` (`graph:DISTRIBUTION` routes a MoE graph, e.g. moe:zipf:1.0)."""
+    name, _, routing = name.partition(":")
     out = work / f"{name}.{ranks}.json"
+    if routing:
+        from flint.graph import WorkloadGraph
+        from flint.passes.moe_routing import MoeRouting
+
+        routed = work / f"{name}.{routing.replace(':', '_')}.{ranks}.json"
+        if not routed.is_file():
+            graph = WorkloadGraph.load(extract(name, ranks, work))
+            MoeRouting.for_graph(graph, routing).run(graph).save(routed)
+        return routed
     if not out.is_file():
         raw = work / f"{name}.{ranks}.stage.json" if name == "pipeline" else out
         r = subprocess.run([sys.executable, "-m", "flint.cli", "extract", *GRAPHS[name](ranks),
@@ -65,7 +85,7 @@ def cell(name: str, ranks: int, args, binary) -> dict:
     row = {"graph": name, "ranks": ranks}
     try:
         graph = WorkloadGraph.load(extract(name, ranks, args.work))
-        et = args.work / f"et.{name}.{ranks}"
+        et = args.work / f"et.{name.replace(':', '_')}.{ranks}"
         t0 = time.perf_counter()
         export_chakra(graph, et, hardware=args.hardware, annotate="none")
         row["export_s"] = time.perf_counter() - t0
@@ -96,7 +116,7 @@ def main() -> None:
         raise SystemExit("no ASTRA-sim: pass --astra-sim or set ASTRA_SIM")
     args.work.mkdir(parents=True, exist_ok=True)
     rows = []
-    head = (f"{'graph':<11} {'ranks':>5}  {'finished':<9} {'ASTRA-sim':>11} {'Flint':>11} "
+    head = (f"{'graph':<16} {'ranks':>5}  {'finished':<9} {'ASTRA-sim':>11} {'Flint':>11} "
             f"{'diff':>7} {'ASTRA wall':>10}  Flint, one transfer per rank at a time, diff")
     if not args.json:
         print(head, flush=True)
@@ -107,7 +127,7 @@ def main() -> None:
             if args.json:
                 continue
             if "error" in row:
-                print(f"{name:<11} {ranks:>5}  error: {row['error'][:90]}", flush=True)
+                print(f"{name:<16} {ranks:>5}  error: {row['error'][:90]}", flush=True)
                 continue
             done = "yes" if row["ok"] else ("timeout" if row["timed_out"] else
                                             f"{row['finished']}/{ranks}")
@@ -115,7 +135,7 @@ def main() -> None:
             diff = f"{row['difference'] * 100:+6.1f}%" if row["ok"] else "-"
             one = (f"{row['flint_one_transfer_s'] * 1e3:8.3f} ms "
                    f"{row['difference_one_transfer'] * 100:+6.1f}%" if row["ok"] else "-")
-            print(f"{name:<11} {ranks:>5}  {done:<9} {astra:>11} "
+            print(f"{name:<16} {ranks:>5}  {done:<9} {astra:>11} "
                   f"{row['flint_step_s'] * 1e3:8.3f} ms {diff:>7} {row['wall_s']:9.1f} s  "
                   f"{one}", flush=True)
     if args.json:

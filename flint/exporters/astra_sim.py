@@ -221,13 +221,7 @@ def chosen_algorithms(network, dims: list[dict], flat=None, durations=None) -> d
 def algorithm_for(network, node, comm) -> str | None:
     """The algorithm Flint's estimate prices `node` with: the one its `algorithm` names,
     else the fastest of `_options` (None when the model offers no choice)."""
-    from flint.graph import collective_size_bytes
-
-    placement = network.placement(comm)
-    if placement.size <= 1:
-        return None
-    options = network._options(node.collective.type, float(collective_size_bytes(node)),
-                               placement)
+    options = network.options(node, comm)
     if not options:
         return None
     if network.algorithm != "auto" and network.algorithm in options:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from flint.errors import FlintError
 from flint.exporters import astra_sim
+from flint.exporters.chakra_alltoallv import ALL_TO_ALL
 from flint.exporters.chakra_check import check_plan
 from flint.exporters.chakra_plan import ChakraPlan
 from flint.graph import WorkloadGraph, dumps_json
@@ -91,8 +92,9 @@ def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
     durations = durations_as_run(flat, durations, model)   # ASTRA-sim models no contention
     inputs = astra_sim.AstraSimInputs.build(with_links(model, flat), flat, durations)
     dims = [d["npus"] for d in inputs.dims]
-    plain = ChakraPlan(flat, durations, False, dims) if annotate != "all" else None
-    full = (ChakraPlan(flat, durations, True, dims)
+    routes = hierarchical_all_to_alls(with_links(model, flat).network, flat)
+    plain = ChakraPlan(flat, durations, False, dims, routes) if annotate != "all" else None
+    full = (ChakraPlan(flat, durations, True, dims, routes)
             if annotate == "all" or (annotate == "rank0" and 0 in ranks) else None)
     plan = plain or full
     if check:                  # refuse what ASTRA-sim could not run to completion
@@ -151,12 +153,24 @@ def check_export(graph: WorkloadGraph, hardware: str | None = None, overrides=()
     t0 = time.perf_counter()
     flat, durations, model = node_durations(graph, hardware, overrides, cost_model)
     durations = durations_as_run(flat, durations, model)   # ASTRA-sim models no contention
-    dims = [d["npus"] for d in astra_sim.network_dimensions(with_links(model, flat).network)]
-    plan = ChakraPlan(flat, durations, False, dims)
+    network = with_links(model, flat).network
+    dims = [d["npus"] for d in astra_sim.network_dimensions(network)]
+    plan = ChakraPlan(flat, durations, False, dims, hierarchical_all_to_alls(network, flat))
     check_plan(plan)
     return {"ranks": plan.devices, "pipeline_stages": plan.stages,
             "lanes_simulated": len(plan.lanes), "nodes_per_rank": len(flat.nodes),
             "check_s": time.perf_counter() - t0, "deadlock_free": True}
+
+
+def hierarchical_all_to_alls(network, flat: WorkloadGraph) -> frozenset:
+    """Ids of the all-to-alls Flint's network model prices DeepEP's way (the export
+    writes their traffic along that route)."""
+    return frozenset(
+        n.id for n in flat.nodes
+        if n.collective is not None and n.collective.type in ALL_TO_ALL
+        and flat.communicators[n.collective.communicator].kind == "groups"
+        and astra_sim.algorithm_for(network, n, flat.communicators[n.collective.communicator])
+        == "hierarchical")
 
 
 def with_links(model, flat: WorkloadGraph):

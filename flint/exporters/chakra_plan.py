@@ -32,7 +32,9 @@ astra-sim, and `chakra_check`, which proves it before anything is written):
   stays within a microsecond of the model's, and no compute node lasts 0 us.
 
 Point-to-point traffic (collective-permute, send, recv) becomes COMM_SEND / COMM_RECV
-pairs per rank (chakra_pairs), a pipeline's transfers with a rendezvous handshake.
+pairs per rank (chakra_pairs), a pipeline's transfers with a rendezvous handshake; an
+all-to-all becomes per-peer sends and receives, as NCCL runs it, with each rank's sizes
+under MoE routing skew (chakra_alltoallv).
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ from flint.graph import Communicator, Node, NodeKind, WorkloadGraph
 from flint.exporters.chakra_nodes import (FLINT_NODE, ID_SCHEME, add_ctrl, chakra_id,
                                           chakra_name, chakra_type, comm_size, describe,
                                           flint_record, p2p_node, peers)
+from flint.exporters.chakra_alltoallv import AllToAllvSlot, per_peer
 from flint.exporters.chakra_pairs import PairSlot, half_node, rendezvous
 from flint.hardware_models.schedule import simulate, stream_of
 
@@ -64,7 +67,7 @@ class ChakraPlan:
     """`rank_bytes(r)` is the complete .et file of rank r."""
 
     def __init__(self, flat: WorkloadGraph, durations_s: list[float], annotate: bool,
-                 dims: list[int] | None = None):
+                 dims: list[int] | None = None, hierarchical: frozenset = frozenset()):
         """`annotate`: also write what Chakra has no field for (Flint's node record with
         exact flops and bytes, op class, meta; operand and result shapes), so that
         `flint import` rebuilds the graph exactly. Without it a file holds standard Chakra
@@ -72,9 +75,11 @@ class ChakraPlan:
         dimension, innermost first; a communicator whose groups are whole dimensions is
         written with `involved_dim` instead of a process group, so that ASTRA-sim runs
         it with the per-dimension algorithms of system.json (it runs any process group
-        smaller than the cluster as a plain ring)."""
+        smaller than the cluster as a plain ring). `hierarchical`: ids of the all-to-alls
+        Flint prices DeepEP's way (domains of dims[0] ranks; chakra_alltoallv)."""
         self.graph = flat
         self.dims = list(dims or [])
+        self.hierarchical = hierarchical if self.dims else frozenset()
         self.devices = flat.cluster.devices
         self.stages = max(1, int(flat.meta.get("mpmd_devices", 1) or 1))
         if self.devices % self.stages:
@@ -95,6 +100,10 @@ class ChakraPlan:
         # that a single stream can keep (with duplex links the receive of one task and the
         # send of another may cross, and the clear-to-send handshakes would deadlock)
         self.start_s = simulate(flat, durations_s, duplex=False).start
+        # ids and tags of the parts an all-to-all-v adds: above those of every node and transfer
+        n = len(flat.nodes)
+        self._next_id = 2 * n + 2
+        self._next_tag = 4 * n + 2 * len(flat.communicators) + 2
         for stage in range(self.stages):
             self._encode_stage(stage, on, durations_s, annotate, sent)
 
@@ -237,7 +246,20 @@ class ChakraPlan:
                 last_compute = proto.id
             elif communicates and not aside and stream_of(node) == "compute":
                 last_compute = proto.id           # a synchronous collective blocks compute
-            if comm is not None and comm.kind == "groups" and ctype == cf.COLL \
+            sizes = per_peer(node, comm) if ctype == cf.COLL else None
+            if sizes is not None:
+                # an all-to-all: per-peer sends and receives (chakra_alltoallv)
+                segments.append(b"".join(run))
+                run.clear()
+                slot = AllToAllvSlot(node, proto, comm, sizes, self._next_id, self._next_tag,
+                                     stage, self.per_stage,
+                                     self.dims[0] if node.id in self.hierarchical else 0,
+                                     int(node.meta.get("moe_top_k") or 0))
+                self._next_id += slot.extra_ids
+                self._next_tag += slot.tags
+                slots.append(slot)
+                lane.extend(slot.lane())
+            elif comm is not None and comm.kind == "groups" and ctype == cf.COLL \
                     and self.involved[self.canonical[comm.id]] is not None:
                 # the same node on every rank: ASTRA-sim finds the group from the dims
                 k = self.canonical[comm.id]
