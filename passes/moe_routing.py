@@ -35,7 +35,9 @@ The exact per-pair traffic goes with each MoE all-to-all (meta `moe_all_to_all`:
 balanced bytes per rank, every EP rank's load, and whether it carries tokens into the
 experts): in a dispatch rank i sends rank j balanced/ep x load_j bytes, in a combine
 balanced/ep x load_i. The Chakra exporter writes it as per-peer sends and receives
-(flint/exporters/chakra_alltoallv.py), an all-to-all-v with each rank's own sizes.
+(flint/exporters/chakra_alltoallv.py), an all-to-all-v with each rank's own sizes; the
+expert nodes keep what `at_rank` needs to price them for any EP rank (meta `moe_expert`,
+the report's `expert_shares`), so that each rank's file runs its own experts' tokens.
 
 Contract: input a per-device graph with nodes in `.../moe/experts` scopes and (with EP) all-
 to-alls in `.../moe/dispatch` and `.../moe/combine`; output a copy whose expert nodes and
@@ -159,12 +161,12 @@ class MoeRouting:
                 node = copy.copy(n)
                 node.meta = dict(n.meta)
                 if n.op_class == "gemm":
-                    _grouped(node, mine, tokens_dim)
+                    axis = _grouped(node, mine, tokens_dim)
+                    if axis is not None:
+                        node.meta["moe_expert"] = {"token_axis": axis, "rows": tokens_dim}
                 else:
-                    node.flops *= scale
-                    node.transcendentals *= scale
-                    node.bytes_read *= scale
-                    node.bytes_written *= scale
+                    _scale(node, scale)
+                    node.meta["moe_expert"] = {"scale": scale}
             elif n.id in a2a_ids:
                 node = copy.copy(n)
                 node.meta = dict(n.meta, moe_top_k=self.top_k) if self.top_k else dict(n.meta)
@@ -187,7 +189,8 @@ class MoeRouting:
                   "all_to_all_balanced_bytes_per_rank": max(balanced, default=0),
                   "all_to_all_straggler_bytes_per_rank": int(round(max(balanced, default=0)
                                                                    * scale)),
-                  "dropped_token_share": dropped}
+                  "dropped_token_share": dropped,
+                  "expert_shares": [float(x) for x in shares]}
         meta = copy.deepcopy(graph.meta)
         meta["moe_routing"] = report
         return WorkloadGraph(graph.cluster, nodes, list(graph.communicators),
@@ -226,27 +229,57 @@ def _token_rows(gemms, local: int) -> int:
     return max(seen, key=lambda m: (seen[m], m))
 
 
-def _grouped(node, per_expert: np.ndarray, rows: int) -> None:
+def _grouped(node, per_expert: np.ndarray, rows: int) -> int | None:
     """One expert GEMM node -> a grouped GEMM of the straggler's per-expert token counts.
     The token count is M for the forward and input-gradient GEMMs, K for the weight
-    gradients ([experts, d, f] outputs)."""
+    gradients ([experts, d, f] outputs). Returns which of [m, n, k] holds the tokens."""
     d = _expert_dims(node)
     if len(d) != 3 or not node.flops:
-        return
+        return None
     e, m, n = d
     k = max(1, round(node.flops / (2.0 * e * m * n)))
-    counts = [max(0, round(rows * float(x))) for x in per_expert[:e]]
-    if m == rows:
-        problems = [[c, n, k] for c in counts]
-    elif k == rows:
-        problems = [[m, n, c] for c in counts]
-    elif n == rows:
-        problems = [[m, c, k] for c in counts]
-    else:
-        return
+    axis = 0 if m == rows else 2 if k == rows else 1 if n == rows else None
+    if axis is None:
+        return None
+    _set_problems(node, [[m, n, k]] * e, per_expert, rows, axis)
+    return axis
+
+
+def _set_problems(node, problems: list, per_expert, rows: int, axis: int) -> None:
+    """Give `node` the grouped problems whose `axis` is each expert's token count."""
+    counts = [max(0, round(rows * float(x))) for x in per_expert[:len(problems)]]
+    problems = [[c if i == axis else v for i, v in enumerate(p)]
+                for p, c in zip(problems, counts)]
     flops = sum(2.0 * a * b * c for a, b, c in problems)
     ratio = flops / node.flops if node.flops else 1.0
     node.flops = flops
     node.bytes_read *= ratio
     node.bytes_written *= ratio
     node.meta["grouped_gemm"] = problems
+
+
+def _scale(node, factor: float) -> None:
+    node.flops *= factor
+    node.transcendentals *= factor
+    node.bytes_read *= factor
+    node.bytes_written *= factor
+
+
+def at_rank(node, report: dict, position: int):
+    """A routed expert node as EP rank `position` runs it (the pass prices the
+    straggler's): its own experts' token counts, or its load for element-wise work. The
+    node itself when it is no expert node."""
+    info = node.meta.get("moe_expert")
+    if not isinstance(info, dict):
+        return node
+    out = copy.copy(node)
+    out.meta = dict(node.meta)
+    if "token_axis" in info:
+        local, experts = int(report["local_experts"]), int(report["experts"])
+        shares = np.asarray(report["expert_shares"], dtype=float)
+        mine = shares[position * local:(position + 1) * local] * experts
+        _set_problems(out, node.meta["grouped_gemm"], mine, int(info["rows"]),
+                      int(info["token_axis"]))
+    else:
+        _scale(out, float(report["rank_load"][position]) / float(info["scale"] or 1.0))
+    return out

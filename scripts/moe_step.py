@@ -18,7 +18,12 @@ How (the same for every configuration):
   LayerTemplate writes the whole model's layers, PipelineParallel schedules PP stages x GA
   microbatches (1F1B, interleaved with VP chunks when VP > 1), and estimate() simulates it.
 - Activation recompute: "selective" (the attention core). Data-parallel gradient
-  reduction once per step (the layer template's per-layer reductions).
+  reduction once per step (the layer template's per-layer reductions), with Megatron's
+  distributed optimizer (passes/distributed_optimizer.py: reduce-scatter, sharded update,
+  parameter all-gather; dense parameters over data x expert, experts over data).
+- Kernels: Megatron-Core with Transformer Engine, so elementwise, norm and cast kernels
+  are library kernels (node meta `kernel_source: library`), as for the dense rows of
+  compare_published.py; pipeline stages are balanced by predicted time (split="time").
 - A stage boundary sends the residual stream (bf16 [MBS, seq / TP, d]; its gradient
   back), as Megatron-Core's p2p communication does. The layer template's own guess (every
   value one template layer hands the next) also catches values XLA shares between layers
@@ -114,6 +119,7 @@ def predict(run: MoeRun, distributions, cache: Path | None = None, seed: int = 0
     from flint.hardware_models.estimate import estimate
     from flint.models.decoder import model_flops
     from flint.models.describe import resolve_model
+    from flint.passes.distributed_optimizer import DistributedOptimizer
     from flint.passes.layer_template import LayerTemplate
     from flint.passes.moe_routing import MoeRouting
     from flint.passes.pipeline import PipelineParallel
@@ -127,17 +133,22 @@ def predict(run: MoeRun, distributions, cache: Path | None = None, seed: int = 0
         routed = MoeRouting(dist, seed=seed, dropless=not cfg.capacity_factor,
                             capacity_factor=cfg.capacity_factor or 1.0,
                             top_k=cfg.top_k).run(graph)
+        for n in routed.nodes:         # Megatron-Core + Transformer Engine kernels
+            n.meta["kernel_source"] = "library"
         layered = LayerTemplate(cfg.n_layers, run.hardware).run(routed)
         residual = f"bf16[{run.mbs},{run.seq // run.tp},{cfg.d_model}]"
         for n in layered.nodes:
             if n.name.startswith(("fwd.", "bwd.")) and n.name not in ("fwd.head", "bwd.embed"):
                 n.outputs = [residual]
+        layered = DistributedOptimizer().run(layered)
         layered.meta["model_flops_per_device"] = model_flops(cfg, tokens_mb) / run.stage_gpus
         piped = layered
         if run.pp > 1 or run.microbatches > 1:
             piped = PipelineParallel(run.pp, run.microbatches,
                                      "interleaved" if run.vp > 1 else "1f1b",
-                                     run.vp if run.vp > 1 else 1).run(layered)
+                                     run.vp if run.vp > 1 else 1,
+                                     split="time" if run.pp > 1 else "layers",
+                                     hardware=run.hardware).run(layered)
         e = estimate(piped, run.hardware)
         report = routed.meta["moe_routing"]
         step = e.step_time_s

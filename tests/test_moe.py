@@ -237,9 +237,11 @@ def test_skewed_all_to_all_exports_each_ranks_sizes(ep4_graph, tmp_path):
     assert first["into_experts"] and a2a[0].meta["phase"] == "forward"
     chunk = first["balanced_bytes"] / 4
     export_chakra(routed, tmp_path / "et", hardware="h100-sxm")
-    received = []
+    experts = {2 * n.id + 1 for n in routed.nodes if "moe_expert" in n.meta}
+    received, work = [], []
     for rank in range(8):
         _, nodes = cf.read_et(tmp_path / "et" / f"workload.{rank}.et")
+        work.append(sum(n.duration_micros for n in nodes if n.id in experts))
         sends = [cf.attrs(n) for n in nodes if n.type == cf.SEND]
         recvs = [cf.attrs(n) for n in nodes if n.type == cf.RECV]
         assert not [n for n in nodes if n.type == cf.COLL
@@ -251,6 +253,10 @@ def test_skewed_all_to_all_exports_each_ranks_sizes(ep4_graph, tmp_path):
         received.append(sum(r["comm_size"] for r in recvs[:3]))
     # the straggler takes in its load times a balanced rank's share from its 3 peers
     assert max(received) == pytest.approx(3 * chunk * max(load), abs=3)
+    # and each rank's file runs its own experts' tokens: the straggler's the longest
+    hot, cold = load.index(max(load)), load.index(min(load))
+    assert experts and work[hot] == max(work) > work[cold]
+    assert work[:4] == work[4:]                       # the two data-parallel replicas
     back = import_chakra(tmp_path / "et", rank=0)
     assert len(back.nodes) == len(routed.nodes)
     assert [n.collective.bytes_in for n in back.nodes if n.collective is not None

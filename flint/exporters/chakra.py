@@ -28,7 +28,7 @@ from pathlib import Path
 
 from flint.errors import FlintError
 from flint.exporters import astra_sim
-from flint.exporters.chakra_alltoallv import ALL_TO_ALL
+from flint.exporters.chakra_alltoallv import ALL_TO_ALL, expert_work_by_rank
 from flint.exporters.chakra_check import check_plan
 from flint.exporters.chakra_plan import ChakraPlan
 from flint.graph import WorkloadGraph, dumps_json
@@ -93,8 +93,10 @@ def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
     inputs = astra_sim.AstraSimInputs.build(with_links(model, flat), flat, durations)
     dims = [d["npus"] for d in inputs.dims]
     routes = hierarchical_all_to_alls(with_links(model, flat).network, flat)
-    plain = ChakraPlan(flat, durations, False, dims, routes) if annotate != "all" else None
-    full = (ChakraPlan(flat, durations, True, dims, routes)
+    work = expert_work_by_rank(flat, durations, model)
+    plain = (ChakraPlan(flat, durations, False, dims, routes, work) if annotate != "all"
+             else None)
+    full = (ChakraPlan(flat, durations, True, dims, routes, work)
             if annotate == "all" or (annotate == "rank0" and 0 in ranks) else None)
     plan = plain or full
     if check:                  # refuse what ASTRA-sim could not run to completion

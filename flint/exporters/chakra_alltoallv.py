@@ -241,3 +241,60 @@ class AllToAllvSlot:
                 q.ctrl_deps[:] = sorted(set(deps) - data)
             out.append(cf.frame(q))
         return out
+
+
+# --- expert work per rank ---------------------------------------------------------------
+def expert_work_by_rank(flat, durations: list[float], model) -> tuple[dict, dict]:
+    """({node id: seconds per EP position}, {rank: EP position}) for the expert nodes of a
+    graph routed with skew (passes/moe_routing.py prices every rank as the straggler; a
+    rank's file runs its own experts' tokens): each node's time scaled by what the cost
+    model gives its variant at that position over what it gives the straggler's, so the
+    schedule's overlap slowdown carries over. Empty for other graphs."""
+    from flint.passes.moe_routing import at_rank
+
+    report = flat.meta.get("moe_routing")
+    if not isinstance(report, dict) or not report.get("dropless") \
+            or "expert_shares" not in report:
+        return {}, {}
+    a2a = next((n for n in flat.nodes if n.collective is not None
+                and "moe_all_to_all" in n.meta), None)
+    ep = int(report.get("ep") or 1)
+    if a2a is None or ep < 2:
+        return {}, {}
+    groups = flat.communicator(a2a).groups()
+    if len(groups[0]) != ep:
+        return {}, {}
+    position = {int(r): i for g in groups for i, r in enumerate(g)}
+    work, ratios = {}, {}
+    for node, seconds in zip(flat.nodes, durations):
+        if "moe_expert" not in node.meta:
+            continue
+        key = node.meta.get("template", ("node", node.id))
+        if key not in ratios:
+            mine = model.node_time(node, flat)
+            ratios[key] = [model.node_time(at_rank(node, report, r), flat) / mine if mine
+                           else 1.0 for r in range(ep)]
+        work[node.id] = [seconds * x for x in ratios[key]]
+    return work, position
+
+
+@dataclass
+class RankWorkSlot:
+    """A compute node whose time depends on the rank's EP position."""
+    base: "cf.Node"
+    seconds: list             # per EP position, one execution
+    repeat: int
+    position: dict            # stage-local rank -> EP position
+    per_stage: int
+    _frames: dict = field(default_factory=dict)
+
+    def rank_nodes(self, rank: int) -> list[bytes]:
+        pos = self.position.get(rank % self.per_stage)
+        if pos is None:
+            return [cf.frame(self.base)]
+        if pos not in self._frames:
+            q = cf.Node()
+            q.CopyFrom(self.base)
+            q.duration_micros = max(1, round(self.seconds[pos] * self.repeat * 1e6))
+            self._frames[pos] = cf.frame(q)
+        return [self._frames[pos]]

@@ -49,7 +49,7 @@ from flint.graph import Communicator, Node, NodeKind, WorkloadGraph
 from flint.exporters.chakra_nodes import (FLINT_NODE, ID_SCHEME, add_ctrl, chakra_id,
                                           chakra_name, chakra_type, comm_size, describe,
                                           flint_record, p2p_node, peers)
-from flint.exporters.chakra_alltoallv import AllToAllvSlot, per_peer
+from flint.exporters.chakra_alltoallv import AllToAllvSlot, RankWorkSlot, per_peer
 from flint.exporters.chakra_pairs import PairSlot, half_node, rendezvous
 from flint.hardware_models.schedule import simulate, stream_of
 
@@ -67,7 +67,8 @@ class ChakraPlan:
     """`rank_bytes(r)` is the complete .et file of rank r."""
 
     def __init__(self, flat: WorkloadGraph, durations_s: list[float], annotate: bool,
-                 dims: list[int] | None = None, hierarchical: frozenset = frozenset()):
+                 dims: list[int] | None = None, hierarchical: frozenset = frozenset(),
+                 rank_work: tuple = ({}, {})):
         """`annotate`: also write what Chakra has no field for (Flint's node record with
         exact flops and bytes, op class, meta; operand and result shapes), so that
         `flint import` rebuilds the graph exactly. Without it a file holds standard Chakra
@@ -76,10 +77,13 @@ class ChakraPlan:
         written with `involved_dim` instead of a process group, so that ASTRA-sim runs
         it with the per-dimension algorithms of system.json (it runs any process group
         smaller than the cluster as a plain ring). `hierarchical`: ids of the all-to-alls
-        Flint prices DeepEP's way (domains of dims[0] ranks; chakra_alltoallv)."""
+        Flint prices DeepEP's way (domains of dims[0] ranks; chakra_alltoallv).
+        `rank_work`: (seconds per EP position by node id, EP position by rank) of the
+        expert nodes of a routed MoE graph (chakra_alltoallv.expert_work_by_rank)."""
         self.graph = flat
         self.dims = list(dims or [])
         self.hierarchical = hierarchical if self.dims else frozenset()
+        self.rank_work, self.ep_position = rank_work
         self.devices = flat.cluster.devices
         self.stages = max(1, int(flat.meta.get("mpmd_devices", 1) or 1))
         if self.devices % self.stages:
@@ -291,6 +295,12 @@ class ChakraPlan:
                                 in_stage, self.stages, self.per_stage, cts, 2 * n + tag)
                 slots.append(slot)
                 lane.extend(slot.lane(stage, deps))
+            elif node.id in self.rank_work:       # an expert's work: the rank's own load
+                segments.append(b"".join(run))
+                run.clear()
+                slots.append(RankWorkSlot(proto, self.rank_work[node.id], node.repeat,
+                                          self.ep_position, self.per_stage))
+                lane.append(("comp", proto.id, deps, None))
             else:
                 run.append(cf.frame(proto))
                 lane.append(("comp", proto.id, deps, None))
