@@ -6,7 +6,8 @@ XLA compiles that core into several dots and fusions; a real GPU runs one flash 
 instead. This pass merges the nodes of each call (same scope path, same loop) into ONE
 node with op_class "attention" and the kernel's cost:
 
-- flops: executed FLOPs, 4*B*H*Sq*Skv*D, halved when causal, x2.5 for the backward;
+- flops: executed FLOPs, 4*B*H*Sq*Skv*D, halved when causal, x2.5 for the backward
+  (value head dim Dv != D: `attention_cost`);
 - bytes_read / bytes_written: Q, K, V, O (+ dO, dQ, dK, dV, log-sum-exp backward) only;
 - meta["attention"]: {batch, heads, kv_heads, seq_q, seq_kv, head_dim, causal, backward,
   dtype} (per-device shapes).
@@ -25,26 +26,36 @@ from typing import ClassVar
 from flint.graph import NodeKind, OpClass, WorkloadGraph
 
 MARKER = re.compile(r"flashattn_(fwd|bwd)_b(\d+)_h(\d+)_kv(\d+)_sq(\d+)_skv(\d+)_d(\d+)_"
-                    r"(causal|full)")
+                    r"(?:dv(\d+)_)?(causal|full)")
 
 
 FUSED_ATTENTION_OP = "fused-attention"
 
-def scope_name(phase: str, b, h, kv, sq, skv, d, causal: bool) -> str:
-    """The named scope a fused-attention call is traced in (per-device shapes)."""
-    return (f"flashattn_{phase}_b{b}_h{h}_kv{kv}_sq{sq}_skv{skv}_d{d}_"
+def scope_name(phase: str, b, h, kv, sq, skv, d, causal: bool, dv: int | None = None) -> str:
+    """The named scope a fused-attention call is traced in (per-device shapes; `dv`: the
+    value head dim when it differs from the query/key one, as in multi-head latent
+    attention)."""
+    value = f"dv{dv}_" if dv and dv != d else ""
+    return (f"flashattn_{phase}_b{b}_h{h}_kv{kv}_sq{sq}_skv{skv}_d{d}_{value}"
             f"{'causal' if causal else 'full'}")
 
 
 def attention_cost(b, h, kv, sq, skv, d, causal: bool, backward: bool,
-                   dtype_bytes: int = 2) -> tuple[float, float, float]:
-    """(flops, bytes read, bytes written) of a flash-attention kernel: 4*B*H*Sq*Skv*D
-    forward (QK^T and PV), halved under a causal mask, x2.5 backward (FlashAttention-2,
-    Dao 2023: five GEMMs for two); traffic is Q, K, V, O (+ dO, dQ, dK, dV and the f32
-    log-sum-exp for the backward) only."""
-    flops = 4.0 * b * h * sq * skv * d * (0.5 if causal else 1.0) * (2.5 if backward else 1.0)
-    q = o = b * sq * h * d * dtype_bytes
-    k = v = b * skv * kv * d * dtype_bytes
+                   dtype_bytes: int = 2, dv: int | None = None) -> tuple[float, float, float]:
+    """(flops, bytes read, bytes written) of a flash-attention kernel: 2*B*H*Sq*Skv*(D+Dv)
+    forward (QK^T over D, PV over Dv; 4*B*H*Sq*Skv*D when equal), halved under a causal
+    mask; backward 2*B*H*Sq*Skv*(3D+2Dv) (FlashAttention-2, Dao 2023: S recomputed, dQ and
+    dK over D, dP and dV over Dv; 2.5x the forward when equal); traffic is Q, K, V, O (+
+    dO, dQ, dK, dV and the f32 log-sum-exp for the backward) only. Dv differs from D in
+    multi-head latent attention (DeepSeek-V3: 192 and 128), which FlashAttention-3 and
+    cuDNN run as is."""
+    dv = dv or d
+    per_pair = (3 * d + 2 * dv) if backward else (d + dv)
+    flops = 2.0 * b * h * sq * skv * per_pair * (0.5 if causal else 1.0)
+    q = b * sq * h * d * dtype_bytes
+    o = b * sq * h * dv * dtype_bytes
+    k = b * skv * kv * d * dtype_bytes
+    v = b * skv * kv * dv * dtype_bytes
     lse = b * h * sq * 4
     if backward:
         return flops, q + k + v + o + o + lse, q + k + v          # reads dO; writes dQ, dK, dV
@@ -235,21 +246,23 @@ def _remap_loop(lp, remap: list[int], keep: list[int]):
 
 def _attention_node(graph: WorkloadGraph, key: tuple, ids: list[int]):
     m = MARKER.search(key[0])
-    phase, b, h, kv, sq, skv, d, mask = m.groups()
+    phase, b, h, kv, sq, skv, d, dv, mask = m.groups()
     b, h, kv, sq, skv, d = map(int, (b, h, kv, sq, skv, d))
+    dv = int(dv) if dv else d
     backward = phase == "bwd"
     causal = mask == "causal"
-    flops, read, written = attention_cost(b, h, kv, sq, skv, d, causal, backward)
+    flops, read, written = attention_cost(b, h, kv, sq, skv, d, causal, backward, dv=dv)
     last = graph.nodes[max(ids)]
     meta = {k: v for k, v in last.meta.items() if k not in ("fusion_kind", "unknown")}
     meta.update(attention={"batch": b, "heads": h, "kv_heads": kv, "seq_q": sq,
                            "seq_kv": skv, "head_dim": d, "causal": causal,
-                           "backward": backward, "dtype": "bf16"},
+                           "backward": backward, "dtype": "bf16",
+                           **({"v_head_dim": dv} if dv != d else {})},
                 fused_from=len(ids), scope=meta.get("scope", ""))
-    shape_q = f"bf16[{b},{sq},{h},{d}]"
-    shape_kv = f"bf16[{b},{skv},{kv},{d}]"
-    operands = [shape_q, shape_kv, shape_kv] + ([shape_q, shape_q] if backward else [])
-    outputs = [shape_q, shape_kv, shape_kv] if backward else [shape_q, f"f32[{b},{h},{sq}]"]
+    shape_q, shape_o = f"bf16[{b},{sq},{h},{d}]", f"bf16[{b},{sq},{h},{dv}]"
+    shape_k, shape_v = f"bf16[{b},{skv},{kv},{d}]", f"bf16[{b},{skv},{kv},{dv}]"
+    operands = [shape_q, shape_k, shape_v] + ([shape_o, shape_o] if backward else [])
+    outputs = [shape_q, shape_k, shape_v] if backward else [shape_o, f"f32[{b},{h},{sq}]"]
     return replace(last, kind=NodeKind.COMPUTE, op=FUSED_ATTENTION_OP, op_class=OpClass.ATTENTION,
                    flops=flops, transcendentals=0.0, bytes_read=float(read),
                    bytes_written=float(written), operands=operands, outputs=outputs,

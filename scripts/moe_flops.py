@@ -5,16 +5,17 @@
 Each preset is extracted for one compile-only device (host CPU by default) with a few
 layers (`--layers`; DeepSeek-V3 keeps one leading dense layer), batch 2 x seq 4096, no
 activation recompute, and the graph's executed FLOPs (HLO cost of every node; the fused attention nodes count the causal half,
-backward 2.5x forward) are compared with a count written out here by hand from the public
+backward (3 d_qk + 2 d_v) / (d_qk + d_v) x forward) are compared with a count written out here by hand from the public
 configuration, independent of flint.models.moe:
 
     hand = 6 x active matmul weights x tokens + attention
     active = per layer: attention projections + router (d x E) + (top_k + shared) x 3 d f
              (dense layers: 3 d ffn), plus the LM head (d x vocab)
-    attention = tokens x layers x heads x (seq / 2) x (d_qk + d_v) x 2 x (1 + 2.5)
+    attention = tokens x layers x heads x (seq / 2) x 2 x ((d_qk + d_v) + (3 d_qk + 2 d_v))
 
-MLA's values are padded to the query/key head dim in the flash kernel (flint.models.moe), so
-d_v = d_qk = 192 for DeepSeek-V3. What the hand count leaves out (norms, activations,
+(forward QK^T over d_qk and PV over d_v; backward 3 GEMMs over d_qk and 2 over d_v, 2.5x
+the forward when they are equal). MLA runs d_qk = 192, d_v = 128 for DeepSeek-V3, as
+FlashAttention-3 and cuDNN do. What the hand count leaves out (norms, activations,
 softmax, routing bookkeeping, AdamW's ~10 flops per parameter) is the difference.
 """
 from __future__ import annotations
@@ -46,14 +47,16 @@ def hand_count(name: str, layers: int, dense: int, tokens: int, seq: int) -> flo
         q_lora, kv_lora, nope, rope, v = c["mla"]
         attn_w = (d * q_lora + q_lora * h * (nope + rope) + d * (kv_lora + rope)
                   + kv_lora * h * (nope + v) + h * v * d)
-        score_dims = 2 * (nope + rope)          # values padded to the q/k dim
+        d_qk, d_v = nope + rope, v
     else:
         attn_w = 2 * d * h * c["hd"] + 2 * d * c["kv"] * c["hd"]
-        score_dims = 2 * c["hd"]
+        d_qk = d_v = c["hd"]
     moe_w = d * c["e"] + (c["k"] + c["shared"]) * 3 * d * c["f"]
     dense_w = 3 * d * c.get("dense_ffn", 0)
     active = layers * attn_w + (layers - dense) * moe_w + dense * dense_w + d * c["vocab"]
-    attention = tokens * layers * h * (seq / 2) * score_dims * 2 * (1 + 2.5)
+    # causal score pairs x 2 flops per MAC x (forward QK^T + PV, backward 3 over d_qk and
+    # 2 over d_v: FlashAttention-2's five GEMMs with S recomputed)
+    attention = tokens * layers * h * (seq / 2) * 2 * ((d_qk + d_v) + (3 * d_qk + 2 * d_v))
     return 6 * active * tokens + attention
 
 

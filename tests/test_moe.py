@@ -354,3 +354,29 @@ def test_all_to_all_across_nodes_exports_deepep_route(tmp_path):
         result = run_export(tmp_path / "et", binary)
         assert result.ok, result.log_tail
         assert 0 < result.difference < 0.25, result.to_json()
+
+
+def test_mla_attention_runs_its_own_value_head_dim():
+    """Multi-head latent attention contracts scores over 192 dims and values over 128 in
+    DeepSeek-V3; the fused kernel runs them unpadded (FlashAttention-3, cuDNN) and its
+    node is priced so."""
+    from flint.passes.attention import attention_cost
+
+    mla = {**TINY_MOE, "q_lora": 32, "kv_lora": 32, "rope_dim": 16, "head_dim": 32,
+           "v_head_dim": 24}
+    mesh = (("data", 2),)
+    w = build(mla, mesh, batch_per_replica=2, scan=False)
+    step = capture(w.step, devices=2, mesh=dict(mesh), hardware="cpu",
+                   in_specs=w.in_specs, out_specs=w.out_specs, donate_argnums=w.donate_argnums)
+    graph = step.lower(*w.args).compile().workload()
+    nodes = [n for n in graph.nodes if n.op_class == "attention"]
+    assert len(nodes) == 2 * resolve_model(mla).n_layers          # forward and backward
+    for n in nodes:
+        a = n.meta["attention"]
+        assert (a["head_dim"], a["v_head_dim"]) == (48, 24)
+        want = attention_cost(a["batch"], a["heads"], a["kv_heads"], a["seq_q"], a["seq_kv"],
+                              48, True, a["backward"], dv=24)[0]
+        assert n.flops == want
+    # equal dims: the familiar 4*B*H*S^2*D (causal half) and 2.5x for the backward
+    assert attention_cost(1, 2, 2, 8, 8, 16, True, False)[0] == 4 * 2 * 64 * 16 / 2
+    assert attention_cost(1, 2, 2, 8, 8, 16, True, True)[0] == 2.5 * 4 * 2 * 64 * 16 / 2

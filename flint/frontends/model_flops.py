@@ -35,9 +35,9 @@ def forward_matmul_flops(graph: WorkloadGraph) -> float:
             a = node.meta.get("attention") or {}
             if a.get("backward"):
                 continue
-            try:   # 2 matmuls (scores, values) x 2 flops per MAC
-                total += 4.0 * a["batch"] * a["heads"] * a["seq_q"] * a["seq_kv"] \
-                    * a["head_dim"] * node.repeat
+            try:   # 2 matmuls (scores over D, values over Dv) x 2 flops per MAC
+                total += 2.0 * a["batch"] * a["heads"] * a["seq_q"] * a["seq_kv"] \
+                    * (a["head_dim"] + a.get("v_head_dim", a["head_dim"])) * node.repeat
             except KeyError:
                 total += node.flops * node.repeat * (2.0 if a.get("causal") else 1.0)
     return total

@@ -29,7 +29,7 @@ from flint.passes.attention import scope_name
 
 
 def attention(q, k, v, causal: bool = True, spec: P | None = None):
-    """q [B, S, H, D], k/v [B, T, Hkv, D] -> [B, S, H, D]. `spec` is the sharding of q
+    """q/k [B, S|T, H|Hkv, D], v [B, T, Hkv, Dv] -> [B, S, H, Dv]. `spec` is the sharding of q
     (batch axes, None, tensor-parallel axis, None); K/V heads are repeated to H when the
     tensor-parallel degree does not divide them (as Megatron does)."""
     if spec is None or not _has_mesh():
@@ -62,7 +62,8 @@ def _has_mesh() -> bool:
 def _core(q, k, v, causal: bool):
     b, s, h, d = q.shape
     t, kv = k.shape[1], k.shape[2]
-    names = {ph: scope_name(ph, b, h, kv, s, t, d, causal) for ph in ("fwd", "bwd")}
+    names = {ph: scope_name(ph, b, h, kv, s, t, d, causal, v.shape[-1])
+             for ph in ("fwd", "bwd")}
 
     @jax.custom_vjp
     def flash(q, k, v):
@@ -104,15 +105,16 @@ def _forward(q, k, v, causal):
     lse = jax.nn.logsumexp(sc, axis=-1)                       # [b, kv, g, s]
     p = jnp.exp(sc - lse[..., None]).astype(q.dtype)
     o = jnp.einsum("bkgqs,bskd->bqkgd", p, v, preferred_element_type=jnp.float32)
-    return o.astype(q.dtype).reshape(b, s, h, d), lse
+    return o.astype(q.dtype).reshape(b, s, h, v.shape[-1]), lse
 
 
 def _backward(q, k, v, o, lse, do, causal):
     b, s, h, d = q.shape
     kv = k.shape[2]
     p = jnp.exp(_scores(q, k, causal) - lse[..., None])       # recomputed, as flash does
-    dog = do.reshape(b, s, kv, h // kv, d)
-    og = o.reshape(b, s, kv, h // kv, d)
+    dv = v.shape[-1]
+    dog = do.reshape(b, s, kv, h // kv, dv)
+    og = o.reshape(b, s, kv, h // kv, dv)
     dv = jnp.einsum("bkgqs,bqkgd->bskd", p.astype(q.dtype), dog,
                     preferred_element_type=jnp.float32)
     dp = jnp.einsum("bqkgd,bskd->bkgqs", dog, v, preferred_element_type=jnp.float32)

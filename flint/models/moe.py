@@ -27,9 +27,9 @@ a distribution of per-expert counts (balanced, Zipf, a load-imbalance factor, a 
 Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, section 2.1): queries through a
 rank-q_lora bottleneck, keys and values from a shared rank-kv_lora latent plus one rotary
 key of rope_dim shared by all heads; query/key head dim = head_size + rope_dim, value head
-dim v_head. The flash kernel here takes one head dim, so values are zero-padded to the
-query/key dim (as FlashAttention-2 requires; FlashAttention-3 and cuDNN take unequal dims):
-that over-counts the P.V GEMMs by (head_size + rope_dim) / v_head, 1.5x for DeepSeek-V3.
+dim v_head, run as is by the flash kernel (FlashAttention-3 and cuDNN, which Megatron's
+Transformer Engine calls, take unequal dims; FlashAttention-2 would pad values to the
+query/key dim, 1.5x the P.V work for DeepSeek-V3).
 """
 from __future__ import annotations
 
@@ -185,10 +185,10 @@ def mla_attention(x, p, cfg, attn_spec=None, kv_spec=None):
     q = jnp.concatenate([q[..., :dn], rope(q[..., dn:], pos)], -1)
     k_rot = jnp.broadcast_to(rope(k_rot[:, :, None, :], pos), (b, s, h, dr))
     k = jnp.concatenate([kv[..., :dn], k_rot], -1)
-    v = jnp.pad(kv[..., dn:], [(0, 0)] * 3 + [(0, dn + dr - dv)])
+    v = kv[..., dn:]
     if kv_spec is not None:
         k, v = (jax.lax.with_sharding_constraint(t, kv_spec) for t in (k, v))
-    out = attention(q, k, v, causal=True, spec=attn_spec)[..., :dv]
+    out = attention(q, k, v, causal=True, spec=attn_spec)
     out = checkpoint_name(out, "attention_core")
     return matmul(out.reshape(b, s, h * dv), p["wo"], cfg)
 
