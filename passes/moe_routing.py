@@ -122,16 +122,21 @@ class MoeRouting:
     dropless: bool = True        # False: capacity-padded shapes (token dropping)
     capacity_factor: float = 1.0  # with dropping: each expert's buffer / balanced share
     top_k: int = 0               # for the report (and hierarchical all-to-all dedup)
+    # DeepEP/HybridEP send a token once per remote node (the network model deduplicates
+    # top-k copies across nodes); NCCL's all-to-all dispatcher (Megatron-Core's default
+    # `alltoall`) sends every copy
+    deduplicate: bool = True
     name: str = "moe-routing"
 
     @classmethod
-    def for_graph(cls, graph: WorkloadGraph, distribution: str, seed: int = 0) -> "MoeRouting":
+    def for_graph(cls, graph: WorkloadGraph, distribution: str, seed: int = 0,
+                  deduplicate: bool = True) -> "MoeRouting":
         """The pass for a graph whose meta["moe"] (written at extraction) says top_k and
         the capacity factor."""
         moe = graph.meta.get("moe") or {}
         cf = float(moe.get("capacity_factor") or 0.0)
         return cls(distribution, seed, dropless=not cf, capacity_factor=cf or 1.0,
-                   top_k=int(moe.get("top_k") or 0))
+                   top_k=int(moe.get("top_k") or 0), deduplicate=deduplicate)
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
         experts_nodes = [n for n in graph.nodes if "moe/experts" in str(n.meta.get("scope", ""))]
@@ -169,7 +174,8 @@ class MoeRouting:
                     node.meta["moe_expert"] = {"scale": scale}
             elif n.id in a2a_ids:
                 node = copy.copy(n)
-                node.meta = dict(n.meta, moe_top_k=self.top_k) if self.top_k else dict(n.meta)
+                node.meta = (dict(n.meta, moe_top_k=self.top_k)
+                             if self.top_k and self.deduplicate else dict(n.meta))
                 c = n.collective
                 if self.dropless:
                     node.meta["moe_all_to_all"] = {

@@ -58,6 +58,10 @@ class MoeRun:
     precision: str = "bf16"
     remat: str = "selective"
     template_layers: int = 2
+    # token dispatcher: "alltoall" (NCCL, Megatron-Core's default) sends every top-k copy;
+    # "deepep" / "hybridep" send a token once per remote node
+    dispatcher: str = "alltoall"
+    cp: int = 1            # context parallelism (EP inside the data-parallel ranks)
 
     @property
     def stage_gpus(self) -> int:
@@ -65,7 +69,7 @@ class MoeRun:
 
     @property
     def dp(self) -> int:
-        return self.gpus // (self.tp * self.pp)
+        return self.gpus // (self.tp * self.pp * self.cp)
 
     @property
     def microbatches(self) -> int:
@@ -73,8 +77,9 @@ class MoeRun:
 
     def check(self) -> str:
         """Why the configuration cannot be built ('' when it can)."""
-        if self.gpus % self.pp or self.stage_gpus % self.tp:
-            return f"{self.gpus} GPUs do not split into tp={self.tp} x pp={self.pp}"
+        if self.gpus % self.pp or self.stage_gpus % (self.tp * self.cp):
+            return (f"{self.gpus} GPUs do not split into tp={self.tp} x cp={self.cp} x "
+                    f"pp={self.pp}")
         if self.dp % self.ep:
             return f"EP {self.ep} does not divide the data-parallel size {self.dp}"
         if self.gbs % (self.dp * self.mbs):
@@ -85,6 +90,8 @@ class MoeRun:
         rest = self.dp // self.ep
         axes = [["data", rest]] if rest > 1 else []
         axes.append(["expert", self.ep])
+        if self.cp > 1:        # Megatron's rank order: TP innermost, then CP, then DP
+            axes.append(["context", self.cp])
         if self.tp > 1:
             axes.append(["model", self.tp])
         return axes
@@ -135,12 +142,12 @@ def predict(run: MoeRun, distributions, cache: Path | None = None, seed: int = 0
     rows = []
     for dist in distributions:
         routed = MoeRouting(dist, seed=seed, dropless=not cfg.capacity_factor,
-                            capacity_factor=cfg.capacity_factor or 1.0,
-                            top_k=cfg.top_k).run(graph)
+                            capacity_factor=cfg.capacity_factor or 1.0, top_k=cfg.top_k,
+                            deduplicate=run.dispatcher != "alltoall").run(graph)
         for n in routed.nodes:         # Megatron-Core + Transformer Engine kernels
             n.meta["kernel_source"] = "library"
         layered = LayerTemplate(cfg.n_layers, run.hardware).run(routed)
-        residual = f"bf16[{run.mbs},{run.seq // run.tp},{cfg.d_model}]"
+        residual = f"bf16[{run.mbs},{run.seq // (run.tp * run.cp)},{cfg.d_model}]"
         for n in layered.nodes:
             if n.name.startswith(("fwd.", "bwd.")) and n.name not in ("fwd.head", "bwd.embed"):
                 n.outputs = [residual]

@@ -19,12 +19,17 @@ Assumptions (the same for every row, never chosen per row):
   causal attention. DeepSeek-V3 without multi-token prediction.
 - Routing: forced balanced and dropless, as the tables' footnotes say ("we force-balance
   the token distribution among experts"; "Fake balanced gate is enabled").
-- Parallelism: EP carved out of data parallelism (Megatron-Core's default expert layout);
+- Parallelism: EP carved out of data parallelism (Megatron-Core's default expert layout;
+  with CP > 1 each context rank routes its own sequence chunk inside its EP group);
   expert tensor parallelism = TP; sequence parallelism on with TP > 1; FSDP columns > 0
   (NeMo AutoModel's FSDP2) are modelled as data parallelism (gradient all-reduce).
 - Precision: BF16 -> bf16 GEMMs; FP8 / FP8-CS -> per-tensor-scaled FP8; MXFP8 / FP8-MX ->
   1x32 block-scaled FP8 at the FP8 tensor rate. Attention is a bf16 flash kernel; the
   dispatch/combine all-to-alls move bf16 tokens.
+- Token dispatcher: the one the row names (NeMo AutoModel's "TE + DeepEP": DeepEP, a
+  token sent once per remote node), else Megatron-Core's default `alltoall` (NCCL all-to-
+  all, every top-k copy sent; NCCL may still route via NVLink to the rail-local GPU).
+  This only matters when EP spans nodes (H100/B200 rows; NVL72 racks hold their EP).
 - Recompute: selective (attention core only). Microbatch and GA as stated; pipeline rows
   use 1F1B, or interleaved 1F1B with VP chunks when VP > 1.
 - Hardware: the same system mapping as scripts/compare_published.py (DGX-H100 ->
@@ -115,8 +120,6 @@ def _build(row: MoeRow, section: str, r: dict, name: str) -> str:
     system = str(r.get("system") or "dgx-h100").lower()   # 1h: the page says DGX-H100
     if system not in SYSTEMS:
         return f"no hardware spec for system {system!r}"
-    if (num(r.get("cp")) or 1) > 1:
-        return "context parallelism with MoE layers is not built"
     if "tokendrop" in name.lower():
         return "token-dropping variant (capacity not stated)"
     ep = num(r.get("ep"))
@@ -126,11 +129,16 @@ def _build(row: MoeRow, section: str, r: dict, name: str) -> str:
     vp = int(num(r.get("vp")) or 1)
     gbs, mbs, seq = int(num(r.get("gbs"))), int(num(r.get("mbs")) or 1), int(num(r.get("seq")))
     target, spec = SYSTEMS[system]
+    # the dispatcher the row names (1h: "TE + DeepEP"), else Megatron-Core's default
+    stated = " ".join(str(v) for v in r.values()).lower()
+    dispatcher = next((d for d in ("hybridep", "deepep") if d in stated), "alltoall")
     row.run = MoeRun(preset, gpus, tp, pp, vp, int(ep), mbs, gbs, seq, spec, target,
-                     PRECISION[prec.lower()])
+                     PRECISION[prec.lower()], dispatcher=dispatcher,
+                     cp=int(num(r.get("cp")) or 1))
     why = row.run.check()
     if why:
-        return why + " (EP spanning TP ranks, ETP 1, is not built)" if "EP" in why else why
+        return (why + " (EP spanning tensor- or context-parallel ranks is not built)"
+                if "EP" in why else why)
     step = num(r.get("step_time_s"))
     tok = num(r.get("tok_s_gpu"))
     if not step and not tok:

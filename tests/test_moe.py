@@ -380,3 +380,26 @@ def test_mla_attention_runs_its_own_value_head_dim():
     # equal dims: the familiar 4*B*H*S^2*D (causal half) and 2.5x for the backward
     assert attention_cost(1, 2, 2, 8, 8, 16, True, False)[0] == 4 * 2 * 64 * 16 / 2
     assert attention_cost(1, 2, 2, 8, 8, 16, True, True)[0] == 2.5 * 4 * 2 * 64 * 16 / 2
+
+
+def test_context_parallel_moe_routes_each_ranks_sequence_chunk(tmp_path):
+    """CP x EP: each context rank dispatches its own half of the sequence among its EP
+    group; the experts' gradients are summed over the context axis."""
+    from flint.graph import WorkloadGraph
+    from tests.conftest import run_flint
+
+    model = tmp_path / "moe.yaml"
+    model.write_text(json.dumps(TINY_MOE))
+    out = tmp_path / "cp.json"
+    r = run_flint("extract", "--model", str(model), "--devices", "8", "--mesh",
+                  "context=2,expert=4", "--unroll", "--batch-per-replica", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    graph, cfg = WorkloadGraph.load(out), resolve_model(TINY_MOE)
+    a2a = [n for n in graph.collectives() if n.collective.type == "all-to-all"]
+    assert len(a2a) == 4 * (cfg.n_layers - cfg.first_dense)
+    # batch per EP rank x its half of the sequence x top_k copies x d_model x bf16
+    assert {n.collective.bytes_in for n in a2a} == {2 * cfg.seq_len // 2 * 2 * cfg.d_model * 2}
+    assert {graph.communicator(n).mesh_axes for n in a2a} == {("expert",)}
+    reduced = {graph.communicator(n).mesh_axes for n in graph.collectives()
+               if n.collective.type in ("all-reduce", "reduce-scatter")}
+    assert ("context",) in reduced and ("context", "expert") in reduced

@@ -53,6 +53,10 @@ class ExpertSharding:
     fsdp: tuple[str, ...] = ()        # axes sharding the experts' d_model dim (ZeRO-3)
     tp: str | None = None             # expert tensor parallelism (ETP = TP)
     sequence_parallel: bool = False
+    # context parallelism: the sequence is split over this axis too; each context rank
+    # routes its own tokens to the experts of its EP group (experts replicated over it,
+    # their gradients summed over it as over the data axes)
+    context: str | None = None
 
 
 def capacity(cfg, seq: int) -> int:
@@ -201,7 +205,8 @@ def moe_mlp(x, p, cfg, experts: ExpertSharding | None):
     mesh = jax.sharding.get_abstract_mesh()
     if mesh is not None and not mesh.empty:
         batch = es.batch if len(es.batch) != 1 else es.batch[0]
-        xs = P(batch or None, es.tp if es.sequence_parallel else None, None)
+        seq = tuple(a for a in (es.context, es.tp if es.sequence_parallel else None) if a)
+        xs = P(batch or None, (seq if len(seq) > 1 else seq[0]) if seq else None, None)
         fsdp = es.fsdp if len(es.fsdp) != 1 else es.fsdp[0]
         col, row = P(es.axis, fsdp or None, es.tp), P(es.axis, es.tp, fsdp or None)
         body = jax.shard_map(body, mesh=mesh, in_specs=(xs, P(), col, col, row),

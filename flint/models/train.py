@@ -135,9 +135,7 @@ def _expert_sharding(cfg, par: Parallelism, sizes: dict):
         return None
     if cfg.n_experts % ep:
         raise FlintError(f"{cfg.n_experts} experts do not divide over {par.expert_axis}={ep}")
-    if par.context_axis:
-        raise FlintError("MoE models with a context-parallel axis are not built here")
     from flint.models.moe import ExpertSharding
 
     return ExpertSharding(par.expert_axis, par.batch_axes, par.fsdp_axes, par.tp_axis,
-                          par.sequence_parallel)
+                          par.sequence_parallel, par.context_axis)
