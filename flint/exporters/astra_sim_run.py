@@ -192,6 +192,14 @@ def report_second_opinion(graph, hardware, overrides, backend: str, astra_sim: s
         notes.append("pipeline send/recv: a rendezvous in both (the export's receiver "
                      "sends a 1-byte clear-to-send first), which costs ASTRA-sim one more "
                      "small message's latency per transfer")
+    if any(n.collective is not None and n.collective.type in ("all-to-all",
+                                                               "ragged-all-to-all")
+           for n in graph.nodes):
+        notes.append("all-to-all: per-peer sends and receives in the export; an ASTRA-sim "
+                     "rank sends them one at a time, each paying its link latency, where "
+                     "NCCL issues one group (small all-to-alls come out longer there); the "
+                     "congestion-unaware backend shares no link between concurrent messages "
+                     "(a hot rank's incoming traffic is not queued)")
     report = {**result.to_json(), "where_they_differ": notes}
     if as_json:
         print(json.dumps(report, sort_keys=True, indent=1))
