@@ -10,7 +10,8 @@ and print whether every rank finished, both steps, their difference and ASTRA-si
 time. Graphs: the JAX zoo's gpt2-small and llama3-8b (default meshes), `torch`: the
 PyTorch twin of gpt2-small (make_fx, fake process group; mesh fsdp=N), `pipeline`: gpt2-small with 4
 1F1B pipeline stages of 8 microbatches (the rank count is 4 x the stage's mesh), `moe`:
-Qwen3-30B-A3B (2 layers) with EP=8 per node, `moe-ep`: the same with EP over every rank.
+Qwen3-30B-A3B (2 layers) with EP=8 per node, `moe-ep`: the same with EP over every rank
+(at most its 128 experts).
 `NAME:DISTRIBUTION` routes a MoE graph first (passes/moe_routing.py, e.g. moe:zipf:1.0):
 its all-to-alls become all-to-all-v, exported with each rank's sizes.
 """
@@ -42,7 +43,8 @@ GRAPHS = {
     "moe": lambda n: ["--model", "qwen3-30b-a3b", "--layers", "2", "--unroll",
                       "--devices", str(n), "--mesh", f"data={n // 8},expert=8"],
     "moe-ep": lambda n: ["--model", "qwen3-30b-a3b", "--layers", "2", "--unroll",
-                         "--devices", str(n), "--mesh", f"expert={n}"],
+                         "--devices", str(n), "--mesh",
+                         f"data={n // 128},expert=128" if n > 128 else f"expert={n}"],
     # one stage's program; PipelineParallel makes the 4-stage MPMD graph
     "pipeline": lambda n: ["--model", "gpt2-small", "--unroll", "--devices", str(n // 4),
                            "--mesh", f"fsdp={max(n // 32, 1)},model={min(n // 4, 8)}"],
