@@ -101,9 +101,15 @@ def _plot(rows, path: Path) -> None:
         pts.sort(key=lambda r: r["straggler_factor"])
         ax.plot([r["straggler_factor"] for r in pts], [r["step_s"] for r in pts],
                 marker=marker, label=family)
+        last = 0.0
         for r in pts:
+            # points closer than ~15% on the log axis share their neighbour's label room
+            if r["straggler_factor"] < last * 1.15 or (
+                    family != "zipf" and r["distribution"] == "balanced"):
+                continue
+            last = r["straggler_factor"]
             ax.annotate(r["distribution"], (r["straggler_factor"], r["step_s"]), fontsize=6,
-                        xytext=(3, 3), textcoords="offset points")
+                        xytext=(3, 3 if family == "zipf" else -9), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_xlabel("straggler EP rank's tokens / balanced rank's (x)")
     ax.set_ylabel("predicted step time (s)")
