@@ -11,12 +11,23 @@ submissions), each data-parallel rank owns 1/DP of the optimizer state:
   overlapped with the next step's forward: here, an all-gather per reduced bucket at the
   start of the step that the bucket's first forward use waits for.
 
+Memory, as Megatron-Core's distributed-optimizer guide counts it for bf16 parameters with
+fp32 gradients: 6 + 12/d bytes per parameter (d: the data-parallel size) instead of 18.
+The extracted step holds f32 parameters (4 B) and Adam's two f32 moments (8 B): the
+parameter arguments stand for the fp32 main-gradient buffer (4 B), the gathered bf16
+parameters are the all-gathers' outputs (2 B), and the moments become the rank's shard of
+fp32 main parameters and moments: x 12/8 / d, with d the group of the buckets that
+reduce those parameters, by their share of the parameters (a MoE model's experts reduce
+over the expert-data-parallel group, its dense weights over the whole data-parallel
+group; experts no bucket reduces keep their whole state).
+
 Contract: input a loop-free graph; every all-reduce of a gradient once per step (task R
 of `pipeline_stages.task_of`) over data-parallel axes only becomes a reduce-scatter of
 the same input bytes; one all-gather per such bucket is added before all other nodes
 (ids shift by their count) and feeds the first forward node of the bucket's layer;
 optimizer nodes of that layer carrying recorded times (layer templates) are divided by
-the group size. Other nodes are unchanged. Raises FlintError on a graph with loops.
+the group size; the optimizer-state arguments shrink as above (meta["arguments"]).
+Other nodes are unchanged. Raises FlintError on a graph with loops.
 """
 from __future__ import annotations
 
@@ -28,6 +39,9 @@ from flint.graph import Collective, Node, NodeKind, WorkloadGraph
 from flint.passes.pipeline_stages import DATA_PARALLEL_AXES, task_of
 
 PARAMETER_BYTES = 2      # parameters are gathered in the compute dtype (bf16)
+# fp32 main parameters + two fp32 Adam moments (12 B) where the step held the moments (8 B)
+STATE_RATIO = 12 / 8
+MOMENT_BYTES = 8         # the step's two f32 Adam moments per parameter
 _DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "f64": 8}
 
 
@@ -85,9 +99,36 @@ class DistributedOptimizer:
                                  / group_of[n.meta.get("layer", "")])
             nodes.append(node)
         out = replace(graph, nodes=nodes,
-                      meta=dict(graph.meta, distributed_optimizer=len(buckets)))
+                      meta=dict(graph.meta, distributed_optimizer=len(buckets),
+                                arguments=_sharded_state(graph, buckets)))
         out.check()
         return out
+
+
+def _sharded_state(graph: WorkloadGraph, buckets: list[Node]) -> list:
+    """meta["arguments"] with every optimizer-state argument at this rank's share. The
+    moments (8 B per parameter) stand for the parameters; the buckets' gradients (bytes /
+    dtype size) say which share of them is reduced over which group d (per step, not per
+    layer: XLA may combine layers' reductions); that share becomes 12/d bytes per
+    parameter, the rest (experts whose expert-data-parallel group is one rank) 12 bytes."""
+    from flint.hardware_models.memory import argument_category
+
+    state = sum(nbytes for name, nbytes in graph.meta.get("arguments", ())
+                if argument_category(str(name)) == "optimizer_state")
+    params = state / MOMENT_BYTES
+    shares = []
+    for n in buckets:
+        c = n.collective
+        reduced = c.bytes_in / _DTYPE_BYTES.get(c.dtype, 4)
+        shares.append((reduced / params if params else 0.0,
+                       graph.communicators[c.communicator].size))
+    covered = sum(x for x, _ in shares)
+    if covered > 1.0:                    # rounding, or more reduced than the moments say
+        shares, covered = [(x / covered, d) for x, d in shares], 1.0
+    factor = STATE_RATIO * (sum(x / d for x, d in shares) + (1.0 - covered))
+    return [[name, int(round(nbytes * factor))
+             if argument_category(str(name)) == "optimizer_state" else nbytes]
+            for name, nbytes in graph.meta.get("arguments", ())]
 
 
 def _gradient_all_reduce(graph: WorkloadGraph, node: Node, task: str) -> bool:

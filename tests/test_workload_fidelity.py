@@ -125,3 +125,11 @@ def test_distributed_optimizer_reduce_scatters_and_gathers_each_bucket():
                for u in users[g.id]) and all(users[g.id] for g in gathered)
     t = lambda g: estimate(PipelineParallel(1, 4).run(g), "h100-sxm").step_time_s  # noqa: E731
     assert t(zero1) <= t(layered)
+    # memory: Megatron's 6 + 12/d bytes per parameter: the moments (8 B) become this rank's
+    # 1/4 of fp32 main parameters and moments (12 B); the parameters themselves stay
+    from flint.hardware_models.memory import estimate_memory
+
+    before, after = estimate_memory(layered), estimate_memory(zero1)
+    assert after.arguments_bytes["optimizer_state"] == pytest.approx(
+        before.arguments_bytes["optimizer_state"] * 12 / 8 / 4, rel=1e-3)
+    assert after.arguments_bytes["parameters"] == before.arguments_bytes["parameters"]
