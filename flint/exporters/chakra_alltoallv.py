@@ -91,7 +91,6 @@ class AllToAllvSlot:
     per_stage: int
     domain_size: int = 0      # ranks per scale-up domain; > 0: the hierarchical route
     top_k: int = 0
-    members: list = field(init=False)
 
     def __post_init__(self):
         offset = self.stage * self.per_stage
@@ -108,10 +107,6 @@ class AllToAllvSlot:
     @property
     def extra_ids(self) -> int:
         return self.count - 1
-
-    @property
-    def route(self) -> str:
-        return "hierarchical" if self.domain_size else "direct"
 
     # --- the parts of one rank ----------------------------------------------------
     def parts(self, rank: int) -> list[Part]:
