@@ -23,11 +23,9 @@ from flint.graph import WorkloadGraph
 from flint.hlo.shapes import shapes_bytes
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-# Mesh axes over which gradients are reduced (flint.models.train's batch, FSDP and
-# context-parallel axes: each holds a different slice of the tokens).
-# axes over which ranks hold different tokens, so that gradients are summed over them; the
-# expert axis too: its ranks route different tokens (dense parameters' gradients reduce
-# over it, as over Megatron's full DP group; its all-to-alls are no reductions)
+# Mesh axes over which gradients are reduced: flint.models.train's batch, FSDP, context
+# and expert axes each hold a different slice of the tokens (dense weights of a MoE reduce
+# over the expert axis too, as over Megatron's whole DP group).
 DATA_PARALLEL_AXES = ("data", "dp", "batch", "replica", "fsdp", "zero", "context", "cp",
                       "expert", "ep")
 SPLITS = ("layers", "time")
