@@ -90,9 +90,10 @@ def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
     t0 = time.perf_counter()
     flat, durations, model = node_durations(graph, hardware, overrides, cost_model)
     durations = durations_as_run(flat, durations, model)   # ASTRA-sim models no contention
-    inputs = astra_sim.AstraSimInputs.build(with_links(model, flat), flat, durations)
+    linked = with_links(model, flat)
+    inputs = astra_sim.AstraSimInputs.build(linked, flat, durations)
     dims = [d["npus"] for d in inputs.dims]
-    routes = hierarchical_all_to_alls(with_links(model, flat).network, flat)
+    routes = hierarchical_all_to_alls(linked.network, flat)
     work = expert_work_by_rank(flat, durations, model)
     plain = (ChakraPlan(flat, durations, False, dims, routes, work) if annotate != "all"
              else None)

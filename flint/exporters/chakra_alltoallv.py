@@ -101,8 +101,9 @@ class AllToAllvSlot:
         self.deps = sorted(set(self.base.data_deps) | set(self.base.ctrl_deps))
         if self.domain_size and not all(self._domains(g) for g in groups):
             self.domain_size = 0              # members not alike in every domain: direct
-        sample = self.parts(groups[0][0])
-        self.count, self.tags = len(sample), 1 + max(p.tag for p in sample) - self.tag
+        self.sample = self.parts(groups[0][0])      # every member's parts look alike
+        self.count = len(self.sample)
+        self.tags = 1 + max(p.tag for p in self.sample) - self.tag
 
     @property
     def extra_ids(self) -> int:
@@ -196,7 +197,7 @@ class AllToAllvSlot:
         """The parts as chakra_check sees them: the stage's ranks are one lane (they all
         write these parts), so a peer of the stage is the lane itself."""
         ids, me = self._ids(), [self.stage]
-        parts = self.parts(self.groups[0][0])
+        parts = self.sample
         out = []
         for i, part in enumerate(parts):
             deps = self._deps(i, part, ids, len(parts))
