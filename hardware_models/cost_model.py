@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from flint.errors import FlintError
 from flint.graph import Node, WorkloadGraph
 from flint.hardware_models.compute import RooflineCompute
 from flint.hardware_models.network import NetworkModel
@@ -37,6 +38,9 @@ class DefaultCostModel:
     network: CollectiveTime
 
     def node_time(self, node: Node, graph: WorkloadGraph) -> float:
+        if "composite" in node.meta:
+            raise FlintError(f"node {node.name!r} stands for a block of a layer template: "
+                             f"price graphs through hardware_models.estimate.price_nodes")
         if node.collective is not None:
             return self.network.time(node, graph.communicator(node))
         return self.compute.time(node)

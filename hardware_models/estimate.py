@@ -5,6 +5,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from flint.graph import WorkloadGraph
+from flint.hardware_models.composite import (composite_prices, composite_slowdown,
+                                             network_times)
 from flint.hardware_models.cost_model import CostModel
 from flint.hardware_models.memory import MemoryEstimate, estimate_memory
 from flint.hardware_models.pluggable import CostModelFactory, cost_model_for
@@ -113,10 +115,22 @@ def node_durations(graph: WorkloadGraph, hardware: str | None = None, overrides=
     for the built-in one."""
     model = cost_model_for(graph, hardware, overrides, cost_model, algorithm)
     flat = ExpandLoops().run(graph)
-    # Pipeline copies of one node (meta "template") cost the same: price each once.
+    return flat, price_nodes(flat, model), model
+
+
+def price_nodes(flat: WorkloadGraph, model) -> list[float]:
+    """Seconds per node of a loop-free graph under `model`: every consumer that prices a
+    graph comes through here. Composite nodes (layer templates) are priced from their
+    template under the same model; pipeline copies of one node (meta "template") are
+    priced once."""
+    prices = composite_prices(flat, model)
     by_template: dict[int, float] = {}
     durations = []
     for n in flat.nodes:
+        composite = n.meta.get("composite")
+        if composite is not None:
+            durations.append(prices.time(composite))
+            continue
         t = n.meta.get("template")
         if t is None:
             durations.append(model.node_time(n, flat))
@@ -124,7 +138,7 @@ def node_durations(graph: WorkloadGraph, hardware: str | None = None, overrides=
             if t not in by_template:
                 by_template[t] = model.node_time(n, flat)
             durations.append(by_template[t])
-    return flat, durations, model
+    return durations
 
 
 def as_run(tl: Timeline) -> list[float]:
@@ -136,7 +150,10 @@ def as_run(tl: Timeline) -> list[float]:
 def durations_as_run(flat: WorkloadGraph, durations: list[float], model) -> list[float]:
     """`durations` of a loop-free graph after the overlap slowdown of `model`: what a
     consumer that does not model contention (a Chakra export) should be given."""
-    return as_run(simulate(flat, durations, getattr(model, "overlap_slowdown", None)))
+    prices = composite_prices(flat, model)
+    return as_run(simulate(flat, durations,
+                           composite_slowdown(prices, getattr(model, "overlap_slowdown", None)),
+                           holds=network_times(flat, prices)))
 
 
 def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
@@ -145,21 +162,32 @@ def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
     """Predict one step. `memory`: the graph's `estimate_memory` when already known (it
     depends on the graph only, so hardware what-ifs of one graph can share it)."""
     flat, durations, model = node_durations(graph, hardware, overrides, cost_model, algorithm)
-    tl = simulate(flat, durations, getattr(model, "overlap_slowdown", None))
+    prices = composite_prices(flat, model)
+    tl = simulate(flat, durations,
+                  composite_slowdown(prices, getattr(model, "overlap_slowdown", None)),
+                  holds=network_times(flat, prices))
+    alone = durations
     durations = as_run(tl)
     step = tl.step_time
     busy: dict[str, float] = defaultdict(float)
     by_class: dict[str, float] = defaultdict(float)
     by_layer: dict[str, float] = defaultdict(float)
     colls: dict[str, float] = defaultdict(float)
-    for node, d, s in zip(flat.nodes, durations, tl.stream):
+    for node, d, s, d0 in zip(flat.nodes, durations, tl.stream, alone):
         busy[s] += d
-        by_class[node.op_class] += d
+        composite = node.meta.get("composite")
+        if composite is not None:       # a layer block: its template's op classes
+            stretch = d / d0 if d0 else 0.0
+            for cls, t in prices.classes(composite).items():
+                by_class[cls] += t * stretch
+        else:
+            by_class[node.op_class] += d
         by_layer[node.meta.get("layer") or "(none)"] += d
         if node.collective is not None:
             colls[node.collective.type] += d
     peak = model.spec.peak("bf16")
-    flops = graph.total_flops()
+    flops = graph.total_flops() + sum(float(n.meta["composite"].get("flops", 0.0)) * n.repeat
+                                      for n in graph.nodes if "composite" in n.meta)
     model_flops = graph.meta.get("model_flops_per_device")
     comm = sum(v for k, v in busy.items() if k != "compute")
     pipeline = {}

@@ -89,6 +89,24 @@ def _leaf_bytes(outputs: list[str]) -> list[int]:
 def _peak_live(graph: WorkloadGraph) -> dict[int, tuple[float, int]]:
     """Per device (meta["device"], 0 when untagged): (largest sum of live node outputs,
     the node at which it occurs)."""
+    peaks: dict[int, tuple[float, int]] = {0: (0.0, -1)}
+    for i, d, live in _liveness(graph):
+        if live > peaks.get(d, (0.0, -1))[0]:
+            peaks[d] = (live, i)
+    return peaks
+
+
+def live_bytes_by_node(graph: WorkloadGraph) -> list[float]:
+    """Bytes of node outputs live on the node's device while each node runs."""
+    return [live for _, _, live in _liveness(graph)]
+
+
+def _liveness(graph: WorkloadGraph):
+    """(node, device, live bytes while it runs) in graph order. A node's outputs are
+    allocated when it runs and freed after its last consumer; a layer-granular node
+    (passes.layer_template) also holds `saved_bytes` (activations its forward keeps for
+    the backward) until its last consumer, and needs `transient_bytes` of workspace
+    while it runs."""
     n = len(graph.nodes)
     last = list(range(n))
     for i, users in enumerate(graph.users):
@@ -103,19 +121,18 @@ def _peak_live(graph: WorkloadGraph) -> dict[int, tuple[float, int]]:
         frees[last[i]].append(i)
     leaves = [_leaf_bytes(node.outputs) for node in graph.nodes]
     held = [float(sum(x)) for x in leaves]          # bytes each node still owns
+    for i, node in enumerate(graph.nodes):
+        held[i] += float(node.meta.get("saved_bytes", 0.0))
     device = [node.device_or_0 for node in graph.nodes]
     live: dict[int, float] = {}
-    peaks: dict[int, tuple[float, int]] = {0: (0.0, -1)}
     for i, node in enumerate(graph.nodes):
         d = device[i]
         live[d] = live.get(d, 0.0) + held[i] - _take_donated_buffer(i, node.inputs, leaves,
                                                                      held, last)
-        if live[d] > peaks.get(d, (0.0, -1))[0]:
-            peaks[d] = (live[d], i)
+        yield i, d, live[d] + float(node.meta.get("transient_bytes", 0.0))
         for j in frees[i]:
             live[device[j]] -= held[j]
             held[j] = 0.0
-    return peaks
 
 
 def _take_donated_buffer(i: int, inputs: list[int], leaves, held, last) -> float:

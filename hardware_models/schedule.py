@@ -72,10 +72,13 @@ def stream_of(node, duplex: bool = True) -> str:
 
 
 def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
-             duplex: bool = True) -> Timeline:
+             duplex: bool = True, holds: list[float] | None = None) -> Timeline:
     """Place every node of a loop-free graph; `durations[i]` is node i's time in seconds
     when it runs alone; `slowdown(node, comm_node)` (>= 1) stretches overlapped compute;
-    `duplex` as in stream_of."""
+    `duplex` as in stream_of; `holds[i]`: seconds compute node i holds its device's
+    collective channels itself (a layer-template block's own collectives, which run
+    between its compute): they take the free time of the channels from its start, and
+    the node ends when its own time and theirs are both done."""
     if graph.loops:
         raise ValueError("simulate() needs a loop-free graph: run ExpandLoops first")
     n = len(graph.nodes)
@@ -117,6 +120,8 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
         start[i] = start_at
         if slowdown is not None and streams[i] == "compute" and in_flight[dev]:
             d = _stretched(node, d, start_at, in_flight, dev, finish, graph, slowdown)
+        if holds is not None and holds[i] > 0 and streams[i] == "compute":
+            d = network[dev].fill(start_at, d, holds[i], i) - start_at
         finish[i] = start_at + d
         if streams[i] != "compute" and node.collective is not None:
             in_flight[dev].append(i)
@@ -158,6 +163,28 @@ class _Busy:
             self.ends.insert(k, t + d)
             self.nodes.insert(k, node)
         return t, blocker
+
+    def fill(self, t0: float, d: float, c: float, node: int) -> float:
+        """Work of length `d` from `t0` whose own transfers need `c` seconds of the
+        network, taken piece by piece in its free gaps from `t0` on: when the work and
+        its transfers are both done."""
+        t, k, pieces, left = t0, bisect_right(self.ends, t0), [], c
+        while left > 0:
+            while k < len(self.starts) and self.starts[k] <= t:
+                t = max(t, self.ends[k])
+                k += 1
+            gap = (self.starts[k] if k < len(self.starts) else float("inf")) - t
+            take = min(gap, left)
+            if take > 0:
+                pieces.append((t, t + take))
+            left -= take
+            t += take
+        for a, b in pieces:
+            j = bisect_right(self.starts, a)
+            self.starts.insert(j, a)
+            self.ends.insert(j, b)
+            self.nodes.insert(j, node)
+        return max(t0 + d, pieces[-1][1] if pieces else t0)
 
 
 def _stretched(node, d: float, t: float, in_flight: dict, dev: int, finish: list, graph,

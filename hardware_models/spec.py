@@ -78,6 +78,9 @@ class HardwareSpec:
     scale_up_link: str = "nvlink"    # nvlink | pci: which NCCL latency class the level has
     torus: str = ""                  # largest ICI slice, e.g. 16x16x24; "" if switched
     torus_slice: str = ""            # the slice a job uses (what-if); "" = most cubic fit
+    # the compile-only target programs for this spec compile for ("" = none: a spec with
+    # no XLA target of its own, e.g. MI300X; its graphs come from another target or a dump)
+    compile_target: str = ""
     sources: dict = field(default_factory=dict)
     efficiency: dict = field(default_factory=dict)   # calibrated parameters, if any
 
@@ -155,6 +158,7 @@ def spec_from_doc(doc: dict, where: str) -> HardwareSpec:
                         torus=str((system.get("torus") or {}).get("value", "")
                                   if isinstance(system.get("torus"), dict) else
                                   system.get("torus", "")),
+                        compile_target=str(doc.get("compile_target") or ""),
                         sources=sources, efficiency=dict(doc.get("efficiency") or {}), **values)
     if not (spec.scale_up_bandwidth or spec.nic_bandwidth):
         raise FlintError(f"{where}: no link bandwidth: give interconnect.scale_up or "

@@ -43,6 +43,8 @@ MAPPING = "mapping"              # free-form mapping of its own (calibration res
 
 LAYOUT: dict[str, Any] = {
     "name": TEXT, "vendor": TEXT, "kind": TEXT, "model": TEXT,
+    # the compile-only target (flint.frontends.targets) this spec's programs compile for
+    "compile_target": TEXT,
     "compute": {
         "peak_flops": {dtype: Figure("flops") for dtype in DTYPES},
         "clock": Figure("frequency"),

@@ -25,8 +25,8 @@ Contract: input a loop-free graph; every all-reduce of a gradient once per step 
 of `pipeline_stages.task_of`) over data-parallel axes only becomes a reduce-scatter of
 the same input bytes; one all-gather per such bucket is added before all other nodes
 (ids shift by their count) and feeds the first forward node of the bucket's layer;
-optimizer nodes of that layer carrying recorded times (layer templates) are divided by
-the group size; the optimizer-state arguments shrink as above (meta["arguments"]).
+optimizer nodes of that layer that stand for a template block (layer templates) have
+their scale divided by the group size; the optimizer-state arguments shrink as above (meta["arguments"]).
 Other nodes are unchanged. Raises FlintError on a graph with loops.
 """
 from __future__ import annotations
@@ -93,10 +93,11 @@ class DistributedOptimizer:
             elif n.collective is not None and n.collective.window is not None:
                 lo, hi = n.collective.window
                 node.collective = replace(n.collective, window=(lo + k, hi + k))
-            if tasks[n.id] == "post" and "recorded_s" in n.meta \
+            if tasks[n.id] == "post" and "composite" in n.meta \
                     and n.meta.get("layer", "") in group_of:
-                node.meta = dict(n.meta, recorded_s=n.meta["recorded_s"]
-                                 / group_of[n.meta.get("layer", "")])
+                composite = n.meta["composite"]
+                node.meta = dict(n.meta, composite=dict(
+                    composite, scale=composite["scale"] / group_of[n.meta.get("layer", "")]))
             nodes.append(node)
         out = replace(graph, nodes=nodes,
                       meta=dict(graph.meta, distributed_optimizer=len(buckets),

@@ -3,55 +3,64 @@
 The largest models (a 1T-parameter GPT has 128 layers) take minutes to compile unrolled,
 and their pipelined graphs hold m x layers x ops nodes. Their layers are identical, so
 Flint extracts a few (the template: embedding, k >= 2 layers, head, loss, optimizer, on
-one pipeline stage's data x tensor-parallel mesh), prices them once, and builds the
-model's step at layer granularity for `PipelineParallel`:
+one pipeline stage's data x tensor-parallel mesh) and builds the model's step at layer
+granularity for `PipelineParallel`:
 
-- per layer, a forward and a backward node whose time is the template layer's share of the
-  one-microbatch timeline (its ops, and the compute-stream waits on its own tensor-parallel
-  collectives); the embedding and the head (with the loss) likewise;
+- per layer, a forward and a backward node standing for the template layer's block (its
+  ops, and the compute-stream waits on its own tensor-parallel collectives); the
+  embedding and the head (with the loss) likewise;
 - the activation and gradient a layer hands to the next as the node's output (what a
-  stage boundary sends; with full recomputation, also what each layer keeps);
+  stage boundary sends: `boundary`, or the shapes both crossings of the template share);
 - per layer, the once-per-step gradient reduction (the template's R collectives, scaled
   by the layer's share of the parameters) and the parameter casts and optimizer update;
 - the arguments (parameters, optimizer state) of every layer, so that memory per stage
-  is the model's, and the model flops (for MFU) scaled by the layers' share of the
-  template's flops.
+  is the model's, the activations each layer's forward keeps for its backward (meta
+  `saved_bytes`) and the workspace a block needs while it runs (meta `transient_bytes`),
+  both read off the template's buffer liveness; the model flops (for MFU) scaled by the
+  layers' share of the template's flops.
 
-The nodes carry times, not flops: HFU and flops per device read 0 on such a graph.
-
-Times come from the cost model of `hardware` and are stored on the nodes (meta
-`recorded_s`): the graph is priced for that hardware, which `meta["priced_for"]` says.
+The layer nodes hold work, not prices: each is a composite node (meta `composite`: the
+template block and a scale) and the template travels in `meta["layer_template"]`, so any
+cost model (another spec, what-ifs, a third-party model) prices the blocks afresh
+(`hardware_models.composite`). Their flops are in `meta["composite"]["flops"]`.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from flint.errors import FlintError
-from flint.graph import Node, NodeKind, WorkloadGraph
+from flint.graph import Collective, Node, NodeKind, WorkloadGraph
+from flint.hardware_models.composite import interior
+from flint.hlo.shapes import shapes_bytes
 from flint.passes.expand_loops import ExpandLoops
 from flint.passes.pipeline_stages import arguments_by_layer, layer_index, task_of
 
 FIRST, LAST = "embed", "head"
+LAYER = "layer"
 
 
 @dataclass(frozen=True)
 class LayerTemplate:
     """Contract: input a per-device training-step graph of one microbatch with k >= 2
     identical unrolled layers (labelled `layer_<i>`); output a loop-free graph of the
-    same step with `layers` layers, one forward and one backward node per layer (plus
-    embedding and head), per-layer R collectives and pre/post work, whose node times are
-    the template's on `hardware`. Raises FlintError when the template has no layers."""
+    same step with `layers` layers, one composite forward and backward node per layer
+    (plus embedding and head), per-layer R collectives and pre/post work; the template
+    (its nodes tagged with their block) is kept in meta["layer_template"]["template"].
+    `boundary` (a shape, e.g. "bf16[1,4096,8192]"): what a layer hands the next.
+    `bucket_bytes`: gradient reductions of consecutive blocks merge into buckets of up to
+    that many bytes, each issued when the next block's backward starts. Raises
+    FlintError when the template has no layers."""
 
     layers: int = 0             # the whole model's layer count (0: the template's own)
-    hardware: str = ""
+    boundary: str = ""
+    # gradient buckets: consecutive blocks' reductions merge while their bytes stay within
+    # this (XLA's combiner threshold, Megatron's or DDP's bucket size); 0: one per block
+    bucket_bytes: int = field(default=0, metadata={"unit": "bytes"})
     name: ClassVar[str] = "layer-template"
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
-        from flint.hardware_models.estimate import node_durations
-        from flint.hardware_models.schedule import simulate
-
         flat = ExpandLoops().run(graph)
         tasks = task_of(flat)
         blocks = _blocks(flat, tasks)
@@ -61,40 +70,30 @@ class LayerTemplate:
                              "layer_<i> (extract with --unroll and --layers >= 2)")
         if self.layers < 0:
             raise FlintError(f"layer-template: layers must be >= 0, not {self.layers}")
+        if self.boundary:
+            shapes_bytes([self.boundary])       # a bad shape fails here
         layers = self.layers or indices[-1] + 1
-        flat, durations, model = node_durations(flat, self.hardware or None)
-        # The once-per-step reduction runs in its own nodes: leave it out of layer times.
-        quiet = [0.0 if t == "R" else d for t, d in zip(tasks, durations)]
-        tl = simulate(flat, quiet)
-        spent: dict = {}
-        last = 0.0
-        order = sorted((i for i, s in enumerate(tl.stream) if s == "compute"),
-                       key=lambda i: (tl.start[i], i))
-        for i in order:
-            if tasks[i] in "FB":
-                key = blocks[i]
-                spent[key] = spent.get(key, 0.0) + quiet[i] + max(tl.start[i] - last, 0.0)
-            last = max(last, tl.finish[i])
-        once = {t: sum(d for d, tt in zip(durations, tasks) if tt == t) for t in ("pre", "post")}
-        layer_f = sum(spent.get(("F", i), 0.0) for i in indices) / len(indices)
-        layer_b = sum(spent.get(("B", i), 0.0) for i in indices) / len(indices)
+        template = _tagged(flat, tasks, blocks, indices)
         # Model flops grow with the layers; the embedding's and head's do not.
         work: dict = {}
         for n, key in zip(flat.nodes, blocks):
             if key is not None:
-                work[key[1]] = work.get(key[1], 0.0) + n.flops * n.repeat
-        per_layer_flops = sum(work.get(i, 0.0) for i in indices) / len(indices)
+                work[key] = work.get(key, 0.0) + n.flops * n.repeat
         total = sum(work.values())
-        flops_ratio = ((total + (layers - len(indices)) * per_layer_flops) / total
-                       if total else 1.0)
+        middle = interior(indices)
+        per_layer = {p: sum(work.get((p, i), 0.0) for i in middle) / len(middle) for p in "FB"}
+        grown = total + (layers - len(indices)) * (per_layer["F"] + per_layer["B"])
+        flops_ratio = grown / total if total else 1.0
         owned, rest = arguments_by_layer(flat)
-        per_layer = sum(owned.values()) / max(len(owned), 1)
         template_params = sum(owned.values()) + rest
-        out = _Writer(flat, tasks, blocks, layers, indices).write(
-            layer_f, layer_b, spent, once, per_layer / template_params,
-            rest / template_params, model.spec.name)
+        layer_share = sum(owned.values()) / max(len(owned), 1) / template_params
+        memory = _block_memory(flat, tasks, blocks, indices)
+        out = _Writer(flat, tasks, blocks, layers, indices, template, work, memory,
+                      self.boundary, self.bucket_bytes).write(layer_share,
+                                                              rest / template_params)
         if "model_flops_per_device" in out.meta:
             out.meta["model_flops_per_device"] *= flops_ratio
+        out.check()
         return out
 
 
@@ -118,21 +117,147 @@ def _blocks(graph: WorkloadGraph, tasks: list[str]) -> list:
     return out
 
 
+def _block_name(task: str, key) -> str:
+    return f"{key[0]}:{key[1]}" if key is not None else task
+
+
+def _tagged(flat: WorkloadGraph, tasks, blocks, indices) -> WorkloadGraph:
+    """A copy of the template whose nodes name their block (meta "block"): F/B blocks,
+    "pre", "post", and "R:<layer>" / "R:rest" for the gradient reduction of a layer's
+    gradients or of the rest's."""
+    from dataclasses import replace
+
+    owners = _gradient_owners(flat, tasks, blocks)
+    names = []
+    for n, t, b in zip(flat.nodes, tasks, blocks):
+        if t == "R":
+            names.append(f"R:{next(iter(owners[n.id]))}" if len(owners[n.id]) == 1
+                         else "R:rest")
+        else:
+            names.append(_block_name(t, b))
+    nodes = [replace(n, meta=dict(n.meta, block=name)) for n, name in zip(flat.nodes, names)]
+    meta = {k: v for k, v in flat.meta.items() if k in ("model", "xla_memory", "passes")}
+    meta["template_layer_indices"] = list(indices)
+    return WorkloadGraph(flat.cluster, nodes, list(flat.communicators), [], meta)
+
+
+def _gradient_owners(flat: WorkloadGraph, tasks, blocks) -> list[set]:
+    """Per node, the blocks (a layer index, 'head' or 'embed') whose backward made the
+    gradients an R node works on."""
+    owners: list[set] = [set() for _ in flat.nodes]
+    for n in flat.nodes:
+        label = n.meta.get("layer")
+        li = layer_index(label)
+        key = blocks[n.id]
+        if key is not None and key[0] == "B" and (li is not None or label in (FIRST, LAST)):
+            owners[n.id] = {li if li is not None else label}
+        else:   # unlabelled work (XLA's fusions that gather gradients) passes owners on
+            for i in n.inputs:
+                owners[n.id] |= owners[i]
+    return owners
+
+
+def _reductions_by_layer(flat: WorkloadGraph, tasks, blocks) -> dict:
+    """The once-per-step gradient reductions (R collectives) by the block whose backward
+    made the gradient they reduce (a layer index, 'head', 'embed', or None when none
+    did), each with its weight: a reduction XLA combined over several blocks' gradients
+    is shared evenly among them."""
+    owners = _gradient_owners(flat, tasks, blocks)
+    out: dict = {}
+    for n in flat.nodes:
+        if tasks[n.id] == "R" and n.collective is not None:
+            mine = sorted(owners[n.id], key=str)
+            for owner in mine or [None]:
+                out.setdefault(owner, []).append((n, 1.0 / max(len(mine), 1)))
+    return out
+
+
+def _block_memory(flat: WorkloadGraph, tasks, blocks, indices) -> dict:
+    """Per block: the bytes its forward keeps for the backward (outputs of the block that a
+    backward node reads; for the representative layer, the mean of the template's
+    layers) and the workspace it needs while it runs (its peak of live buffers over what
+    was live when it started and what it leaves behind), from buffer liveness on the
+    one-microbatch template."""
+    from flint.hardware_models.memory import live_bytes_by_node
+
+    users = flat.users
+    sizes = [shapes_bytes(n.outputs) for n in flat.nodes]
+    saved: dict = {}
+    for n, key in zip(flat.nodes, blocks):
+        if key is not None and key[0] == "F" and any(tasks[u] in "BR" for u in users[n.id]):
+            saved[key] = saved.get(key, 0.0) + sizes[n.id]
+    live = live_bytes_by_node(flat)
+    spans: dict = {}
+    for i, key in enumerate(blocks):
+        if key is not None:
+            lo, hi = spans.get(key, (i, i))
+            spans[key] = (min(lo, i), max(hi, i))
+    transient: dict = {}
+    for key, (lo, hi) in spans.items():
+        before = live[lo - 1] if lo else 0.0
+        peak = max(live[lo:hi + 1])
+        left = live[hi]
+        transient[key] = max(peak - max(before, left), 0.0)
+    out = {}
+    for phase in "FB":
+        for label in (FIRST, LAST):
+            key = (phase, label)
+            out[f"{phase}:{label}"] = (saved.get(key, 0.0), transient.get(key, 0.0))
+        keys = [(phase, i) for i in interior(indices)]
+        out[f"{phase}:{LAYER}"] = (sum(saved.get(k, 0.0) for k in keys) / len(keys),
+                                   max(transient.get(k, 0.0) for k in keys))
+        for i in (indices[0], indices[-1]):
+            out[f"{phase}:{i}"] = (saved.get((phase, i), 0.0), transient.get((phase, i), 0.0))
+    return out
+
+
 class _Writer:
-    def __init__(self, flat, tasks, blocks, layers: int, indices):
+    def __init__(self, flat, tasks, blocks, layers: int, indices, template, work, memory,
+                 boundary: str, bucket_bytes: int):
         self.g, self.tasks, self.blocks, self.layers = flat, tasks, blocks, layers
         self.a, self.b = indices[0], indices[1]
+        self.indices = indices
+        self.template, self.work, self.memory = template, work, memory
+        self.boundary, self.bucket_bytes = boundary, bucket_bytes
+        self.owned_reductions = _reductions_by_layer(flat, tasks, blocks)
+        # R blocks with compute of their own (the template's blocks carry their names)
+        self.r_blocks = {n.meta["block"] for n in template.nodes
+                         if n.meta["block"].startswith("R:") and n.collective is None}
         self.nodes: list[Node] = []
 
-    def add(self, name, phase, label, seconds, inputs, outputs=(), kind=NodeKind.COMPUTE,
-            collective=None) -> int:
+    def owner(self, j: int):
+        """The template layer model layer j is: the first and last are the template's
+        first and last, the others its interior (LAYER: their mean)."""
+        if j == 0:
+            return self.indices[0]
+        if j == self.layers - 1:
+            return self.indices[-1]
+        return LAYER
+
+    def layer_block(self, phase: str, j: int) -> str:
+        return f"{phase}:{self.owner(j)}"
+
+    def flops(self, block: str) -> float:
+        phase, _, label = block.partition(":")
+        if label == LAYER:
+            middle = interior(self.indices)
+            return sum(self.work.get((phase, i), 0.0) for i in middle) / len(middle)
+        return self.work.get((phase, int(label) if label.isdigit() else label), 0.0)
+
+    def add(self, name, phase, label, block, scale, inputs, outputs=()) -> int:
         meta = {"layer": label} if phase is None else {"phase": phase, "layer": label}
-        if collective is None:
-            meta["recorded_s"] = seconds
-        self.nodes.append(Node(len(self.nodes), name, kind, "layer" if collective is None
-                               else collective.type, "layer" if collective is None
-                               else "collective", list(inputs), outputs=list(outputs),
-                               collective=collective, meta=meta))
+        composite = {"block": block, "scale": scale}
+        flops = self.flops(block) * scale if block[:2] in ("F:", "B:") else 0.0
+        if flops:
+            composite["flops"] = flops
+        meta["composite"] = composite
+        saved, transient = self.memory.get(block, (0.0, 0.0))
+        if saved:
+            meta["saved_bytes"] = saved
+        if transient:
+            meta["transient_bytes"] = transient
+        self.nodes.append(Node(len(self.nodes), name, NodeKind.COMPUTE, "layer", "layer",
+                               list(inputs), outputs=list(outputs), meta=meta))
         return len(self.nodes) - 1
 
     def crossing(self, src_block, dst_block) -> list[str]:
@@ -145,57 +270,117 @@ class _Writer:
                         out.extend(self.g.nodes[i].outputs)
         return sorted(set(out)) or ["u8[0]"]
 
-    def reductions(self, share: float, inputs: list[int], label: str) -> list[int]:
-        """The template's R collectives, scaled to `share` of its parameters."""
-        ids = []
-        for n in self.g.nodes:
-            if self.tasks[n.id] == "R" and n.collective is not None:
-                c = n.collective
-                scaled = type(c)(c.type, c.communicator, int(c.bytes_in * share),
-                                 int(c.bytes_out * share), c.dtype, c.reduction, c.is_async)
-                ids.append(self.add(f"{n.name}.{label}", "backward", label, 0.0, inputs,
-                                    kind=n.kind, collective=scaled))
-        return ids
-
-    def write(self, layer_f, layer_b, spent, once, layer_share, rest_share,
-              hardware) -> WorkloadGraph:
+    def write(self, layer_share, rest_share) -> WorkloadGraph:
         L = self.layers
-        act = self.crossing(("F", self.a), ("F", self.b))
-        grad = self.crossing(("B", self.b), ("B", self.a))
-        # A stage boundary carries the residual stream forward and its gradient backward,
-        # tensors of one shape (Megatron's send_forward/send_backward): the shapes both
-        # crossings share. Other values one layer reads from the previous (rotary tables,
-        # a weight gradient on its way to a reduce-scatter) do not cross stages.
-        both = sorted(set(act) & set(grad))
-        if both:
-            act = grad = both
+        if self.boundary:
+            act = grad = [self.boundary]
+        else:
+            act = self.crossing(("F", self.a), ("F", self.b))
+            grad = self.crossing(("B", self.b), ("B", self.a))
+            # A stage boundary carries the residual stream forward and its gradient
+            # backward, tensors of one shape (Megatron's send_forward/send_backward): the
+            # shapes both crossings share. Other values one layer reads from the previous
+            # (rotary tables, a weight gradient on its way to a reduce-scatter) do not
+            # cross stages.
+            both = sorted(set(act) & set(grad))
+            if both:
+                act = grad = both
         names = [f"layer_{j}" for j in range(L)]
-        pre = [self.add(f"pre.{n}", None, n, once["pre"] * layer_share, []) for n in names]
-        pre_rest = self.add("pre.rest", None, "", once["pre"] * rest_share, [])
-        f_embed = self.add("fwd.embed", "forward", FIRST, spent.get(("F", FIRST), 0.0),
-                           [pre_rest], act)
+        pre = [self.add(f"pre.{n}", None, n, "pre", layer_share, []) for n in names]
+        pre_rest = self.add("pre.rest", None, "", "pre", rest_share, [])
+        f_embed = self.add("fwd.embed", "forward", FIRST, f"F:{FIRST}", 1.0, [pre_rest], act)
         fwd, prev = [], f_embed
         for j, n in enumerate(names):
-            prev = self.add(f"fwd.{n}", "forward", n, layer_f, [prev, pre[j]], act)
+            prev = self.add(f"fwd.{n}", "forward", n, self.layer_block("F", j), 1.0,
+                            [prev, pre[j]], act)
             fwd.append(prev)
-        f_head = self.add("fwd.head", "forward", LAST, spent.get(("F", LAST), 0.0),
-                          [prev, pre_rest], ["f32[]"])
-        g = self.add("bwd.head", "backward", LAST, spent.get(("B", LAST), 0.0),
-                     [f_head], grad)
-        reduced = {}
+        f_head = self.add("fwd.head", "forward", LAST, f"F:{LAST}", 1.0, [prev, pre_rest],
+                          ["f32[]"])
+        g = self.add("bwd.head", "backward", LAST, f"B:{LAST}", 1.0, [f_head], grad)
+        buckets = _Buckets(self, self.bucket_bytes)
+        buckets.add("rest", LAST, g, LAST)
         for j in reversed(range(L)):
-            g = self.add(f"bwd.{names[j]}", "backward", names[j], layer_b, [g, fwd[j]], grad)
-            reduced[j] = self.reductions(layer_share, [g], names[j]) or [g]
-        b_embed = self.add("bwd.embed", "backward", FIRST, spent.get(("B", FIRST), 0.0),
-                           [g, f_embed])
-        reduced_rest = self.reductions(rest_share, [b_embed], FIRST) or [b_embed]
+            g = self.add(f"bwd.{names[j]}", "backward", names[j], self.layer_block("B", j),
+                         1.0, [g, fwd[j]], grad)
+            buckets.issue()
+            owner = self.owner(j)
+            buckets.add(j, interior(self.indices)[0] if owner == LAYER else owner, g, names[j])
+        b_embed = self.add("bwd.embed", "backward", FIRST, f"B:{FIRST}", 1.0, [g, f_embed])
+        buckets.issue()
+        buckets.add("rest", FIRST, b_embed, FIRST)
+        buckets.add("rest", None, b_embed, "rest")
+        buckets.close()
+        buckets.issue()
         for j, n in enumerate(names):
-            self.add(f"post.{n}", "optimizer", n, once["post"] * layer_share, reduced[j])
-        self.add("post.rest", "optimizer", "", once["post"] * rest_share, reduced_rest)
-        meta = dict(self.g.meta, priced_for=hardware,
-                    layer_template={"layers": L, "template_layers": self.b + 1})
+            self.add(f"post.{n}", "optimizer", n, "post", layer_share, buckets.done[j])
+        self.add("post.rest", "optimizer", "", "post", rest_share, buckets.done["rest"])
+        meta = {k: v for k, v in self.g.meta.items() if k not in ("priced_for", "xla_memory")}
+        meta["layer_template"] = {"layers": L, "template_layers": self.b + 1,
+                                  "template": self.template.to_json()}
         meta.update(_arguments(self.g, L, self.a))
         return WorkloadGraph(self.g.cluster, self.nodes, list(self.g.communicators), [], meta)
+
+
+class _Buckets:
+    """The step's gradient reductions in buckets. Each block (a layer, the head, the
+    embedding) adds its unit: the template's R collectives of the layer it is, which
+    reduce what its backward made. Units join the open bucket while its collectives stay
+    within `limit` bytes; a closed bucket is issued (its collectives merged by kind and
+    group, then each unit's compute on their results: casts, scaling) when the next
+    block's backward has started, whose parameter gathers and own collectives go first,
+    as XLA's scheduler and FSDP's prefetch order them."""
+
+    def __init__(self, writer: "_Writer", limit: int):
+        self.w, self.limit = writer, limit
+        self.open: list = []
+        self.closed: list = []
+        self.done: dict = {}
+
+    def add(self, key, owner, producer: int, label: str) -> None:
+        unit = (key, owner, producer, label)
+        size = sum(c.bytes_in * w for c, w in self.collectives([unit]))
+        held = sum(c.bytes_in * w for c, w in self.collectives(self.open))
+        if self.open and (not self.limit or held + size > self.limit):
+            self.close()
+        self.open.append(unit)
+
+    def close(self) -> None:
+        if self.open:
+            self.closed.append(self.open)
+            self.open = []
+
+    def collectives(self, units) -> list:
+        return [(n.collective, w) for _, owner, _, _ in units
+                for n, w in self.w.owned_reductions.get(owner, ())]
+
+    def issue(self) -> None:
+        for bucket in self.closed:
+            self._emit(bucket)
+        self.closed = []
+
+    def _emit(self, units) -> None:
+        w = self.w
+        inputs = sorted({producer for _, _, producer, _ in units})
+        merged: dict = {}
+        for c, weight in self.collectives(units):
+            key = (c.type, c.communicator, c.dtype, c.reduction, c.is_async)
+            a, b = merged.get(key, (0.0, 0.0))
+            merged[key] = (a + c.bytes_in * weight, b + c.bytes_out * weight)
+        label = units[-1][3]
+        ids = []
+        for (kind, comm, dtype, reduction, is_async), (a, b) in merged.items():
+            collective = Collective(kind, comm, int(a), int(b), dtype, reduction, is_async)
+            w.nodes.append(Node(len(w.nodes), f"{kind}.grads.{label}", NodeKind.COLLECTIVE,
+                                kind, "collective", list(inputs), collective=collective,
+                                meta={"phase": "backward", "layer": label,
+                                      "bucket": [u[3] for u in units]}))
+            ids.append(len(w.nodes) - 1)
+        for key, owner, producer, unit_label in units:
+            got = ids or [producer]
+            block = f"R:{'rest' if owner is None else owner}"
+            if block in w.r_blocks:
+                got = [w.add(f"red.{unit_label}", "backward", unit_label, block, 1.0, got)]
+            self.done.setdefault(key, []).extend(got)
 
 
 def _arguments(graph: WorkloadGraph, layers: int, template: int) -> dict:

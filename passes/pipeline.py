@@ -42,11 +42,15 @@ class PipelineParallel:
     virtual: int = 1
     split: str = "layers"
     hardware: str = ""          # for split=time: whose predicted times balance the stages
+    what_if: str = ""           # ... with these what-ifs ("nic_bandwidth=800Gb/s;...")
     max_nodes: int = 3_000_000
     name: ClassVar[str] = "pipeline"
     # for split=time: a cost model (factory or CostModel, hardware_models.pluggable)
     # instead of the built-in one for `hardware`
     cost_model: object = None
+
+    def what_if_list(self) -> list[str]:
+        return [w.strip() for w in self.what_if.split(";") if w.strip()]
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
         if self.schedule not in SCHEDULES:
@@ -58,10 +62,12 @@ class PipelineParallel:
         chunks = self.stages * self.virtual
         durations = None
         if self.split == "time":
+            from flint.hardware_models.estimate import price_nodes
             from flint.hardware_models.pluggable import cost_model_for
 
-            model = cost_model_for(flat, self.hardware or None, (), self.cost_model)
-            durations = [model.node_time(n, flat) for n in flat.nodes]
+            model = cost_model_for(flat, self.hardware or None, self.what_if_list(),
+                                   self.cost_model)
+            durations = price_nodes(flat, model)
         chunk = assign_chunks(flat, tasks, chunks, self.split, durations)
         per_mb = sum(t in "FB" for t in tasks)
         if per_mb * self.microbatches + len(flat.nodes) > self.max_nodes:

@@ -213,9 +213,9 @@ def test_layer_template_rebuilds_the_whole_model(tiny_unrolled):
                             "mesh": [["data", 2]], "batch_per_replica": 2, "remat": "none",
                             "sequence_parallel": False, "scan": False, "seq_len": 0,
                             "layers": 4, "hardware": "h100-sxm"})
-    (template,) = parse_pipeline("layer-template{layers=4,hardware=h100-sxm}")
+    (template,) = parse_pipeline("layer-template{layers=4,bucket_bytes=30MiB}")
     layered = template.run(tiny_unrolled)
-    assert layered.meta["priced_for"] == "h100-sxm"
+    assert "template" in layered.meta["layer_template"]
     assert sum(n.name.startswith("fwd.layer_") for n in layered.nodes) == 4
     params = {name for name, _ in four.meta["arguments"]}
     assert {name for name, _ in layered.meta["arguments"]} == params
@@ -225,4 +225,4 @@ def test_layer_template_rebuilds_the_whole_model(tiny_unrolled):
     b = estimate(PipelineParallel(2, 4).run(layered), "h100-sxm").step_time_s
     assert b == pytest.approx(a, rel=0.15)
     with pytest.raises(FlintError, match="at least 2"):
-        LayerTemplate(4, "h100-sxm").run(uniform_model(1))
+        LayerTemplate(4).run(uniform_model(1))

@@ -106,7 +106,7 @@ def test_distributed_optimizer_reduce_scatters_and_gathers_each_bucket():
     from flint.sweep import extract_program
 
     template = extract_program(_program(devices=4, mesh=[["data", 4]], scan=False, layers=3))
-    layered = LayerTemplate(8, "h100-sxm").run(template)
+    layered = LayerTemplate(8).run(template)
     zero1 = DistributedOptimizer().run(layered)
     before = [n for n in layered.nodes if n.collective is not None
               and n.collective.type == "all-reduce" and n.collective.bytes_in > 1024]

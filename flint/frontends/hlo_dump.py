@@ -52,7 +52,7 @@ def load_dump(target: str, *, devices: int | None = None, mesh=None,
             ("devices", count),)
     target_hw = resolve_target(hardware or dump_hardware(chosen) or "h100-sxm")
     per_host = devices_per_host or default_devices_per_host(target_hw)
-    cluster = Cluster(count, mesh_t, target_hw.hardware, target_hw.platform,
+    cluster = Cluster(count, mesh_t, target_hw.spec, target_hw.platform,
                       min(per_host, count))
     graph = lower_hlo(module, cluster)
     from flint.frontends.model_flops import set_model_flops

@@ -53,7 +53,7 @@ def make_config(devices: int, mesh=None, hardware: str = "h100-sxm", **kw) -> Ca
     per_host = kw.pop("devices_per_host", None) or default_devices_per_host(target)
     opts = tuple(sorted((kw.pop("compiler_options", None) or {}).items()))
     rules = tuple(kw.pop("rules", None) or ())
-    return CaptureConfig(devices, mesh_t, target.hardware, per_host, rules=rules,
+    return CaptureConfig(devices, mesh_t, hardware, per_host, rules=rules,
                          compiler_options=opts, **kw)
 
 
@@ -62,7 +62,7 @@ def build_mesh(cfg: CaptureConfig) -> tuple[Mesh, Cluster]:
     devices = devices_for(target, cfg.devices, cfg.devices_per_host)
     sizes = [s for _, s in cfg.mesh]
     mesh = Mesh(np.array(devices, dtype=object).reshape(sizes), tuple(n for n, _ in cfg.mesh))
-    cluster = Cluster(cfg.devices, cfg.mesh, target.hardware, target.platform,
+    cluster = Cluster(cfg.devices, cfg.mesh, target.spec, target.platform,
                       min(cfg.devices_per_host, cfg.devices))
     return mesh, cluster
 

@@ -109,7 +109,7 @@ def load_stablehlo(path_or_text, *, devices: int, mesh: tuple[tuple[str, int], .
         raise FlintError(f"XLA could not compile {where} for {devices} {target.hardware} "
                          f"devices: {_first_line(failure)}")
     t_compile = time.perf_counter()
-    cluster = Cluster(devices, mesh, target.hardware, target.platform, min(per_host, devices))
+    cluster = Cluster(devices, mesh, target.spec, target.platform, min(per_host, devices))
     graph = lower_hlo(parse_module(hlo_text), cluster)
     graph.meta.update(source="stablehlo", file=file, sharded=program.sharded,
                       module=program.name or graph.meta.get("module"),

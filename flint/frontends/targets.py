@@ -29,8 +29,16 @@ ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "a100": "a100-80gb-sxm",
 
 @dataclass(frozen=True)
 class Target:
+    """Where a program compiles (`hardware`, a compile-only target, on `platform`) and the
+    hardware spec it is priced with (`spec`: a spec name or a spec YAML path)."""
+
     hardware: str
     platform: str            # gpu | tpu | cpu
+    spec: str = ""
+
+    def __post_init__(self):
+        if not self.spec:
+            object.__setattr__(self, "spec", self.hardware)
 
 
 def gpu_target_names() -> list[str]:
@@ -38,18 +46,45 @@ def gpu_target_names() -> list[str]:
 
 
 def known_hardware() -> list[str]:
+    """The compile-only targets (what XLA compiles for)."""
     return gpu_target_names() + sorted(TPU_TARGETS) + ["cpu"]
 
 
-def resolve_target(hardware: str) -> Target:
-    name = ALIASES.get(hardware.lower(), hardware.lower())
+def _compile_target(name: str) -> Target | None:
     if name in gpu_target_names():
         return Target(name, "gpu")
     if name in TPU_TARGETS:
         return Target(name, "tpu")
     if name == "cpu":
         return Target(name, "cpu")
-    raise FlintError(f"unknown hardware {hardware!r}; known: {', '.join(known_hardware())}")
+    return None
+
+
+def resolve_target(hardware: str) -> Target:
+    """`--hardware` is a hardware spec (a name of hardware_models/specs, or a spec YAML
+    path); the program compiles for the target the spec names (`compile_target`). A
+    compile target's own name (or an alias such as `h100`) is the spec of that name."""
+    name = ALIASES.get(str(hardware).lower(), str(hardware).lower())
+    direct = _compile_target(name)
+    if direct is not None:
+        return direct
+    from flint.hardware_models.spec import load_spec, spec_names
+
+    is_path = str(hardware).endswith((".yaml", ".yml"))
+    if not is_path and name not in spec_names():
+        raise FlintError(f"unknown hardware {hardware!r}; specs: {', '.join(spec_names())} "
+                         f"(or a spec YAML path; `flint hardware` lists them)")
+    spec = load_spec(str(hardware) if is_path else name)
+    target = _compile_target(spec.compile_target) if spec.compile_target else None
+    if target is None and _compile_target(spec.name) is not None:
+        target = _compile_target(spec.name)       # a calibrated copy of a target's spec
+    if target is None:
+        why = (f"names compile target {spec.compile_target!r}, which Flint does not know"
+               if spec.compile_target else "names no compile target")
+        raise FlintError(f"hardware spec {spec.name!r} {why}: Flint cannot compile programs "
+                         f"for it (compile targets: {', '.join(known_hardware())}; a spec "
+                         f"says which with `compile_target:`)")
+    return Target(target.hardware, target.platform, str(hardware) if is_path else spec.name)
 
 
 def prepare_environment() -> None:

@@ -1,0 +1,211 @@
+"""Composite nodes: nodes of a layer-granular graph that stand for blocks of a template.
+
+`passes.layer_template.LayerTemplate` writes a whole model's step as one forward and one
+backward node per layer (plus the embedding, the head, and the once-per-step work) from a
+few extracted layers. Those nodes carry no time and no flops of their own: each names the
+template block it stands for and a scale (`meta["composite"] = {"block": "F:layer",
+"scale": 1.0}`), and the template graph itself travels with the layered graph (meta
+`layer_template.template`). Prices are made here, for the cost model in hand, every time
+a graph is priced; a layered graph is never priced for one spec and estimated on another.
+
+A block's time is its template nodes' time on the compute stream when the template runs
+one microbatch alone: the compute nodes of the block plus the waits on its own
+tensor/context-parallel collectives (the once-per-step gradient reduction is left out:
+the layered graph carries it as collectives of its own). The forward and backward of a model's
+first and last layers are the template's first and last layers'; those of every other
+layer are the mean of the template's interior layers.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable
+
+from flint.errors import FlintError
+from flint.graph import Node, NodeKind, WorkloadGraph
+
+LAYER = "layer"           # the representative layer in composite block names ("F:layer")
+WAIT = "collective"       # the class a block's waits on its own collectives are counted in
+
+
+@dataclass(frozen=True)
+class BlockPrices:
+    """Seconds per template block ("F:layer", "B:head", "pre", ...), per block the seconds
+    by op class (what a per-class breakdown of a layered graph reports), and per block the
+    seconds its own collectives hold the device's collective channels (what other
+    collectives of the device queue behind, as they would behind the template's)."""
+
+    seconds: dict
+    by_class: dict
+    network: dict
+
+    def network_time(self, composite: dict) -> float:
+        return self.network.get(composite["block"], 0.0) * float(composite.get("scale", 1.0))
+
+    def time(self, composite: dict) -> float:
+        # a block the template has no node in (no embedding work on this stage) takes 0
+        return self.seconds.get(composite["block"], 0.0) * float(composite.get("scale", 1.0))
+
+    def classes(self, composite: dict) -> dict[str, float]:
+        """The block's op-class split of one execution of the node."""
+        scale = float(composite.get("scale", 1.0))
+        return {k: v * scale for k, v in self.by_class.get(composite["block"], {}).items()}
+
+
+_PARSED: dict[int, tuple[dict, WorkloadGraph]] = {}
+
+
+def interior(indices: list[int]) -> list[int]:
+    """The template layers that stand for the model's middle layers."""
+    return list(indices[1:-1]) or list(indices)
+
+
+def template_of(graph: WorkloadGraph) -> WorkloadGraph | None:
+    """The template a layered graph's composite nodes stand for (None for other graphs)."""
+    info = graph.meta.get("layer_template")
+    doc = info.get("template") if isinstance(info, dict) else None
+    if doc is None:
+        if any("composite" in n.meta for n in graph.nodes):
+            raise FlintError("the graph has composite (layer-template) nodes but not the "
+                             "template they stand for: it cannot be priced")
+        return None
+    hit = _PARSED.get(id(doc))
+    if hit is None or hit[0] is not doc:
+        if len(_PARSED) > 8:
+            _PARSED.clear()
+        hit = (doc, WorkloadGraph.from_json(doc))
+        _PARSED[id(doc)] = hit
+    return hit[1]
+
+
+def price_blocks(template: WorkloadGraph, node_time: Callable[[Node], float],
+                 slowdown=None) -> BlockPrices:
+    """Every block's seconds (and split by op class) with `node_time(template node)`;
+    `slowdown(node, collective)`: how compute overlapping the block's own collectives
+    slows (the cost model's overlap_slowdown), as in hardware_models.estimate."""
+    from flint.hardware_models.schedule import simulate
+
+    blocks = [n.meta.get("block", "") for n in template.nodes]
+    durations = [node_time(n) for n in template.nodes]
+    # the gradient reduction's collectives run in the layered graph's own nodes; its
+    # compute (casts, scaling of the reduced gradients) is priced as "R:<layer>" blocks
+    quiet = [0.0 if b.startswith("R") else d for b, d in zip(blocks, durations)]
+    tl = simulate(template, quiet, slowdown)
+    seconds: dict[str, float] = defaultdict(float)
+    by_class: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    busy = _Intervals([(tl.start[i], tl.finish[i]) for i, s in enumerate(tl.stream)
+                       if s == "collectives" and tl.finish[i] > tl.start[i]])
+    network: dict[str, float] = defaultdict(float)
+    last = 0.0
+    order = sorted((i for i, s in enumerate(tl.stream) if s == "compute"),
+                   key=lambda i: (tl.start[i], i))
+    for i in order:
+        block = blocks[i]
+        if block.startswith("R"):
+            seconds[block] += durations[i]
+            by_class[block][str(template.nodes[i].op_class)] += durations[i]
+        else:
+            wait = max(tl.start[i] - last, 0.0)
+            ran = tl.finish[i] - tl.start[i]
+            seconds[block] += ran + wait
+            by_class[block][str(template.nodes[i].op_class)] += ran
+            if wait:
+                by_class[block][WAIT] += wait
+            # the collective channels' busy time while the block ran (its own collectives
+            # and those prefetched for it alike): what it holds of them in a layered graph
+            network[block] += busy.overlap(min(last, tl.start[i]), tl.finish[i])
+        last = max(last, tl.finish[i])
+    # "the layer": the template's interior layers (the first runs beside the embedding,
+    # the last beside the head: their collectives overlap other work than a middle
+    # layer's), or all of them when the template has no interior layer
+    indices = interior(template.meta.get("template_layer_indices") or [])
+    for phase in ("F", "B"):
+        keys = [f"{phase}:{i}" for i in indices]
+        if keys:
+            seconds[f"{phase}:{LAYER}"] = sum(seconds.get(k, 0.0) for k in keys) / len(keys)
+            mean: dict[str, float] = defaultdict(float)
+            for k in keys:
+                for cls, v in by_class.get(k, {}).items():
+                    mean[cls] += v / len(keys)
+            by_class[f"{phase}:{LAYER}"] = mean
+            network[f"{phase}:{LAYER}"] = sum(network.get(k, 0.0) for k in keys) / len(keys)
+    return BlockPrices(dict(seconds), {k: dict(v) for k, v in by_class.items()},
+                       dict(network))
+
+
+def composite_prices(graph: WorkloadGraph, model) -> BlockPrices | None:
+    """The block prices of `graph`'s template under `model` (any CostModel: the template's
+    nodes are priced with its node_time, its collectives on the template's communicators,
+    whose ranks are those of the first pipeline stage); None when `graph` has none."""
+    template = template_of(graph)
+    if template is None:
+        return None
+    return price_blocks(template, lambda n: model.node_time(n, template),
+                        getattr(model, "overlap_slowdown", None))
+
+
+def network_times(flat: WorkloadGraph, prices: BlockPrices | None) -> list[float] | None:
+    """Per node of `flat`, the seconds a composite node holds its device's collective
+    channels (None when the graph has no composite nodes)."""
+    if prices is None:
+        return None
+    return [prices.network_time(n.meta["composite"]) if "composite" in n.meta else 0.0
+            for n in flat.nodes]
+
+
+_TENSOR = ("gemm", "conv", "attention")
+
+
+def composite_slowdown(prices: BlockPrices | None, slowdown):
+    """`slowdown(node, collective)` extended to composite nodes: a block slows by its op
+    classes' mix, tensor-core time as a GEMM would beside that collective, other work as
+    a memory-bound kernel would, and its waits on its own collectives not at all."""
+    if prices is None or slowdown is None:
+        return slowdown
+    gemm = Node(0, "gemm", NodeKind.COMPUTE, "dot", "gemm", flops=1.0, operands=["bf16[1]"])
+    stream = Node(0, "stream", NodeKind.COMPUTE, "copy", "elementwise", bytes_read=1.0)
+    factors: dict = {}
+
+    def mixed(node: Node, comm: Node) -> float:
+        composite = node.meta.get("composite")
+        if composite is None:
+            return slowdown(node, comm)
+        key = (composite["block"], comm.collective.type if comm.collective else "",
+               comm.collective.communicator if comm.collective else -1)
+        if key not in factors:
+            split = prices.by_class.get(composite["block"], {})
+            total = sum(split.values())
+            if not total:
+                factors[key] = 1.0
+            else:
+                f_gemm, f_stream = slowdown(gemm, comm), slowdown(stream, comm)
+                factors[key] = sum(v * (1.0 if cls == WAIT else f_gemm if cls in _TENSOR
+                                        else f_stream) for cls, v in split.items()) / total
+        return factors[key]
+
+    return mixed
+
+
+class _Intervals:
+    """The union of time intervals, for overlap queries."""
+
+    def __init__(self, spans):
+        merged: list[list[float]] = []
+        for a, b in sorted(spans):
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        self.starts = [a for a, _ in merged]
+        self.spans = merged
+
+    def overlap(self, a: float, b: float) -> float:
+        from bisect import bisect_right
+
+        k = max(bisect_right(self.starts, a) - 1, 0)
+        total = 0.0
+        while k < len(self.spans) and self.spans[k][0] < b:
+            lo, hi = self.spans[k]
+            total += max(min(hi, b) - max(lo, a), 0.0)
+            k += 1
+        return total
