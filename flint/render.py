@@ -1,10 +1,43 @@
-"""Rich tables for summaries; every number carries its unit."""
+"""Rich tables for summaries; every number carries its unit.
+
+Tables are for terminals and logs alike: off a terminal the console is wide (a log has
+no width) and every column folds a long name onto more lines instead of cutting it.
+"""
 from __future__ import annotations
 
+import os
+import sys
+
 from rich.console import Console
-from rich.table import Table
+from rich.table import Table as _RichTable
 
 from flint.hardware_models.units import fmt_bytes, fmt_seconds  # noqa: F401 (re-exported)
+
+
+# Off a terminal: wide enough for argument paths and scopes, so a log rarely wraps.
+LOG_WIDTH = 200
+
+
+def report_console(stderr: bool = False) -> Console:
+    """The console a report is printed on: the terminal's width on a terminal, else
+    LOG_WIDTH (or $COLUMNS)."""
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr)
+    return Console(stderr=stderr, width=int(os.environ.get("COLUMNS") or LOG_WIDTH))
+
+
+def Table(*args, **kwargs) -> _RichTable:
+    """A rich Table whose columns fold long text rather than cut it."""
+    table = _RichTable(*args, **kwargs)
+    add = table.add_column
+
+    def add_column(*a, **k):
+        k.setdefault("overflow", "fold")
+        return add(*a, **k)
+
+    table.add_column = add_column
+    return table
 
 
 def fmt_flops(x: float) -> str:
@@ -15,12 +48,17 @@ def fmt_flops(x: float) -> str:
 
 
 def render_summary(s: dict, console: Console, timings: dict | None = None,
-                   top_layers: int = 12) -> None:
+                   top_layers: int = 12, verbose: bool = False) -> None:
     mesh = " x ".join(f"{k}={v}" for k, v in s["mesh"].items())
     over = Table(title=f"Workload graph: {s['module']} on {s['devices']} x {s['hardware']} "
                        f"({mesh})", show_header=False)
     over.add_column("what")
     over.add_column("value", justify="right")
+    training = s.get("training") or {}
+    if training:
+        over.add_row("training sequence / global batch", _training_text(training))
+    else:
+        over.add_row("training sequence / global batch", "not stated by the step's inputs")
     over.add_row("nodes (per-device graph)", f"{s['nodes']} nodes")
     for kind, n in s["nodes_by_kind"].items():
         over.add_row(f"  {kind}", f"{n} nodes")
@@ -65,8 +103,27 @@ def render_summary(s: dict, console: Console, timings: dict | None = None,
     console.print(lt)
     for note in s.get("compiler_notes", []):
         console.print(f"[yellow]compiler note:[/] {note}", highlight=False)
-    _render_arguments(s, console)
+    _render_arguments(s, console, top=None if verbose else 5)
     _render_memory_split(s, console)
+    _render_buckets(s, console)
+
+
+def _training_text(t: dict) -> str:
+    text = f"{t['seq_len']} tokens x {t['global_batch']} sequences"
+    if t.get("batch_per_replica"):
+        text += f" ({t['batch_per_replica']} per data-parallel replica)"
+    return text
+
+
+def _render_buckets(s: dict, console: Console) -> None:
+    """DDP's gradient buckets (one all-reduce each), when the step used DDP."""
+    for ddp in (s.get("capture") or {}).get("ddp") or []:
+        sizes = ddp["buckets_bytes"]
+        console.print(f"DDP gradient buckets ({ddp['parameters']} parameters over "
+                      f"{ddp['group_size']} ranks; caps {fmt_bytes(ddp['first_bucket_cap_bytes'])}"
+                      f" first, then {fmt_bytes(ddp['bucket_cap_bytes'])}): {len(sizes)} "
+                      f"all-reduces of " + ", ".join(fmt_bytes(b) for b in sizes),
+                      highlight=False, markup=False)
 
 
 def _render_memory_split(s: dict, console: Console) -> None:
@@ -82,18 +139,31 @@ def _render_memory_split(s: dict, console: Console) -> None:
     console.print(t)
 
 
-def _render_arguments(s: dict, console: Console, top: int = 24) -> None:
-    """The per-argument sharding table, largest per-device share first (its warnings go to
-    stderr as the step is lowered)."""
+def _render_arguments(s: dict, console: Console, top: int | None = 5) -> None:
+    """The per-argument sharding table, largest per-device share first: the `top`
+    largest and the totals by kind (all of them with top=None; JSON has every row). Its
+    warnings go to stderr as the step is lowered."""
     rows = sorted(s.get("arguments_sharding") or [], key=lambda r: (-r[4], r[0]))
-    if rows:
-        t = Table(title=f"Arguments: sharding ({min(top, len(rows))} of {len(rows)} by "
-                        f"bytes per device)")
-        for col in ("argument", "global shape", "spec", "from", "per device"):
-            t.add_column(col, justify="right" if col == "per device" else "left")
-        for name, shape, spec, source, nbytes in rows[:top]:
-            t.add_row(name, shape, spec, source, fmt_bytes(nbytes))
-        console.print(t)
+    if not rows:
+        return
+    shown = rows if top is None else rows[:top]
+    t = Table(title=f"Arguments: sharding ({len(shown)} of {len(rows)} by bytes per device"
+                    f"{'' if len(shown) == len(rows) else '; all with --verbose or --json'})")
+    for col in ("argument", "global shape", "spec", "from", "per device"):
+        t.add_column(col, justify="right" if col == "per device" else "left")
+    for name, shape, spec, source, nbytes in shown:
+        t.add_row(name, shape, spec, source, fmt_bytes(nbytes))
+    totals: dict[str, list] = {}
+    for name, _, spec, _, nbytes in rows:
+        kind = name.split("/", 1)[0]
+        entry = totals.setdefault(kind, [0, 0, 0])
+        entry[0] += 1
+        entry[1] += nbytes
+        entry[2] += spec in ("P()", "PartitionSpec()")
+    for kind, (count, nbytes, replicated) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
+        t.add_row(f"total {kind}", f"{count} arguments", f"{replicated} replicated", "",
+                  fmt_bytes(nbytes))
+    console.print(t)
 
 
 def render_estimate(e: dict, console: Console) -> None:
@@ -127,6 +197,10 @@ def render_estimate(e: dict, console: Console) -> None:
     t.add_row("HFU (hardware flops / peak)", f"{100 * e['hfu']:.1f} %")
     if e.get("mfu") is not None:
         t.add_row("MFU (model flops / peak)", f"{100 * e['mfu']:.1f} %")
+        if e["mfu"] > e["hfu"]:
+            t.add_row("  why MFU > HFU", "model flops count the attention core without its "
+                      "causal mask (PaLM's convention); the kernels skip the masked half, "
+                      "and no recompute adds it back")
     t.add_row("peak used for utilization", fmt_flops(e["peak_flops"]) + "/s")
     verdict = "OUT OF MEMORY" if e["oom"] else "fits"
     t.add_row("device memory peak / capacity",
@@ -143,11 +217,25 @@ def render_estimate(e: dict, console: Console) -> None:
     if e.get("topology"):
         t.add_row("topology", e["topology"])
     console.print(t)
-    c = Table(title="Time by op class and collective (summed over the step)")
+    console.print(_time_table(e))
+
+
+def _time_table(e: dict) -> Table:
+    """Busy time per op class on the compute stream and per collective type on the
+    communication streams: each kernel counted once, so the rows sum to the busy total
+    (the streams overlap, so it can exceed the step)."""
+    c = Table(title="Busy time by op class and collective type (each kernel once)")
     c.add_column("class")
     c.add_column("time", justify="right")
-    for k, v in sorted(e["by_class_s"].items(), key=lambda kv: -kv[1]):
+    compute = {k: v for k, v in e["by_class_s"].items() if k != "collective"}
+    for k, v in sorted(compute.items(), key=lambda kv: -kv[1]):
         c.add_row(k, fmt_seconds(v))
-    for k, v in e["collectives_s"].items():
-        c.add_row(f"  {k}", fmt_seconds(v))
-    console.print(c)
+    for k, v in sorted(e["collectives_s"].items(), key=lambda kv: -kv[1]):
+        c.add_row(f"collective: {k}", fmt_seconds(v))
+    # layer blocks (layer templates) price their collectives inside the block
+    in_blocks = e["by_class_s"].get("collective", 0.0) - sum(e["collectives_s"].values())
+    if in_blocks > 1e-12:
+        c.add_row("collective: inside layer blocks", fmt_seconds(in_blocks))
+    total = sum(e["by_class_s"].values())
+    c.add_row("total busy (compute + communication streams)", fmt_seconds(total))
+    return c

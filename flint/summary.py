@@ -47,7 +47,7 @@ def summarize(graph) -> dict:
             coll_axis[key]["count"] += r
             coll_axis[key]["bytes"] += size
     cluster = graph.cluster
-    return {
+    return GraphSummary({
         "module": graph.meta.get("module", ""),
         "devices": cluster.devices,
         "mesh": {n: s for n, s in cluster.mesh},
@@ -69,9 +69,36 @@ def summarize(graph) -> dict:
         "unknown_ops": graph.meta.get("unknown_ops", {}),
         "compiler_notes": graph.meta.get("compiler_notes", []),
         **{k: graph.meta[k] for k in ("arguments_sharding", "sharding_warnings",
-                                      "model_flops_per_device", "memory_split")
+                                      "model_flops_per_device", "memory_split", "training",
+                                      "program_warnings", "capture")
            if k in graph.meta},
-    }
+    })
+
+
+class GraphSummary(dict):
+    """The summary as a dict (what `--json` prints), shown as the report `flint extract`
+    prints: `print(graph.summary())`, or `graph.summary()` at a REPL or in a notebook."""
+
+    def report(self, width: int = 120) -> str:
+        import io
+
+        from rich.console import Console
+
+        from flint.render import render_summary
+
+        buffer = io.StringIO()
+        render_summary(self, Console(file=buffer, width=width, force_terminal=False,
+                                     color_system=None))
+        return buffer.getvalue()
+
+    def __str__(self) -> str:
+        return self.report()
+
+    def __repr__(self) -> str:
+        return self.report()
+
+    def _repr_pretty_(self, printer, cycle) -> None:   # IPython / Jupyter
+        printer.text(self.report())
 
 
 def graph_text(graph) -> str:

@@ -41,14 +41,18 @@ def extract(model, example_inputs, *, world_size: int, fuse: bool = True, **kw):
 
 def zoo(name: str, world_size: int, mesh=None, *, batch_per_replica: int = 1,
         seq_len: int | None = None, layers: int | None = None, hardware: str = "h100-sxm",
-        fuse: bool = True, sequence_parallel: bool = False):
+        fuse: bool = True, sequence_parallel: bool = False, remat: str = "none",
+        dims: dict | None = None):
     """The torch twin of a zoo model (same shapes as the JAX one) -> WorkloadGraph with
-    meta["model_flops_per_device"] for MFU."""
+    meta["model_flops_per_device"] for MFU. `remat`: none | full | dots | selective
+    (flint.models.REMAT_POLICIES); `dims`: model dims by user key (layers, hidden, ...)."""
+    from flint.frontends.program_checks import warn_config_sequence
     from flint.models.decoder import model_flops
     from flint.models.torch_decoder import TP_AXES, zoo_step
 
+    warn_config_sequence(name, seq_len, dims)
     step, cfg = zoo_step(name, batch_per_replica, seq_len, layers,
-                         sequence_parallel=sequence_parallel)
+                         sequence_parallel=sequence_parallel, remat=remat, dims=dims)
     mesh_t = _mesh(mesh, world_size)
     captured = _capture(step, world_size, mesh_t, hardware)
     graph = captured.workload(fuse=fuse)
@@ -59,7 +63,10 @@ def zoo(name: str, world_size: int, mesh=None, *, batch_per_replica: int = 1,
     graph.meta.update(model=f"{name} (torch)",
                       model_flops_source="model config (PaLM appendix B)",
                       model_flops_per_device=model_flops(
-        cfg, batch_per_replica * dp * cfg.seq_len) / world_size, timings=captured.timings)
+        cfg, batch_per_replica * dp * cfg.seq_len) / world_size, timings=captured.timings,
+                      training={"seq_len": cfg.seq_len, "global_batch": batch_per_replica * dp,
+                                "batch_per_replica": batch_per_replica, "remat": remat,
+                                "gemm_precision": "bf16", "layers": cfg.n_layers})
     return graph
 
 

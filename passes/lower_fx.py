@@ -133,6 +133,11 @@ class _Lowerer:
             self._region(n, name)
             self.stands_for[n] = []
             return
+        if name == "getitem":
+            # an element of an op's tuple result reads nothing: it stands for the op (and
+            # must not close an in-place collective's window on the collective's own output)
+            self.stands_for[n] = list(self.stands_for.get(n.args[0], []))
+            return
         deps = self._deps(n)
         if "_c10d_functional" in str(n.target) and name == "wait_tensor":
             self.stands_for[n] = self.waiting.pop(n.args[0], deps)

@@ -5,8 +5,6 @@ import os
 from typing import Optional
 
 import typer
-from rich.console import Console
-
 from flint.cli._common import check_output_file, err, print_json, run
 
 
@@ -14,12 +12,16 @@ def extract(
     target: Optional[str] = typer.Argument(
         None, help="SCRIPT.py:FUNCTION of a training step, an XLA dump (DIR[:MODULE] or "
                    "an HLO file); default: the built-in --model"),
-    devices: int = typer.Option(4096, "--devices", "-n", help="virtual cluster size"),
+    devices: Optional[int] = typer.Option(
+        None, "--devices", "-n", help="virtual cluster size (default 4096; an XLA dump: its "
+                                       "own count; a decorated step: its decorator's)"),
     mesh: Optional[str] = typer.Option(
         None, help="mesh axes, e.g. data=512,model=8 (default: the preset's recipe, "
                    "llama3-8b: data=N/8,fsdp=8; other zoo models fsdp=N/8,model=8; "
                    "data=N for scripts)"),
-    hardware: str = typer.Option("h100-sxm", help="compile target (see `flint hardware`)"),
+    hardware: Optional[str] = typer.Option(
+        None, help="hardware spec, compiled for its target (default h100-sxm; an XLA dump: "
+                   "its GPU; see `flint hardware`)"),
     model: str = typer.Option("llama3-8b", help="built-in model when no TARGET is given: a "
                               "zoo/preset name, a model YAML or a Hugging Face config.json"),
     model_config: Optional[str] = typer.Option(None, help="model YAML or HF config.json "
@@ -36,7 +38,8 @@ def extract(
     dims_pos: Optional[str] = typer.Option(None, "--positional", help="model: rope | learned"),
     gemm_precision: Optional[str] = typer.Option(None, help="zoo: GEMM operands bf16 | fp8 "
                                                  "| mxfp8"),
-    scan: bool = typer.Option(True, "--scan/--unroll", help="zoo: layers in lax.scan or not"),
+    scan: Optional[bool] = typer.Option(None, "--scan/--unroll", help="zoo: layers in "
+                                        "lax.scan or not (default: JAX scans; torch unrolls)"),
     layers: Optional[int] = typer.Option(None, help="zoo: override the layer count"),
     seq_len: Optional[int] = typer.Option(None, help="zoo: override the sequence length"),
     batch_per_replica: int = typer.Option(1, help="zoo: sequences per data-parallel replica"),
@@ -56,6 +59,8 @@ def extract(
                                                       "lowering and after each pass"),
     out: Optional[str] = typer.Option(None, help="write the graph as JSON to this file"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="every argument's sharding "
+                                 "(default: the largest and the totals)"),
     framework: str = typer.Option("jax", help="jax | torch (TARGET or --model); a .mlir "
                                   "TARGET is StableHLO"),
     fuse: bool = typer.Option(True, "--fuse/--no-fuse", help="torch: fuse pointwise chains "
@@ -74,10 +79,11 @@ def extract(
         scan=scan, layers=layers, seq_len=seq_len, batch_per_replica=batch_per_replica,
         remat=remat, sequence_parallel=sequence_parallel, dims=dims,
         gemm_precision=gemm_precision, args_fn=args_fn, fuse=fuse, passes=passes)
-    run(lambda: _extract(request, out, as_json, dump_dir, with_estimate, set_))
+    run(lambda: _extract(request, out, as_json, dump_dir, with_estimate, set_, verbose))
 
 
-def _extract(request, out, as_json, dump_dir=None, with_estimate=False, overrides=()):
+def _extract(request, out, as_json, dump_dir=None, with_estimate=False, overrides=(),
+             verbose=False):
     from flint.frontends.request import extract
 
     request.check()
@@ -86,7 +92,7 @@ def _extract(request, out, as_json, dump_dir=None, with_estimate=False, override
         from flint.hardware_models.topology import topology_for
 
         # bad --set values, or a cluster the devices do not fit, fail before compiling
-        topology_for(load_spec(request.hardware, overrides), request.devices)
+        topology_for(load_spec(request.target_hardware, overrides), request.device_count)
     for path in filter(None, (out, dump_dir and os.path.join(dump_dir, "x"))):
         check_output_file(path)
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -114,11 +120,12 @@ def _extract(request, out, as_json, dump_dir=None, with_estimate=False, override
             report["estimate"] = predicted
         print_json(report)
     else:
-        from flint.render import render_estimate, render_summary
+        from flint.render import render_estimate, render_summary, report_console
 
-        render_summary(summary, Console(), timings)
+        console = report_console()
+        render_summary(summary, console, timings, verbose=verbose)
         if predicted is not None:
-            render_estimate(predicted, Console())
+            render_estimate(predicted, console)
         if out:
             err.print(f"wrote {out} ({os.path.getsize(out) / 2**20:.2f} MiB)",
                       markup=False)

@@ -108,6 +108,9 @@ class FlintCompiled:
         from flint.frontends.model_flops import set_model_flops
 
         set_model_flops(graph, self.model_flops)
+        from flint.frontends.program_checks import record_and_warn
+
+        record_and_warn(graph)
         self.timings["graph_s"] = time.perf_counter() - t0
         return graph
 

@@ -8,6 +8,7 @@ validate --model` and the scripts all come through here.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -16,6 +17,8 @@ from flint.errors import FlintError
 from flint.models import REMAT_POLICIES
 
 FRAMEWORKS = ("jax", "torch")
+DEFAULT_DEVICES = 4096
+DEFAULT_HARDWARE = "h100-sxm"
 
 
 @dataclass(frozen=True)
@@ -25,14 +28,16 @@ class ExtractRequest:
     XLA dump (DIR[:MODULE] or an HLO file)."""
 
     target: str | None = None
-    devices: int = 4096
+    # None: what the input says (an XLA dump knows its device count and its GPU), else
+    # DEFAULT_DEVICES / DEFAULT_HARDWARE; a value given overrules a dump's own
+    devices: int | None = None
     mesh: str | None = None             # e.g. "data=512,model=8"; None: the default for it
-    hardware: str = "h100-sxm"          # compile target (flint.frontends.targets)
+    hardware: str | None = None         # hardware spec (its compile target compiles)
     model: str = "llama3-8b"
     framework: str = "jax"              # jax | torch (a .mlir target is StableHLO)
     devices_per_host: int | None = None
     # zoo model options
-    scan: bool = True                   # layers in lax.scan (False: unrolled)
+    scan: bool | None = None            # layers in lax.scan (None: JAX scans, torch unrolls)
     layers: int | None = None
     seq_len: int | None = None
     batch_per_replica: int = 1
@@ -46,6 +51,14 @@ class ExtractRequest:
     fuse: bool = True
     # graph passes run after lowering, e.g. "expand-loops"
     passes: str = ""
+
+    @property
+    def device_count(self) -> int:
+        return DEFAULT_DEVICES if self.devices is None else self.devices
+
+    @property
+    def target_hardware(self) -> str:
+        return DEFAULT_HARDWARE if self.hardware is None else self.hardware
 
     @property
     def is_stablehlo(self) -> bool:
@@ -62,18 +75,23 @@ class ExtractRequest:
         """Bad options fail here, before JAX starts (and configure JAX for compile-only
         devices, which must happen before it starts)."""
         from flint.cluster import check_device_count
-        from flint.frontends.targets import prepare_environment, resolve_target
+        from flint.frontends.targets import (import_jax_quietly, prepare_environment,
+                                             resolve_target)
         from flint.passes import parse_pipeline
 
         if self.framework not in FRAMEWORKS:
             raise FlintError(f"unknown --framework {self.framework!r}; use jax or torch")
-        check_device_count(self.devices)
+        check_device_count(self.device_count)
         if self.remat is not None and self.remat not in REMAT_POLICIES:
             raise FlintError(f"unknown --remat {self.remat!r}; use {' | '.join(REMAT_POLICIES)}")
         if self.devices_per_host is not None and self.devices_per_host < 1:
             raise FlintError(f"--devices-per-host must be at least 1, not {self.devices_per_host}")
+        from flint.frontends.options import check_options
+
+        check_options(self)
         prepare_environment()
-        resolve_target(self.hardware)
+        import_jax_quietly()
+        resolve_target(self.target_hardware)
         parse_pipeline(self.passes)
 
 
@@ -81,43 +99,63 @@ def extract(request: ExtractRequest, stage: Callable[[str], None] | None = None,
             after_pass: Callable | None = None):
     """(graph, timings in seconds) of the request's step, its passes run. `stage(text)`
     hears what is happening; `after_pass(pass_or_None, graph)` sees the lowered graph
-    (None) and the graph after each pass."""
+    (None) and the graph after each pass. Flint's warnings about the program (sharding,
+    precision, gradient reduction) go to stderr as one `flint: warning:` line each and
+    stay in graph.meta."""
     from flint.passes import parse_pipeline, run_pipeline
 
     request.check()
     stage = stage or (lambda text: None)
     t_start = time.perf_counter()
-    if request.framework == "torch" or request.is_stablehlo or request.is_hlo_dump:
-        from flint.frontends.steps import other_frontend_graph
+    with flint_warnings_on_stderr():
+        if request.framework == "torch" or request.is_stablehlo or request.is_hlo_dump:
+            from flint.frontends.steps import other_frontend_graph
 
-        graph, timings = other_frontend_graph(request, stage)
-    else:
-        graph, timings = _jax_graph(request, stage)
+            graph, timings = other_frontend_graph(request, stage)
+        else:
+            graph, timings = _jax_graph(request, stage)
+        if "program_warnings" not in graph.meta:     # dumps and StableHLO
+            from flint.frontends.program_checks import record_and_warn
+
+            record_and_warn(graph)
+    from flint.frontends.training_facts import record_training
+
+    record_training(graph)
     if after_pass is not None:
         after_pass(None, graph)
     graph = run_pipeline(graph, parse_pipeline(request.passes), callback=after_pass)
     return graph, dict(timings, total_s=time.perf_counter() - t_start)
 
 
-def _jax_graph(request: ExtractRequest, stage):
-    from flint.frontends.steps import captured_step
-
-    devices = request.devices
-    step, args, label, info = captured_step(request)
-    stage(f"tracing and lowering {label} for {devices} devices")
+@contextlib.contextmanager
+def flint_warnings_on_stderr():
+    """Flint's own warnings (ShardingWarning, ProgramWarning) as one plain
+    `flint: warning: ...` line each on stderr; any other warning as Python shows it."""
     import sys
     import warnings
 
+    from flint.frontends.program_checks import ProgramWarning
     from flint.frontends.sharding_report import ShardingWarning
 
+    ours = (ShardingWarning, ProgramWarning)
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ShardingWarning)
-        lowered = step.lower(*args)
-    for w in caught:       # Flint's own on one plain line each; others as Python shows them
-        if issubclass(w.category, ShardingWarning):
+        for category in ours:
+            warnings.simplefilter("always", category)
+        yield
+    for w in caught:
+        if issubclass(w.category, ours):
             print(f"flint: warning: {w.message}", file=sys.stderr)
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
+def _jax_graph(request: ExtractRequest, stage):
+    from flint.frontends.steps import captured_step
+
+    step, args, label, info = captured_step(request)
+    devices = step.cfg.devices
+    stage(f"tracing and lowering {label} for {devices} devices")
+    lowered = step.lower(*args)
     stage(f"compiling with XLA for {devices} x {step.cfg.hardware} (no hardware runs)")
     compiled = lowered.compile()
     stage("lowering optimized HLO into the workload graph")
@@ -126,6 +164,11 @@ def _jax_graph(request: ExtractRequest, stage):
     if info.get("model_flops"):
         graph.meta.update(model_flops_per_device=info["model_flops"] / devices,
                           model_flops_source="model config (PaLM appendix B)")
+    if info.get("seq_len"):
+        graph.meta["training"] = {k: info[k] for k in ("seq_len", "global_batch", "layers",
+                                                       "remat") if k in info}
+        graph.meta["training"]["batch_per_replica"] = request.batch_per_replica
+        graph.meta["training"]["gemm_precision"] = request.gemm_precision or "bf16"
     if info.get("experts"):
         graph.meta["moe"] = {k: info[k] for k in ("experts", "top_k", "ep", "capacity_factor")}
     return graph, compiled.timings

@@ -60,8 +60,8 @@ def captured_step(request):
     from flint.cluster import parse_mesh
     from flint.frontends.jax import Captured, capture
 
-    target, devices, mesh, hardware = (request.target, request.devices, request.mesh,
-                                       request.hardware)
+    target, devices, mesh, hardware = (request.target, request.device_count, request.mesh,
+                                       request.target_hardware)
     devices_per_host, model = request.devices_per_host, request.model
     if target is None:
         from flint.models.train import build
@@ -75,21 +75,22 @@ def captured_step(request):
         sequence_parallel = bool(request.sequence_parallel)
         remat = request.remat if request.remat is not None else (
             recipe[1] if recipe else "selective")
-        w = build(model, mesh_t, request.batch_per_replica, request.seq_len, request.scan,
-                  remat, sequence_parallel, request.layers, dims=request.dims or None,
+        scan = True if request.scan is None else request.scan
+        w = build(model, mesh_t, request.batch_per_replica, request.seq_len, scan, remat,
+                  sequence_parallel, request.layers, dims=request.dims or None,
                   gemm_precision=request.gemm_precision)
         step = capture(w.step, devices=devices, mesh=dict(mesh_t), hardware=hardware,
                        in_specs=w.in_specs, out_specs=w.out_specs,
                        donate_argnums=w.donate_argnums, devices_per_host=devices_per_host)
         return step, w.args, w.name, w.info
-    module, fn_name = _load_script(target)
-    fn = getattr(module, fn_name, None)
-    if fn is None or not callable(fn):
-        raise FlintError(f"{target.split(':')[0]} has no function {fn_name!r}")
+    module, fn_name, fn = load_step(target)
     decorated = isinstance(fn, Captured)
+    if decorated:     # the decorator's cluster, unless the request says otherwise
+        devices = request.devices or fn.cfg.devices
+        hardware = request.hardware or fn.cfg.hardware
     mesh_t = parse_mesh(mesh, devices) if mesh or not decorated else tuple(
-        _rescaled_mesh(fn.cfg.mesh, devices).items())
-    args = _example_args(module, request.args_fn, target, mesh_t)
+        rescaled_mesh(fn.cfg.mesh, devices).items())
+    args = example_args(module, request.args_fn, target, mesh_t)
     model_flops = getattr(module, "model_flops", None)
     if decorated:
         step = capture(fn.fn, devices=devices, mesh=dict(mesh_t), hardware=hardware,
@@ -106,7 +107,7 @@ def captured_step(request):
     return step, args, fn_name, {}
 
 
-def _rescaled_mesh(mesh, devices: int) -> dict:
+def rescaled_mesh(mesh, devices: int) -> dict:
     """Keep a decorated step's mesh; when --devices differs, grow its first axis."""
     sizes = dict(mesh)
     total = math.prod(sizes.values())
@@ -119,6 +120,15 @@ def _rescaled_mesh(mesh, devices: int) -> dict:
                          f"axes ({rest} devices); pass --mesh")
     sizes[first] = devices // rest
     return sizes
+
+
+def load_step(target: str):
+    """(module, function name, function) of SCRIPT.py:FUNCTION."""
+    module, fn_name = _load_script(target)
+    fn = getattr(module, fn_name, None)
+    if fn is None or not callable(fn):
+        raise FlintError(f"{target.split(':')[0]} has no function {fn_name!r}")
+    return module, fn_name, fn
 
 
 def _load_script(target: str):
@@ -145,7 +155,7 @@ def _load_script(target: str):
     return module, fn_name
 
 
-def _example_args(module, args_fn: str, target: str, mesh=None) -> tuple:
+def example_args(module, args_fn: str, target: str, mesh=None) -> tuple:
     """The script's example arguments, built inside flint.virtual_mesh (so models that
     annotate shardings at construction build); `example_args(mesh)` gets that
     AbstractMesh (`mesh.shape["data"]`, `mesh.size`), so the batch follows --devices."""
@@ -177,75 +187,34 @@ def _example_args(module, args_fn: str, target: str, mesh=None) -> tuple:
     return tuple(args) if isinstance(args, (tuple, list)) else (args,)
 
 
-def _given(option: str) -> bool:
-    """Was `--option` on the command line (not its default)? A dump knows its own device
-    count; only a count the user typed may overrule it."""
-    from typer._click.globals import get_current_context
-
-    ctx = get_current_context(silent=True)
-    if ctx is None:
-        return True
-    source = ctx.get_parameter_source(option)
-    return source is not None and source.name != "DEFAULT"
-
-
 def other_frontend_graph(request, stage):
-    """(graph, timings) from the PyTorch front end (a zoo twin, or SCRIPT.py:FUNCTION
-    returning a flint.torch.TorchStep) or from a StableHLO file."""
+    """(graph, timings) from the PyTorch front end (a zoo twin, a SCRIPT.py:FUNCTION
+    returning a flint.torch.TorchStep, or a step decorated with flint.capture), from a
+    StableHLO file or from an XLA dump."""
     import time
 
     from flint.cluster import parse_mesh
 
-    target, devices, mesh, hardware = (request.target, request.devices, request.mesh,
-                                       request.hardware)
-    devices_per_host, model, fuse = request.devices_per_host, request.model, request.fuse
+    target, devices, mesh = request.target, request.device_count, request.mesh
+    devices_per_host = request.devices_per_host
     t0 = time.perf_counter()
-    from flint.hlo.dump import is_hlo_target
-
-    if is_hlo_target(target):
+    if request.is_hlo_dump:
         from flint.frontends.hlo_dump import load_dump
 
         stage(f"reading the optimized HLO of {target}")
-        graph = load_dump(target, devices=devices if _given("devices") else None,
-                          mesh=mesh or None,
-                          hardware=hardware if _given("hardware") else None,
-                          devices_per_host=devices_per_host)
+        # a dump knows its device count and GPU: only values the caller gave overrule them
+        graph = load_dump(target, devices=request.devices, mesh=mesh or None,
+                          hardware=request.hardware, devices_per_host=devices_per_host)
         return graph, {"hlo_dump_s": time.perf_counter() - t0}
-    if target is not None and target.endswith((".mlir", ".mlirbc")):
+    if request.is_stablehlo:
         from flint.frontends.stablehlo import load_stablehlo
 
         stage(f"compiling StableHLO {target} for {devices} devices")
         graph = load_stablehlo(target, devices=devices,
                                mesh=parse_mesh(mesh, devices) if mesh else None,
-                               hardware=hardware, devices_per_host=devices_per_host)
+                               hardware=request.target_hardware,
+                               devices_per_host=devices_per_host)
         return graph, {"stablehlo_s": time.perf_counter() - t0}
-    import flint.torch as ft
+    from flint.frontends.torch_steps import torch_graph
 
-    if target is None:
-        stage(f"tracing the torch twin of {model} for rank 0 of {devices} (fake tensors)")
-        graph = ft.zoo(model, devices, parse_mesh(mesh or default_zoo_mesh(devices, model), devices),
-                       batch_per_replica=request.batch_per_replica, seq_len=request.seq_len,
-                       layers=request.layers, hardware=hardware, fuse=fuse,
-                       sequence_parallel=bool(request.sequence_parallel))
-        return graph, dict(graph.meta.pop("timings", {}))
-    module, fn_name = _load_script(target)
-    fn = getattr(module, fn_name, None)
-    if fn is None or not callable(fn):
-        raise FlintError(f"{target.split(':')[0]} has no function {fn_name!r}")
-    try:
-        step = fn()
-    except Exception as e:
-        raise FlintError(f"{fn_name}() failed: {type(e).__name__}: {e}") from None
-    if isinstance(step, dict):
-        step = ft.TorchStep(**step)
-    if not isinstance(step, ft.TorchStep):
-        raise FlintError(f"{fn_name}() must return a flint.torch.TorchStep (or a dict of its "
-                         f"fields), not {type(step).__name__}")
-    stage(f"tracing {fn_name} for rank 0 of {devices} (fake tensors)")
-    from flint.frontends.torch_capture import capture
-
-    captured = capture(step, devices, parse_mesh(mesh, devices), hardware,
-                       devices_per_host or 8)
-    graph = captured.workload(fuse=fuse)
-    graph.meta["model"] = fn_name
-    return graph, captured.timings
+    return torch_graph(request, stage)

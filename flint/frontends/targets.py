@@ -94,6 +94,18 @@ def prepare_environment() -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
+def import_jax_quietly() -> None:
+    """Import JAX with fd 2 captured: its CUDA plugin probes for drivers as it loads and
+    logs "Could not find cuda drivers on your machine" through absl, before Flint has
+    said anything (every front end imports JAX: the zoo, the torch twin's configs)."""
+    import sys
+
+    if "jax" not in sys.modules:
+        prepare_environment()
+        with quiet_native_stderr():
+            import jax  # noqa: F401
+
+
 @contextlib.contextmanager
 def quiet_native_stderr(notes: list | None = None):
     """Capture C++ output on fd 2 (CUDA stub probes, XLA warnings); replay it if we fail.
@@ -156,6 +168,7 @@ def _gpu_topology(hardware: str, hosts: int, per_host: int):
     with quiet_native_stderr():
         from jax.experimental import topologies
 
+        _register_cuda_compiler()
         config = (GPU_TARGETS_DIR / f"{hardware}.pbtxt").read_text()
         try:
             return topologies.get_topology_desc(
@@ -163,6 +176,31 @@ def _gpu_topology(hardware: str, hosts: int, per_host: int):
         except Exception as e:  # the plugin is missing or rejects the target
             raise FlintError(f"cannot create compile-only {hardware} devices: "
                              f"{str(e).splitlines()[0]}") from None
+
+
+def _register_cuda_compiler() -> None:
+    """Make the CUDA plugin's compile-only topologies available when JAX started before
+    Flint could configure it (a script that ran `import jax` and used JAX before `import
+    flint`): the plugin then checked for a CUDA runtime, found none and did not register.
+    Only its topology factory is registered here (the compiler needs no driver); the
+    backends the process already runs are left as they are."""
+    from jax._src import xla_bridge as xb
+
+    xb._discover_and_register_pjrt_plugins()     # as make_pjrt_topology does first
+    if "cuda" in xb._topology_factories:
+        return
+    try:
+        from functools import partial
+
+        from jax._src.lib import xla_client
+        from jax_plugins import xla_cuda12 as plugin
+    except ImportError:
+        return        # no CUDA plugin installed: the caller's error says so
+    path = plugin._get_library_path()
+    if path is None:
+        return
+    c_api = xla_client.load_pjrt_plugin_dynamically("cuda", str(path))
+    xb._topology_factories["cuda"] = partial(xla_client.make_c_api_device_topology, c_api)
 
 
 def torus_shape(count: int, dims: int) -> tuple[int, ...]:

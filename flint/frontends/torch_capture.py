@@ -29,6 +29,9 @@ import torch.distributed as dist
 
 from flint.cluster import Cluster, validate_mesh
 from flint.errors import FlintError
+from flint.frontends.torch_autocast import record_requests
+
+record_requests()   # what each torch.autocast asked for (torch drops it without CUDA)
 
 REGION = "flint::"
 
@@ -64,6 +67,7 @@ class CapturedTorch:
     state: dict = field(default_factory=dict)   # per-rank bytes: flint.frontends.torch_state
     model_flops: float | None = None   # per step, whole cluster (MFU); else from the graph
     timings: dict = field(default_factory=dict)
+    notes: dict = field(default_factory=dict)   # what the capture saw (_capture_notes)
 
     def as_text(self) -> str:
         return str(self.gm.graph)
@@ -81,6 +85,10 @@ class CapturedTorch:
         from flint.frontends.model_flops import set_model_flops
 
         set_model_flops(graph, self.model_flops)
+        graph.meta["capture"] = dict(self.notes)
+        from flint.frontends.program_checks import record_and_warn
+
+        record_and_warn(graph)
         self.timings["graph_s"] = time.perf_counter() - t
         return graph
 
@@ -98,12 +106,34 @@ def fake_world(world_size: int) -> None:
 
 def capture(step: TorchStep, world_size: int, mesh=None,
             hardware: str = "h100-sxm", devices_per_host: int = 8) -> CapturedTorch:
+    """Trace `step` for rank 0 of `world_size` ranks (see the module docstring)."""
+    from flint.frontends.torch_autocast import gpu_autocast, quiet_cuda_autocast_warning
+    from flint.frontends.torch_ddp import DataParallelTracing
+
+    mesh = tuple(mesh) if mesh else (("dp", world_size),)
+    validate_mesh(mesh, world_size)
+    notes: dict = {}
+    with quiet_cuda_autocast_warning(), gpu_autocast(notes), DataParallelTracing() as ddp:
+        gm, model, optimizer, example, timings = _trace(step, world_size, mesh, ddp)
+        notes["ddp"] = ddp.report()
+    cluster = Cluster(world_size, mesh, hardware, "gpu", min(devices_per_host, world_size))
+    from flint.frontends.torch_state import state_bytes
+
+    with example["fake"]:
+        state = state_bytes(model, optimizer, example["inputs"] + example["targets"])
+    captured = CapturedTorch(gm, cluster, _group_ranks(gm), timings=timings, state=state,
+                             model_flops=step.model_flops)
+    captured.notes = _capture_notes(notes, model, example["inputs"])
+    return captured
+
+
+def _trace(step: TorchStep, world_size: int, mesh, ddp):
+    """(graph module, model, optimizer, example tensors, timings) of one steady-state
+    training step, traced under fake tensors."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.device_mesh import init_device_mesh
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    mesh = tuple(mesh) if mesh else (("dp", world_size),)
-    validate_mesh(mesh, world_size)
     timings = {}
     t = time.perf_counter()
     fake_world(world_size)
@@ -113,12 +143,16 @@ def capture(step: TorchStep, world_size: int, mesh=None,
     if step.parallelize is not None:
         try:
             model = step.parallelize(model, device_mesh) or model
+        except FlintError:
+            raise
         except Exception as e:
             raise FlintError(f"the parallelize function raised {type(e).__name__}: "
                              f"{_first_line(e)}") from None
     fake = FakeTensorMode(allow_non_fake_inputs=True)
+    ties = _shared_parameters(model)
     with fake:
         model.to_empty(device="cpu")
+        _retie(model, ties)
         if step.on_materialize is not None:
             step.on_materialize(model, device_mesh)
         inputs = tuple(_fake(x, fake) for x in step.example_inputs)
@@ -143,14 +177,16 @@ def capture(step: TorchStep, world_size: int, mesh=None,
 
     t = time.perf_counter()
     try:
-        if optimizer is not None:
-            # One untraced step first, so the traced one is a steady-state step: optimizer
-            # state exists (no zeros_like initialization) as in every step after the first.
-            with fake, tracker, _quiet(), _compiled_regions_eager():
-                train_step(*inputs, *targets)
+        # One untraced step first, so the traced one is a steady-state step: optimizer
+        # state exists (no zeros_like initialization) as in every step after the first,
+        # and DDP's buckets are the ones it rebuilds after its first iteration.
+        with fake, tracker, _phases(optimizer, ddp.finish_backward), _quiet(), \
+                _compiled_regions_eager():
+            train_step(*inputs, *targets)
         timings["warmup_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        with fake, tracker, _phases(optimizer), _quiet(), _compiled_regions_eager():
+        with fake, tracker, _phases(optimizer, ddp.finish_backward), _quiet(), \
+                _compiled_regions_eager():
             gm = make_fx(train_step)(*inputs, *targets)
     except FlintError:
         raise
@@ -159,13 +195,56 @@ def capture(step: TorchStep, world_size: int, mesh=None,
         raise FlintError(f"the training step failed to trace{where}: {type(e).__name__}: "
                          f"{_first_line(e)}") from None
     timings["trace_s"] = time.perf_counter() - t
-    cluster = Cluster(world_size, mesh, hardware, "gpu", min(devices_per_host, world_size))
-    from flint.frontends.torch_state import state_bytes
+    return gm, model, optimizer, {"fake": fake, "inputs": inputs, "targets": targets}, timings
 
-    with fake:
-        state = state_bytes(model, optimizer, inputs + targets)
-    return CapturedTorch(gm, cluster, _group_ranks(gm), timings=timings, state=state,
-                         model_flops=step.model_flops)
+
+def _shared_parameters(model) -> list[list[tuple]]:
+    """Parameters held by several modules (tied embedding and LM head): each as its
+    (module, attribute) holders. Materializing (`to_empty`) gives each holder its own
+    tensor, which would count a tied weight twice in memory, gradients and optimizer."""
+    holders: dict[int, list[tuple]] = {}
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                holders.setdefault(id(p), []).append((module, name))
+    return [h for h in holders.values() if len(h) > 1]
+
+
+def _retie(model, ties) -> None:
+    for holders in ties:
+        first_module, first_name = holders[0]
+        shared = first_module._parameters[first_name]
+        for module, name in holders[1:]:
+            module._parameters[name] = shared
+
+
+def _capture_notes(notes: dict, model, inputs) -> dict:
+    """Facts of the capture for the report and the checks: autocast regions entered,
+    FSDP2 mixed precision, DDP buckets, the batch and sequence of one rank's inputs."""
+    out = {"autocast": sorted(f"{d}:{t.replace('torch.', '')}"
+                              for d, t in notes.get("autocast", ()))}
+    low = {torch.bfloat16, torch.float16}
+    policies = set()
+    for module in model.modules():
+        state = getattr(module, "_get_fsdp_state", None)
+        policy = None
+        if state is not None:
+            try:
+                policy = state()._mp_policy
+            except Exception:  # noqa: BLE001 - not an FSDP2 module after all
+                policy = None
+        if policy is not None and policy.param_dtype in low:
+            policies.add(str(policy.param_dtype).replace("torch.", ""))
+    out["fsdp_param_dtype"] = sorted(policies)
+    out["low_precision_parameters"] = any(p.dtype in low for p in model.parameters())
+    if notes.get("ddp"):
+        out["ddp"] = notes["ddp"]
+    tokens = next((x for x in inputs if isinstance(x, torch.Tensor) and x.dim() >= 1), None)
+    if tokens is not None:
+        out["batch_per_rank"] = int(tokens.shape[0])
+        if tokens.dim() == 2 and not tokens.is_floating_point():
+            out["seq_len"] = int(tokens.shape[1])     # token ids: [batch, sequence]
+    return out
 
 
 def _build(model):
@@ -262,15 +341,19 @@ def _quiet():
 
 
 @contextlib.contextmanager
-def _phases(optimizer):
+def _phases(optimizer, after_backward=None):
     """`flint::backward` around every autograd backward call and `flint::optimizer` around
-    optimizer steps, whoever makes them (Flint's step or the user's)."""
+    optimizer steps, whoever makes them (Flint's step or the user's); `after_backward()`
+    runs at the end of each backward, inside its range (DDP's finalization)."""
     original = torch.autograd.backward
     hooks = []
 
     def backward(*a, **k):
         with _region("backward"):
-            return original(*a, **k)
+            out = original(*a, **k)
+            if after_backward is not None:
+                after_backward()
+            return out
 
     torch.autograd.backward = backward
     if optimizer is not None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from flint.frontends.sharding_report import NOT_DATA_DIMS
+
 
 def local_bytes(t) -> int:
     """Bytes this rank stores for a tensor (its local shard for a DTensor)."""
@@ -71,10 +73,6 @@ def _data_sharded(t) -> bool:
     return any(isinstance(p, Shard) and i < len(names) and names[i] not in NOT_DATA_DIMS
                for i, p in enumerate(placements))
 
-
-# Mesh dimensions that split the model, not the batch (flint.models.torch_decoder.TP_AXES,
-# torchtitan's tp/cp/ep)
-NOT_DATA_DIMS = ("tp", "model", "tensor", "sp", "cp", "context", "ep", "expert")
 
 
 def record_state(graph, state: dict) -> None:

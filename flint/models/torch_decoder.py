@@ -2,8 +2,10 @@
 
 Attention is SDPA's fused kernel (one aten node forward, one backward), as the JAX twin's
 is one flash-attention node; `attention="xla"` writes it as the JAX twin's unfused
-reference does (grouped-query matmuls over the full sequence, softmax in float32). Parameters are float32 and compute runs in
-bfloat16 under autocast, like the JAX twin's casts.
+reference does (grouped-query matmuls over the full sequence, softmax in float32).
+Parameters are float32 and compute runs in bfloat16 under `torch.autocast("cuda")`, as it
+would on the GPU (Flint traces CUDA's autocast policy on its CPU fake tensors). Layers
+recompute activations by the same policies as the JAX twin (`remat`).
 
 `parallelize(model, mesh, ...)` applies Megatron TP with DTensor (column-parallel
 wq/wk/wv/w_up/w_gate, row-parallel wo/w_down, vocab-parallel embedding and LM head with a
@@ -20,6 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from flint.models.decoder import DecoderConfig
 
@@ -66,7 +69,10 @@ class Attention(nn.Module):
             # repeated to the query heads as torchtitan's repeat_kv does
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
             k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if self.cfg.remat == "selective":     # the core re-runs in the backward
+                out = checkpoint(_causal_sdpa, q, k, v, use_reentrant=False)
+            else:
+                out = _causal_sdpa(q, k, v)
             return self.wo(out.transpose(1, 2).reshape(b, s, -1))
         kv = k.shape[2]
         q = q.view(b, s, kv, group, hd).permute(0, 2, 3, 1, 4).reshape(b, kv, group * s, hd)
@@ -77,6 +83,10 @@ class Attention(nn.Module):
         out = torch.matmul(probs, v.permute(0, 2, 1, 3))              # b, kv, g*s, hd
         out = out.view(b, kv, group, s, hd).permute(0, 3, 1, 2, 4).reshape(b, s, -1)
         return self.wo(out)
+
+
+def _causal_sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 def _rope(x, cos, sin):
@@ -152,19 +162,51 @@ class Decoder(nn.Module):
             freqs = 500000.0 ** (-torch.arange(half, dtype=torch.float32, device=tokens.device) / half)
             ang = torch.arange(s, dtype=torch.float32, device=tokens.device)[:, None] * freqs[None]
             cos, sin = ang.cos(), ang.sin()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
             for layer in self.layers:
-                x = layer(x, cos, sin)
+                x = _remat(layer, self.cfg.remat, x, cos, sin)
             x = self.final_norm(x)
             return self.lm_head(x).float()
 
 
-def config(name, **overrides) -> DecoderConfig:
-    """A zoo/preset name, model YAML / HF config.json path, mapping of dims or config."""
+def _remat(layer, policy: str, x, cos, sin):
+    """One decoder layer under an activation-recompute policy (flint.models.REMAT_POLICIES,
+    as the JAX twin applies them with jax.checkpoint): `full` keeps only the layer's input
+    and re-runs the layer in the backward; `dots` keeps the GEMM and attention outputs and
+    re-runs the rest (torch's selective activation checkpointing); `selective` re-runs only
+    the attention core (Attention.forward); `none` keeps everything."""
+    if policy == "full":
+        return checkpoint(layer, x, cos, sin, use_reentrant=False)
+    if policy == "dots":
+        from functools import partial
+
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        return checkpoint(layer, x, cos, sin, use_reentrant=False,
+                          context_fn=partial(create_selective_checkpoint_contexts, _save_dots))
+    return layer(x, cos, sin)
+
+
+# What `dots` keeps: the outputs of matmuls and of the fused attention kernels.
+_DOTS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention_for_cpu",
+         "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+         "_scaled_dot_product_cudnn_attention")
+
+
+def _save_dots(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    name = getattr(op, "__name__", str(op)).split(".")[0]
+    return CheckpointPolicy.MUST_SAVE if name in _DOTS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def config(name, dims: dict | None = None, **overrides) -> DecoderConfig:
+    """A zoo/preset name, model YAML / HF config.json path, mapping of dims or config,
+    with `dims` (user keys: layers, hidden, heads, ..., flint.models.describe) applied."""
     from flint.models.describe import resolve_model
 
-    return resolve_model(name).with_(scan=False, **{k: v for k, v in overrides.items()
-                                                    if v is not None})
+    return resolve_model(name, dims).with_(scan=False, **{k: v for k, v in overrides.items()
+                                                          if v is not None})
 
 
 def cross_entropy(logits, targets):
@@ -277,11 +319,17 @@ def step_context(model):
 
 
 def zoo_step(name: str, batch_per_replica: int = 1, seq_len: int | None = None,
-             layers: int | None = None, optimizer="adamw", sequence_parallel: bool = False):
+             layers: int | None = None, optimizer="adamw", sequence_parallel: bool = False,
+             remat: str = "none", dims: dict | None = None):
     """The TorchStep of a zoo twin and its config (tokens are one rank's batch)."""
     from flint.frontends.torch_capture import TorchStep
+    from flint.models import REMAT_POLICIES
 
-    cfg = config(name, seq_len=seq_len, n_layers=layers)
+    if remat not in REMAT_POLICIES:
+        from flint.errors import FlintError
+
+        raise FlintError(f"unknown remat policy {remat!r}; use {' | '.join(REMAT_POLICIES)}")
+    cfg = config(name, dims, seq_len=seq_len, n_layers=layers, remat=remat)
     tokens = torch.empty(batch_per_replica, cfg.seq_len, dtype=torch.long, device="meta")
     def par(model, mesh):
         return parallelize(model, mesh, sequence_parallel)

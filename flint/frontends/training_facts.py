@@ -1,0 +1,35 @@
+"""The sequence length and batch a graph was extracted at, stated with every report
+(`graph.meta["training"]`): a step time means nothing without them.
+
+Flint's zoo records what it built; a user's torch step, the shape of one rank's token
+ids ([batch, sequence] integers) times the data-parallel ways; a user's JAX step, the
+shape of its batch-like integer argument ([global batch, sequence]). Where no such input
+exists, the report says so rather than guess.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+from flint.frontends.sharding_report import _BATCH_KEY, NOT_DATA_DIMS
+
+_INT_SHAPE = re.compile(r"^[su](8|16|32|64)\[(\d+),(\d+)\]$")
+
+
+def record_training(graph) -> None:
+    meta = graph.meta
+    if meta.get("training"):
+        return
+    capture = meta.get("capture") or {}
+    if "seq_len" in capture:
+        dp = math.prod(s for a, s in graph.cluster.mesh if a not in NOT_DATA_DIMS)
+        per_rank = capture["batch_per_rank"]
+        meta["training"] = {"seq_len": capture["seq_len"], "batch_per_replica": per_rank,
+                            "global_batch": per_rank * dp, "source": "one rank's token ids"}
+        return
+    for name, shape, *_ in meta.get("arguments_sharding") or []:
+        m = _INT_SHAPE.match(shape)
+        if m and any(_BATCH_KEY.match(p) for p in name.split("/")):
+            meta["training"] = {"seq_len": int(m.group(3)), "global_batch": int(m.group(2)),
+                                "source": f"argument {name}"}
+            return
