@@ -1,37 +1,62 @@
-"""NCCL's protocol regimes: latency per algorithm step and bandwidth per protocol.
+"""NCCL's algorithms and protocols: latency per step and bandwidth per protocol.
 
-NCCL moves data with three protocols and picks, per collective and size, the one its tuning
-model predicts fastest (time = base latency + steps x per-hop latency + bytes / bandwidth):
+NCCL picks, per collective and size, the (algorithm, protocol) its tuning model predicts
+fastest: time = base latency + steps x per-step latency + bytes / bandwidth. Protocols:
 - LL: 8-byte stores carrying 4 bytes of data and a 4-byte flag, no fences: lowest latency,
-  a quarter of the link's bus bandwidth (a third for single-node all-gather/reduce-scatter),
-  capped per GPU architecture;
+  half of the link's bus bandwidth, capped per GPU architecture;
 - LL128: 128-byte lines with 120 bytes of data: 0.92 of the bandwidth, medium latency;
 - Simple: full bandwidth, the highest latency (fences and chunked handshakes).
-The figures below are NCCL's own tuning constants (NVIDIA/nccl, src/graph/tuning.cc,
-releases 2.19-2.21: `baseLat`, `hwLat`, `llMaxBws`, and the LL/LL128 bandwidth factors),
-in microseconds and GB/s. Links: NVLink (NVSwitch inside a node), PCIe, network (NIC).
+Algorithms: ring; tree (NCCL's double binary tree across nodes, a chain inside each);
+NVLS (NVLink SHARP: the NVSwitch reduces and multicasts, Hopper and later NVSwitch
+systems) and NVLS-tree (NVLS inside each node, a tree across nodes).
+
+The constants are NCCL's own tuning constants (NVIDIA/nccl src/graph/tuning.cc, release
+2.28: `baseLatencies`, `hwLatencies`, `llMaxBws`, `nvlsEfficiency`, the LL/LL128/tree
+bandwidth factors and the multi-node ring "plateau" latency factor), in microseconds and
+GB/s. Links: NVLink (NVSwitch inside a node), PCIe, network (NIC).
 """
 from __future__ import annotations
 
+import math
+
 PROTOCOLS = ("LL", "LL128", "Simple")
-# Base latency per collective launch (us), by algorithm and protocol.
+# Base latency per collective launch (us), by algorithm and protocol (tuning.cc
+# baseLatencies; NVLS and NVLS-tree have none: their whole latency is the per-link one).
 BASE_LATENCY_US = {
     "ring": {"LL": 6.6, "LL128": 14.0, "Simple": 8.4},
     "tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4},
+    "nvls": {"Simple": 0.0},
+    "nvls_tree": {"Simple": 0.0},
 }
-# Latency per algorithm step (us), by link, algorithm and protocol.
+# Latency per algorithm step (us), by link, algorithm and protocol (tuning.cc
+# hwLatencies). NVLS's entry is its whole latency inside a node.
 HOP_LATENCY_US = {
     "nvlink": {"ring": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4},
-               "tree": {"LL": 0.6, "LL128": 1.25, "Simple": 4.0}},
+               "tree": {"LL": 0.6, "LL128": 1.25, "Simple": 4.0},
+               "nvls": {"Simple": 25.0}, "nvls_tree": {"Simple": 25.0}},
     "pci": {"ring": {"LL": 1.0, "LL128": 2.5, "Simple": 5.7},
             "tree": {"LL": 1.0, "LL128": 1.9, "Simple": 4.0}},
     "net": {"ring": {"LL": 2.7, "LL128": 4.0, "Simple": 14.0},
-            "tree": {"LL": 5.0, "LL128": 8.5, "Simple": 14.0}},
+            "tree": {"LL": 5.0, "LL128": 8.5, "Simple": 14.0},
+            "nvls": {"Simple": 18.0}, "nvls_tree": {"Simple": 14.0}},
 }
+# Inter-node rings pay the host's network post overhead on every step (tuning.cc
+# getNetOverhead: 1 us on Intel hosts, 2 us on AMD; three posts per Simple step).
+NET_OVERHEAD_US = 1.0
+# Multi-node ring Simple all-reduce: NCCL scales its latency by 1.4 on sm80+ ("plateau
+# effect of ring", tuning.cc ncclTopoGetAlgoTime).
+RING_PLATEAU = 1.4
 # LL's bandwidth ceiling (GB/s) by architecture, for 1 node / 2 nodes / more.
 LL_MAX_BW_GBS = {"volta": (39.0, 39.0, 20.4), "ampere": (87.7, 22.5, 19.0),
                  "hopper": (141.0, 45.0, 35.0), "blackwell": (282.0, 90.0, 70.0)}
-LL128_BANDWIDTH = 0.92
+LL_SHARE = 0.5                   # ring LL: half the bus bandwidth (tuning.cc, 2.23+)
+LL128_BANDWIDTH = 0.92           # 120 of 128 bytes of a line are data, as measured
+TREE_BANDWIDTH = 0.92            # tree Simple (tuning.cc)
+TREE_LL_SHARE = 1.0 / 3.8        # tree LL
+TREE_LL128 = {True: 7.0 / 9.0, False: 120.0 / 128.0}   # tree LL128: one node / several
+# NVLS bandwidth on the NVLink bandwidth NCCL sees (tuning.cc nvlsEfficiency): Hopper
+# 0.85, Blackwell 0.74; no NVLS before Hopper.
+NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
 ARCH_BY_PREFIX = (("a100", "ampere"), ("a10", "ampere"), ("v100", "volta"), ("h100", "hopper"),
                   ("h200", "hopper"), ("gh200", "hopper"), ("b200", "blackwell"),
                   ("b300", "blackwell"), ("gb200", "blackwell"), ("gb300", "blackwell"))
@@ -46,31 +71,74 @@ def architecture(spec_name: str) -> str:
 
 
 def protocol_bandwidth(protocol: str, bus_bw: float, arch: str, nodes: int,
-                       all_reduce: bool) -> float:
-    """Bytes/s a protocol sustains on a level whose Simple bus bandwidth is `bus_bw`."""
+                       algorithm: str = "ring") -> float:
+    """Bytes/s a protocol sustains where Simple sustains `bus_bw`."""
+    if algorithm == "tree":
+        if protocol == "Simple":
+            return bus_bw * TREE_BANDWIDTH
+        if protocol == "LL128":
+            return bus_bw * TREE_BANDWIDTH * TREE_LL128[nodes <= 1]
+        return min(_ll_cap(arch, nodes), bus_bw * TREE_BANDWIDTH * TREE_LL_SHARE)
     if protocol == "Simple":
         return bus_bw
     if protocol == "LL128":
         return bus_bw * LL128_BANDWIDTH
-    cap = LL_MAX_BW_GBS.get(arch, LL_MAX_BW_GBS["hopper"])[min(max(nodes, 1), 3) - 1] * 1e9
-    share = 0.25 if (all_reduce or nodes > 1) else 1.0 / 3.0
-    return min(cap, bus_bw * share)
+    return min(_ll_cap(arch, nodes), bus_bw * LL_SHARE)
+
+
+def _ll_cap(arch: str, nodes: int) -> float:
+    return LL_MAX_BW_GBS.get(arch, LL_MAX_BW_GBS["hopper"])[min(max(nodes, 1), 3) - 1] * 1e9
 
 
 def collective_time(bus_bytes: float, steps: int, bus_bw: float, link: str, algorithm: str,
                     arch: str, nodes: int, all_reduce: bool, protocol: str = "auto",
-                    hop_latency_s: float | None = None, launch: bool = True) -> float:
-    """Seconds for one algorithm phase: the fastest protocol (or the one given).
-    `hop_latency_s` replaces NCCL's per-step latency (a what-if latency of the level);
-    `launch=False` leaves out the base latency (an operation inside an NCCL group whose
-    launch another member pays)."""
+                    hop_latency_s: float | None = None, launch: bool = True,
+                    inter_steps: int = 0, net_hop_s: float | None = None) -> float:
+    """Seconds for one ring or tree phase: the fastest protocol (or the one given).
+    `steps` algorithm steps, of which `inter_steps` cross the network (NCCL's nInterSteps)
+    and the rest run on `link`; `hop_latency_s` / `net_hop_s` replace NCCL's per-step
+    latency of either (a latency the spec or a what-if states); `launch=False` leaves out
+    the base latency (an operation inside an NCCL group whose launch another member pays)."""
     algo = "tree" if algorithm == "tree" else "ring"
     best = float("inf")
     for proto in PROTOCOLS if protocol == "auto" else (protocol,):
-        hop = (HOP_LATENCY_US[link][algo][proto] * 1e-6 if hop_latency_s is None
-               else hop_latency_s)
-        bw = protocol_bandwidth(proto, bus_bw, arch, nodes, all_reduce)
-        base = BASE_LATENCY_US[algo][proto] * 1e-6 if launch else 0.0
-        t = base + steps * hop + (bus_bytes / bw if bw else 0.0)
-        best = min(best, t)
+        intra = (HOP_LATENCY_US[link][algo][proto] * 1e-6 if hop_latency_s is None
+                 else hop_latency_s)
+        inter = (HOP_LATENCY_US["net"][algo][proto] * 1e-6 if net_hop_s is None
+                 else net_hop_s)
+        if nodes > 1 and algo == "ring" and hop_latency_s is None:
+            posts = 3 if proto == "Simple" else 1
+            intra = max(intra, posts * NET_OVERHEAD_US * 1e-6)
+        latency = (BASE_LATENCY_US[algo][proto] * 1e-6 if launch else 0.0) \
+            + (steps - inter_steps) * intra + inter_steps * inter
+        if algo == "ring" and proto == "Simple" and nodes > 1 and all_reduce:
+            latency *= RING_PLATEAU
+        bw = protocol_bandwidth(proto, bus_bw, arch, nodes, algo)
+        best = min(best, latency + (bus_bytes / bw if bw else 0.0))
     return best
+
+
+def nvls_bandwidth(up_bw: float, arch: str, ranks: int) -> float:
+    """Algorithm bandwidth (bytes/s of the buffer) of an NVLS all-reduce among `ranks`
+    GPUs of one NVSwitch domain whose NVLink sustains `up_bw`: NCCL's NVLS efficiency on
+    it, times (p-1)/p (the switch reduces the p contributions of every element; NCCL's
+    maintainers measure 258 GB/s at 5 H100s rising to 273 GB/s at 8, NVIDIA/nccl issue
+    1455, and state ~275 GB/s for 8, NVIDIA/nccl-tests issue 212). 0 where there is none."""
+    eff = NVLS_EFFICIENCY.get(arch, 0.0)
+    return up_bw * eff * (ranks - 1) / ranks if ranks > 1 else 0.0
+
+
+def nvls_time(size: float, algbw: float, nodes: int = 1,
+              net_hop_s: float | None = None) -> float:
+    """NVLS all-reduce of `size` bytes (nodes > 1: NVLS-tree, log2(nodes) tree levels up
+    and down across nodes), Simple protocol only."""
+    if algbw <= 0:
+        return float("inf")
+    if nodes <= 1:
+        latency = HOP_LATENCY_US["nvlink"]["nvls"]["Simple"] * 1e-6
+    else:
+        net = (HOP_LATENCY_US["net"]["nvls_tree"]["Simple"] * 1e-6 if net_hop_s is None
+               else net_hop_s)
+        latency = HOP_LATENCY_US["nvlink"]["nvls_tree"]["Simple"] * 1e-6 \
+            + 2 * math.ceil(math.log2(nodes)) * net
+    return latency + size / algbw

@@ -2,17 +2,20 @@
 NVSwitch, Infinity Fabric, or TPU ICI torus dimensions) and a scale-out level (InfiniBand/
 RoCE NICs through a fat-tree whose spine may be oversubscribed, or TPU DCN between slices).
 
-A communicator's groups are placed on the levels they span. Alpha-beta per level;
-algorithms: ring, double binary tree, hierarchical (reduce-scatter inside each domain, the
-inter-domain collective on 1/m of the data, all-gather inside), PAT for all-gather and
-reduce-scatter with one rank per node, and direct all-to-all. On a
+A communicator's groups are placed on the levels they span (p ranks, m in each of k
+domains). On GPUs the algorithms are NCCL's (_nccl_options): ring (the node's m NICs and
+its NVLink carry the ring at once), double binary tree across nodes, NVLS / NVLS-tree
+where the switches reduce, PAT for all-gather and reduce-scatter with one rank per node,
+and direct all-to-all or DeepEP's hierarchical one; each phase is priced as NCCL's tuner
+prices it (nccl.py): base latency, per-step latency of the link class (NVLink, PCIe,
+network) and bandwidth of the protocol (LL, LL128, Simple), taking the fastest protocol
+unless one is given (as NCCL_PROTO does). `auto` takes the fastest algorithm, as NCCL's
+tuner does; `hierarchical` (reduce-scatter inside each domain, the inter-domain collective
+on 1/m of the data, all-gather inside) is a what-if. Elsewhere alpha-beta per level; on a
 torus the in-slice part runs dimension by dimension, each over the links of that dimension
-(both directions when the dimension wraps). `auto` takes the fastest, as NCCL's tuner does.
+(both directions when the dimension wraps).
 Sizes follow nccl-tests: S is the all-reduce buffer, the all-gather output, the
 reduce-scatter input (its "size" column), so ring all-reduce time is 2(p-1)/p x S / busBW.
-On GPUs each phase is priced as NCCL's tuner prices it (nccl.py): base latency, per-step
-latency of the link class (NVLink, PCIe, network) and bandwidth of the protocol (LL, LL128,
-Simple), taking the fastest protocol unless one is given (as NCCL_PROTO does).
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from flint.hardware_models import nccl
 from flint.hardware_models.spec import HardwareSpec
 from flint.hardware_models.topology import Placement, Topology, place, topology_for
 
-ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "pat", "direct")
+ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "pat", "direct", "nvls")
 PROTOCOLS = ("auto",) + nccl.PROTOCOLS
 # Bus bandwidth NCCL sustains as a share of the link rate, for large messages (calibration
 # refits them): nccl-tests all-reduce on DGX A100 reports ~230-240 GB/s bus bandwidth of the
@@ -83,15 +86,18 @@ class NetworkModel:
         return self.spec.kind == "gpu" and not self.topology.is_torus
 
     def phase(self, bus_bytes: float, steps: int, level: Level, algorithm: str = "ring",
-              nodes: int = 1, all_reduce: bool = False, launch: bool = True) -> float:
-        """One algorithm phase: `bus_bytes` per rank over `steps` hops on `level`."""
+              nodes: int = 1, all_reduce: bool = False, launch: bool = True,
+              inter_steps: int = 0) -> float:
+        """One algorithm phase: `bus_bytes` per rank over `steps` hops on `level`, of
+        which `inter_steps` cross the network (NCCL's latency class of those steps)."""
         if self.latency_free:
             return bus_bytes / level.bandwidth
         if not self.nccl:
             return bus_bytes / level.bandwidth + steps * level.latency
         return nccl.collective_time(bus_bytes, steps, level.bandwidth, level.link, algorithm,
                                     nccl.architecture(self.spec.name), nodes, all_reduce,
-                                    self.protocol, level.hop_override, launch)
+                                    self.protocol, level.hop_override, launch, inter_steps,
+                                    self._given("nic_latency"))
 
     @property
     def torus_link(self) -> Level:
@@ -134,17 +140,16 @@ class NetworkModel:
     def _options(self, kind: str, s: float, pl: Placement, top_k: int = 0,
                  skew: float = 1.0) -> dict[str, float]:
         p, k, m = pl.size, pl.domains, pl.per_domain
-        up, out = self.up, self.out(pl.leaves)
-        flat = up if k == 1 else out  # a flat ring is as fast as its slowest link
         if k == 1 and self.topology.is_torus:
             return self._torus_options(kind, s, pl)
+        if self.nccl and kind in ("all-reduce", "all-gather", "reduce-scatter"):
+            return self._nccl_options(kind, s, pl)
+        up, out = self.up, self.out(pl.leaves)
+        flat = up if k == 1 else out  # a flat ring is as fast as its slowest link
         log_p = math.ceil(math.log2(p))
         if kind == "all-reduce":
-            opts = {"ring": self.phase(2 * (p - 1) / p * s, 2 * (p - 1), flat, "ring", k, True)}
-            if k > 1 or not self.nccl:
-                # NCCL's trees span nodes (a chain inside each); inside one NVLink domain
-                # its tuner runs rings.
-                opts["tree"] = self.phase(2 * s, 2 * log_p, flat, "tree", k, True)
+            opts = {"ring": self.phase(2 * (p - 1) / p * s, 2 * (p - 1), flat, "ring", k, True),
+                    "tree": self.phase(2 * s, 2 * log_p, flat, "tree", k, True)}
             if k > 1 and m > 1:
                 opts["hierarchical"] = (2 * self._intra("reduce-scatter", s, pl)
                                         + self.phase(2 * (k - 1) / k * (s / m), 2 * (k - 1),
@@ -152,10 +157,6 @@ class NetworkModel:
             return opts
         if kind in ("all-gather", "reduce-scatter"):
             opts = {"ring": self.phase((p - 1) / p * s, p - 1, flat, "ring", k)}
-            if k > 1 and m == 1:
-                # PAT (Parallel Aggregated Trees; Jeaugey, arXiv:2506.20252, NCCL >= 2.23):
-                # one rank per node, the ring's bandwidth with a logarithmic number of steps.
-                opts["pat"] = self.phase((p - 1) / p * s, log_p, flat, "ring", k)
             if k > 1 and m > 1:
                 opts["hierarchical"] = (self._intra(kind, s, pl)
                                         + self.phase((k - 1) / k * (s / m), k - 1, out, "ring", k))
@@ -169,6 +170,72 @@ class NetworkModel:
             return opts
         # collective-broadcast and anything else: a pipelined chain
         return {"ring": self.phase(s, log_p, flat, "ring", k)}
+
+    def _nccl_options(self, kind: str, s: float, pl: Placement) -> dict[str, float]:
+        """NCCL's algorithms for a group of p ranks, m in each of k NVLink domains (nodes).
+
+        Rings: every channel's ring runs through each node once, entering and leaving by
+        a NIC; NCCL stripes its channels over the NICs of the ranks it holds in a node, so
+        a node's network carries the ring's bus bytes over m NICs at once while its NVLink
+        carries them too: the bus bandwidth is min(NVLink, m x NIC) (nccl-tests multi-node
+        busBw approaches the node's NIC total: NVIDIA/nccl-tests issue 119, 4x HDR per node
+        -> ~85-96 GB/s; issue 290, 46-48 GB/s per NDR NIC).
+        Trees (all-reduce across nodes): NCCL's double binary tree, a chain inside each
+        node; a chain moves the buffer twice over each NVLink direction (reduce up,
+        broadcast down) and a node's NICs carry it once each way on two nodes (each node
+        roots one of the two trees) and twice beyond (an inner node of one tree has two
+        children): tree bandwidth min(NVLink / 2, m x NIC / (1 or 2)).
+        NVLS (switch_reduction: nvls): the NVSwitch reduces and multicasts inside a node
+        (nccl.nvls_bandwidth); across nodes NVLS-tree, NVLS inside and a tree between.
+        Hierarchical (reduce-scatter inside, the network part on 1/m, all-gather inside,
+        one after the other) is not one of NCCL's algorithms: offered only when asked for
+        (`algorithm="hierarchical"`), so that `auto` chooses as NCCL's tuner does."""
+        p, k, m = pl.size, pl.domains, pl.per_domain
+        up, out = self.up, self.out(pl.leaves)
+        arch = nccl.architecture(self.spec.name)
+        ring_bw = up.bandwidth if k == 1 else min(up.bandwidth, m * out.bandwidth) \
+            if m > 1 else out.bandwidth
+        ring_level = Level(ring_bw, up.latency, up.link if k == 1 or m > 1 else "net",
+                           up.hop_override if k == 1 or m > 1 else out.hop_override)
+        log_k = math.ceil(math.log2(k)) if k > 1 else 0
+        if kind != "all-reduce":
+            opts = {"ring": self.phase((p - 1) / p * s, p - 1, ring_level, "ring", k,
+                                       inter_steps=k - 1 if m > 1 else 0)}
+            if k > 1 and m == 1:
+                # PAT (Parallel Aggregated Trees; Jeaugey, arXiv:2506.20252, NCCL >= 2.23):
+                # one rank per node, the ring's bandwidth with a logarithmic number of steps.
+                opts["pat"] = self.phase((p - 1) / p * s, log_k, ring_level, "ring", k)
+            if k > 1 and m > 1 and self.algorithm == "hierarchical":
+                opts["hierarchical"] = (self._intra(kind, s, pl)
+                                        + self.phase((k - 1) / k * (s / m), k - 1, out,
+                                                     "ring", k))
+            return opts
+        opts = {"ring": self.phase(2 * (p - 1) / p * s, 2 * (p - 1), ring_level, "ring", k,
+                                   True, inter_steps=2 * (k - 1) if m > 1 else 0)}
+        nvls = (self.spec.switch_reduction == "nvls" and self.spec.scale_up_link == "nvlink"
+                and m > 1)
+        if k > 1:
+            network = m * out.bandwidth / (1.0 if k == 2 else 2.0)
+            chain = up.bandwidth / 2 if m > 1 else float("inf")
+            tree = Level(min(chain, network), up.latency, up.link if m > 1 else "net",
+                         up.hop_override if m > 1 else out.hop_override)
+            opts["tree"] = self.phase(s, 2 * (m - 1) + 2 * log_k, tree, "tree", k, True,
+                                      inter_steps=2 * log_k)
+            if nvls:
+                algbw = min(nccl.nvls_bandwidth(up.bandwidth, arch, m), network)
+                opts["nvls"] = self._nvls(s, algbw, k, out)
+            if m > 1 and self.algorithm == "hierarchical":
+                opts["hierarchical"] = (2 * self._intra("reduce-scatter", s, pl)
+                                        + self.phase(2 * (k - 1) / k * (s / m), 2 * (k - 1),
+                                                     out, "ring", k, True))
+        elif nvls:
+            opts["nvls"] = self._nvls(s, nccl.nvls_bandwidth(up.bandwidth, arch, p), 1, out)
+        return opts
+
+    def _nvls(self, s: float, algbw: float, nodes: int, out: Level) -> float:
+        if self.latency_free:
+            return s / algbw if algbw else float("inf")
+        return nccl.nvls_time(s, algbw, nodes, out.hop_override)
 
     def _hierarchical_all_to_all(self, s: float, pl: Placement, top_k: int,
                                  skew: float = 1.0) -> float:

@@ -40,8 +40,9 @@ FIELDS = {
 }
 # Figures that are words, not quantities: the fabric's name and a TPU slice shape
 # (`--set torus=4x4x8` picks the slice; the spec's `system.torus` is the largest one).
-TEXT_FIELDS = ("fabric", "torus", "scale_up_link")
+TEXT_FIELDS = ("fabric", "torus", "scale_up_link", "switch_reduction")
 SCALE_UP_LINKS = ("nvlink", "pci")
+SWITCH_REDUCTIONS = ("nvls", "none")   # NVLink SHARP in the NVSwitch, or no reduction
 # Latencies used when no public figure exists (documented modelling assumptions, replaced
 # by calibration): NCCL's base latency per step is a few microseconds on NVLink and
 # InfiniBand alike.
@@ -76,6 +77,7 @@ class HardwareSpec:
     leaf_group: int = 0              # devices per non-blocking leaf group; 0 = whole fabric
     fabric: str = "fat-tree"
     scale_up_link: str = "nvlink"    # nvlink | pci: which NCCL latency class the level has
+    switch_reduction: str = "none"   # nvls: the scale-up switches reduce (NVLink SHARP)
     torus: str = ""                  # largest ICI slice, e.g. 16x16x24; "" if switched
     torus_slice: str = ""            # the slice a job uses (what-if); "" = most cubic fit
     # the compile-only target programs for this spec compile for ("" = none: a spec with
@@ -155,6 +157,7 @@ def spec_from_doc(doc: dict, where: str) -> HardwareSpec:
                         model=str(doc.get("model", "")), peak_flops=peaks,
                         fabric=str(system.get("fabric", "fat-tree")),
                         scale_up_link=_scale_up_link(doc, where),
+                        switch_reduction=_switch_reduction(doc, where),
                         torus=str((system.get("torus") or {}).get("value", "")
                                   if isinstance(system.get("torus"), dict) else
                                   system.get("torus", "")),
@@ -175,6 +178,15 @@ def _scale_up_link(doc: dict, where: str) -> str:
         raise FlintError(f"{where}: interconnect.scale_up.link {link!r} is not one of "
                          f"{', '.join(SCALE_UP_LINKS)}")
     return link
+
+
+def _switch_reduction(doc: dict, where: str) -> str:
+    up = (doc.get("interconnect") or {}).get("scale_up") or {}
+    value = str(up.get("switch_reduction", "none")) if isinstance(up, dict) else "none"
+    if value not in SWITCH_REDUCTIONS:
+        raise FlintError(f"{where}: interconnect.scale_up.switch_reduction {value!r} is not "
+                         f"one of {', '.join(SWITCH_REDUCTIONS)}")
+    return value
 
 
 def apply_overrides(spec: HardwareSpec, overrides) -> HardwareSpec:
@@ -200,6 +212,11 @@ def apply_overrides(spec: HardwareSpec, overrides) -> HardwareSpec:
             if value not in SCALE_UP_LINKS:
                 raise FlintError(f"--set scale_up_link: {value!r} is not one of "
                                  f"{', '.join(SCALE_UP_LINKS)}")
+            changes[key] = value
+        elif key == "switch_reduction":
+            if value not in SWITCH_REDUCTIONS:
+                raise FlintError(f"--set switch_reduction: {value!r} is not one of "
+                                 f"{', '.join(SWITCH_REDUCTIONS)}")
             changes[key] = value
         elif key == "torus":
             changes["torus_slice"] = "x".join(map(str, parse_torus_shape(value)))

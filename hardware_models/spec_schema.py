@@ -65,7 +65,9 @@ LAYOUT: dict[str, Any] = {
     },
     "interconnect": {
         level: {"name": TEXT, "bandwidth_per_direction": Figure("bandwidth"),
-                "latency": Figure("time", positive=False), "link": TEXT}
+                "latency": Figure("time", positive=False), "link": TEXT,
+                # in-switch reduction the scale-up fabric offers (NCCL's NVLS): "nvls"
+                "switch_reduction": TEXT}
         for level in ("scale_up", "scale_out")
     },
     "system": {
