@@ -6,6 +6,9 @@ there falls through), `rules` ((regex, PartitionSpec) pairs searched in the leaf
 `argname/key/...`, e.g. `params/layers/wq`, first match wins), the leaf's own NamedSharding
 (its spec is rebound to the virtual mesh), replicated.
 
+Leaves that are not arrays (an equinox module's functions, Python values) are not traced:
+the step is closed over them (flint.frontends.static_leaves).
+
 Where each spec came from is recorded per leaf (flint.frontends.sharding_report), since a
 leaf that silently stays replicated (a forgotten batch spec) multiplies the step's work.
 """
@@ -18,6 +21,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from flint.errors import FlintError
+from flint.frontends.static_leaves import is_array
 
 
 def _is_spec(x) -> bool:
@@ -85,6 +89,9 @@ def _one_arg(arg, name: str, prefix, source: str, rules_rx, used: set, mesh: Mes
     leaves, treedef = jax.tree_util.tree_flatten_with_path(arg)
     structs = []
     for j, (path, leaf) in enumerate(leaves):
+        if not is_array(leaf):            # a function, a Python value: closed over
+            structs.append(leaf)
+            continue
         key = "/".join(k for k in (name, _key(path)) if k)
         spec, where = None, source
         if specs is not None:
@@ -112,12 +119,12 @@ def _rule_spec(key: str, leaf, rules_rx, used: set):
 
 
 def _struct(leaf, spec: P, where: str, mesh: Mesh) -> jax.ShapeDtypeStruct:
-    shape = tuple(getattr(leaf, "shape", ()))
+    shape = tuple(leaf.shape)
     try:
-        dtype = leaf.dtype if hasattr(leaf, "dtype") else jax.numpy.result_type(leaf)
+        dtype = jax.numpy.dtype(leaf.dtype)
     except TypeError:
-        raise FlintError(f"argument {where} is not an array or ShapeDtypeStruct "
-                         f"({type(leaf).__name__})") from None
+        raise FlintError(f"argument {where} has dtype {leaf.dtype!r}, which JAX does not "
+                         f"know") from None
     if len(spec) > len(shape):
         raise FlintError(f"partition spec {spec} of {where} has more entries than its "
                          f"rank-{len(shape)} shape {shape}")

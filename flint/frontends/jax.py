@@ -176,12 +176,20 @@ class Captured:
                               jit_specs=jit_in, report=rows)
         table, notes = sharding_report(rows, dict(self.cfg.mesh))
         warn(notes)
-        jitted = self._jitted(mesh, jit_out)
+        from flint.frontends.static_leaves import closed_over, split
+
+        dynamic, static, has_static = split(specs)
+        if has_static:      # equinox-style modules: trace the arrays, close over the rest
+            jitted = jax.jit(closed_over(getattr(self.fn, "__wrapped__", self.fn), static),
+                             donate_argnums=self.cfg.donate_argnums)
+        else:
+            jitted = self._jitted(mesh, jit_out)
         from flint.frontends.flax_scopes import nnx_module_scopes
+        from flint.frontends.virtual_mesh import flax_linen_under_a_mesh
 
         try:
-            with jax.set_mesh(mesh), nnx_module_scopes():
-                lowered = jitted.lower(*specs)
+            with jax.set_mesh(mesh), nnx_module_scopes(), flax_linen_under_a_mesh():
+                lowered = jitted.lower(*dynamic)
         except FlintError:
             raise
         except Exception as e:

@@ -24,6 +24,17 @@ NOT_DATA_DIMS = ("tp", "model", "tensor", "sp", "cp", "context", "ep", "expert")
 # Path components that name a batch: the argument itself or a key inside it.
 _BATCH_KEY = re.compile(r"^(batch|batches|inputs?|input_ids|tokens|targets?|labels?|images?|"
                         r"x|y|examples?|data|segment_ids|positions)$", re.IGNORECASE)
+# Path components that name model or optimizer state: a `positions` table inside the model
+# is a parameter, not a batch.
+_STATE_KEY = re.compile(r"^(params?|parameters|model|opt_state|optimizer|state|weights|"
+                        r"variables)$", re.IGNORECASE)
+
+
+def is_batch_path(key: str) -> bool:
+    """Does an argument path name a batch (and not state that happens to share a name)?"""
+    parts = key.split("/")
+    return any(_BATCH_KEY.match(p) for p in parts) and not any(_STATE_KEY.match(p)
+                                                               for p in parts)
 
 
 # HLO's short dtype names, as the rest of Flint prints shapes.
@@ -75,7 +86,7 @@ def sharding_report(rows: list, mesh_sizes: dict) -> tuple[list[list], list[str]
             continue
         parts = key.split("/")
         if (data_ways > 1 and struct.shape and struct.shape[0] % data_ways == 0
-                and any(_BATCH_KEY.match(p) for p in parts)):
+                and is_batch_path(key)):
             axis = "fsdp" if "fsdp" in data_axes else data_axes[0]
             notes.append(
                 f"argument {key} ({shape}) is replicated: each of the {data_ways} "

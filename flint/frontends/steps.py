@@ -90,6 +90,9 @@ def captured_step(request):
         hardware = request.hardware or fn.cfg.hardware
     mesh_t = parse_mesh(mesh, devices) if mesh or not decorated else tuple(
         rescaled_mesh(fn.cfg.mesh, devices).items())
+    from flint.frontends.targets import start_devices
+
+    start_devices(hardware, devices, devices_per_host)
     args = example_args(module, request.args_fn, target, mesh_t)
     model_flops = getattr(module, "model_flops", None)
     if decorated:

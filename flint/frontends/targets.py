@@ -144,6 +144,19 @@ def _xla_warnings(text: str) -> list[str]:
     return [f"{m.group(1)}: {m.group(2)}" for m in map(_LOG_LINE.match, text.splitlines()) if m]
 
 
+def start_devices(hardware: str, count: int, devices_per_host: int | None = None) -> None:
+    """Create the compile-only devices and start JAX's backends, quietly, before a user's
+    script runs JAX code of its own (`jax.random.key(0)` in example_args starts the
+    backends: with one host device where the CPU target needs `count`, and with the CUDA
+    plugin's driver probe on stderr)."""
+    target = resolve_target(hardware)
+    devices_for(target, count, devices_per_host or default_devices_per_host(target))
+    with quiet_native_stderr():
+        import jax
+
+        jax.devices()
+
+
 def devices_for(target: Target, count: int, devices_per_host: int) -> list:
     """`count` compile-only devices of the target, in rank order."""
     if count < 1:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 
-from flint.frontends.sharding_report import _BATCH_KEY, NOT_DATA_DIMS
+from flint.frontends.sharding_report import NOT_DATA_DIMS, is_batch_path
 
 _INT_SHAPE = re.compile(r"^[su](8|16|32|64)\[(\d+),(\d+)\]$")
 
@@ -29,7 +29,7 @@ def record_training(graph) -> None:
         return
     for name, shape, *_ in meta.get("arguments_sharding") or []:
         m = _INT_SHAPE.match(shape)
-        if m and any(_BATCH_KEY.match(p) for p in name.split("/")):
+        if m and is_batch_path(name):
             meta["training"] = {"seq_len": int(m.group(3)), "global_batch": int(m.group(2)),
                                 "source": f"argument {name}"}
             return

@@ -42,5 +42,38 @@ def abstract_mesh(mesh, devices: int | None = None) -> AbstractMesh:
 def virtual_mesh(mesh, devices: int | None = None):
     """Context in which JAX's current mesh is the virtual cluster's (abstract) mesh."""
     am = abstract_mesh(mesh, devices)
-    with jax.sharding.use_abstract_mesh(am):
+    with jax.sharding.use_abstract_mesh(am), flax_linen_under_a_mesh():
         yield am
+
+
+@contextlib.contextmanager
+def flax_linen_under_a_mesh():
+    """Flax Linen constrains a partitioned parameter to its spec whenever a mesh is
+    current, also while DenseGeneral initializes it flattened to rank 2 (before the
+    reshape to its rank-3 shape): "P(None, 'model', None) is only valid for values of
+    rank at least 3". Under a virtual mesh that constraint is skipped for a value whose
+    rank differs from its names (the parameter is constrained again once reshaped), so
+    Linen models build as they do outside a mesh. Nothing changes if Flax is not loaded."""
+    import sys
+
+    meta = sys.modules.get("flax.core.meta")
+    spmd = sys.modules.get("flax.linen.spmd")
+    classes = [c for c in (getattr(meta, "Partitioned", None),
+                           getattr(spmd, "LogicallyPartitioned", None)) if c is not None]
+    saved = {c: c.__dict__["unbox"] for c in classes if "unbox" in c.__dict__}
+    for cls, original in saved.items():
+        cls.unbox = _rank_checked(original)
+    try:
+        yield
+    finally:
+        for cls, original in saved.items():
+            cls.unbox = original
+
+
+def _rank_checked(unbox):
+    def checked(self, apply_constraint=True):
+        names = getattr(self, "names", ())
+        if apply_constraint and len(names) != getattr(self.value, "ndim", len(names)):
+            apply_constraint = False
+        return unbox(self, apply_constraint)
+    return checked
