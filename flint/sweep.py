@@ -1,141 +1,68 @@
-"""Design-space sweeps: extract each distinct program once, re-estimate it for every
-pipeline depth, schedule and hardware what-if, and append one result per configuration.
+"""Design-space sweeps: price every point of a SearchSpace with the engine
+(flint.engine.predict, the same number `flint predict` gives) and append one result per
+point.
 
     rows = run_sweep(SearchSpace.from_dict(doc), "out/")
 
-The output directory holds `graphs/<program key>.json` (the extraction cache, shared by
-later sweeps), `results.jsonl` (one line per finished configuration, appended with a
-single write and fsync, so an interrupted sweep resumes where it stopped) and, at the
-end, the tables and plots of `flint.sweep_report`.
+The output directory holds `templates/<program key>.json` (the stage-program cache, shared
+by later sweeps), `results.jsonl` (one line per finished point, appended with a single
+write and fsync, so an interrupted sweep resumes where it stopped), `claims/` (one lock
+per point while it is priced: concurrent sweeps or Ray workers on one directory never
+price a point twice) and, at the end, the tables and plots of `flint.sweep_report`.
 """
 from __future__ import annotations
 
 import json
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from flint.errors import FlintError
-from flint.graph import WorkloadGraph
 from flint.hardware_models.pluggable import cost_model_name, resolve_cost_model
-from flint.sweep_space import Config, SearchSpace
+from flint.sweep_space import SearchSpace, SweepPoint, program_of
 
 RESULTS = "results.jsonl"
 
 
-def extract_program(program: dict) -> WorkloadGraph:
-    """Compile one zoo program for its compile-only devices and lower it (as `flint
-    extract` does)."""
-    from flint.frontends.request import ExtractRequest, extract
+def evaluate(point: SweepPoint, directory, cost_model=None) -> dict:
+    """One result row: the run's fields, the what-if, and the prediction (or why not)."""
+    from flint.engine import predict
 
-    request = ExtractRequest(
-        devices=program["devices"], mesh=",".join(f"{n}={s}" for n, s in program["mesh"]),
-        hardware=program["hardware"], model=program["model"], scan=program["scan"],
-        layers=program["layers"] or None, seq_len=program["seq_len"] or None,
-        batch_per_replica=program["batch_per_replica"], remat=program["remat"],
-        sequence_parallel=program["sequence_parallel"],
-        gemm_precision=program.get("gemm_precision"))
-    graph, _ = extract(request)
-    return graph
-
-
-@dataclass
-class Evaluator:
-    """Graphs by program (disk cache); pipelined graphs and their memory analysis by
-    pipeline shape (in memory: both depend on the graph only, not on the hardware)."""
-
-    directory: Path
-    extract: Callable[[dict], WorkloadGraph] = extract_program
-    # a third-party cost model (a factory, hardware_models.pluggable); None: the built-in
-    cost_model: Callable | None = None
-    graphs: dict = field(default_factory=dict)
-    pipelined: dict = field(default_factory=dict)
-
-    def graph(self, cfg: Config) -> tuple[WorkloadGraph, bool]:
-        key = cfg.program_key()
-        if key in self.graphs:
-            return self.graphs[key], False
-        path = self.directory / "graphs" / f"{key}.json"
-        extracted = not path.is_file()
-        if extracted:
-            graph = self.extract(cfg.program())
-            path.parent.mkdir(parents=True, exist_ok=True)
-            graph.save(path)
-        else:
-            graph = WorkloadGraph.load(path)
-        self.graphs = {key: graph}      # one program at a time: configs come grouped
-        self.pipelined = {}
-        return graph, extracted
-
-    def pipeline(self, cfg: Config, graph: WorkloadGraph):
-        """(the graph the configuration runs, its memory analysis)."""
-        from flint.hardware_models.memory import estimate_memory
-        from flint.passes.pipeline import PipelineParallel
-
-        shape = (cfg.pp, cfg.microbatches, cfg.schedule, cfg.virtual, cfg.pipeline_split,
-                 cfg.hardware if cfg.pipeline_split == "time" else "")
-        if shape not in self.pipelined:
-            piped = graph if cfg.pp == 1 and cfg.microbatches == 1 else PipelineParallel(
-                stages=cfg.pp, microbatches=cfg.microbatches, schedule=cfg.schedule,
-                virtual=cfg.virtual, split=cfg.pipeline_split, hardware=shape[-1],
-                cost_model=self.cost_model).run(graph)
-            self.pipelined[shape] = (piped, estimate_memory(piped))
-        return self.pipelined[shape]
-
-    def evaluate(self, cfg: Config) -> dict:
-        from flint.hardware_models.estimate import estimate
-
-        t0 = time.perf_counter()
-        row = {"key": cfg.key(), "program": cfg.program_key(), **cfg.to_json()}
-        if self.cost_model is not None:
-            row["cost_model"] = cost_model_name(self.cost_model)
-        try:
-            graph, extracted = self.graph(cfg)
-            t1 = time.perf_counter()
-            piped, memory = self.pipeline(cfg, graph)
-            e = estimate(piped, cfg.hardware, cfg.overrides(), memory=memory,
-                         cost_model=self.cost_model)
-        except FlintError as err:
-            return {**row, "status": "invalid", "error": str(err),
-                    "time_s": time.perf_counter() - t0, "extracted": False}
-        except Exception as err:   # one broken configuration must not end a long sweep
-            return {**row, "status": "error", "error": f"{type(err).__name__}: {err}",
-                    "time_s": time.perf_counter() - t0, "extracted": False}
-        from flint.models.describe import resolve_model
-
-        seq = cfg.seq_len or resolve_model(cfg.model).seq_len
-        tokens = cfg.dp * cfg.microbatch * cfg.microbatches * seq    # the global batch
-        return {**row, "status": "ok", "step_time_s": e.step_time_s,
-                "tokens_per_s": tokens / e.step_time_s if e.step_time_s else 0.0,
-                "mfu": e.mfu, "memory_gib": e.memory_bytes / 2**30,
-                "memory_capacity_gib": e.memory_capacity_bytes / 2**30, "oom": e.oom,
-                "compute_busy_s": e.compute_busy_s,
-                "exposed_communication_s": e.exposed_communication_s,
-                "bubble_fraction": e.pipeline.get("bubble_fraction", 0.0),
-                "comm_wait_fraction": e.pipeline.get("comm_wait_fraction", 0.0),
-                "extracted": extracted, "estimate_s": time.perf_counter() - t1,
+    t0 = time.perf_counter()
+    row = {"key": point.key(), "program": program_of(point), **point.run.to_json(),
+           "what_if": dict(point.what_if), "dp": point.run.dp,
+           "microbatches": point.run.microbatches}
+    name = cost_model_name(cost_model)
+    if name is not None:
+        row["cost_model"] = name
+    try:
+        p = predict(point.run, cost_model, point.overrides(), Path(directory))
+    except FlintError as err:
+        return {**row, "status": "invalid", "error": str(err), "extracted": False,
                 "time_s": time.perf_counter() - t0}
+    except Exception as err:   # one broken configuration must not end a long sweep
+        return {**row, "status": "error", "error": f"{type(err).__name__}: {err}",
+                "extracted": False, "time_s": time.perf_counter() - t0}
+    return {**row, "status": "ok", "step_time_s": p.step_time_s,
+            "tokens_per_s": p.tokens_per_s, "tokens_per_s_per_device": p.tokens_per_s_per_device,
+            "mfu": p.mfu, "hfu": p.hfu, "memory_gib": p.memory_bytes / 2**30,
+            "memory_capacity_gib": p.memory_capacity_bytes / 2**30, "oom": p.oom,
+            "compute_busy_s": p.compute_busy_s,
+            "exposed_communication_s": p.exposed_communication_s,
+            "bubble_fraction": p.bubble_fraction, "extracted": p.extracted,
+            "time_s": time.perf_counter() - t0}
 
 
-def group_by_program(configs: list[Config]) -> list[list[Config]]:
-    """Configurations grouped by program, groups in first-appearance order."""
-    groups: dict[str, list[Config]] = {}
-    for c in configs:
-        groups.setdefault(c.program_key(), []).append(c)
-    return list(groups.values())
-
-
-def evaluate_group(directory: str, configs: list[Config], cost_model=None) -> list[dict]:
-    """Evaluate one program's configurations (a unit of work for any executor).
-    `cost_model`: a factory, or its `module:factory` name (what crosses to Ray workers)."""
-    ev = Evaluator(Path(directory), cost_model=resolve_cost_model(cost_model))
-    return [ev.evaluate(c) for c in configs]
+def evaluate_group(directory: str, points: list[SweepPoint], cost_model=None) -> list[dict]:
+    """Price one program's points (a unit of work for any executor). `cost_model`: a
+    factory, or its `module:factory` name (what crosses to Ray workers)."""
+    factory = resolve_cost_model(cost_model)
+    return [evaluate(p, directory, factory) for p in points]
 
 
 def load_results(directory, cost_model: str | None = None) -> dict[str, dict]:
-    """Finished rows by config key; a torn last line (a killed sweep) is ignored, and so
+    """Finished rows by point key; a torn last line (a killed sweep) is ignored, and so
     are rows another cost model (by name; None: the built-in) priced."""
     path = Path(directory) / RESULTS
     rows: dict[str, dict] = {}
@@ -162,42 +89,104 @@ def append_result(directory, row: dict) -> None:
         os.close(fd)
 
 
+class Claims:
+    """One advisory lock per point key (`claims/<key>.lock`, flock): held while this
+    process prices the point, released when its row is written or the process dies, so a
+    crashed sweep leaves nothing stale behind."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory / "claims"
+        self.directory.mkdir(exist_ok=True)
+        self.held: dict[str, int] = {}
+
+    def take(self, key: str, wait: bool = False) -> bool:
+        import fcntl
+
+        fd = os.open(self.directory / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self.held[key] = fd
+        return True
+
+    def release(self, key: str) -> None:
+        import fcntl
+
+        fd = self.held.pop(key, None)
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def release_all(self) -> None:
+        for key in list(self.held):
+            self.release(key)
+
+
 def run_sweep(space: SearchSpace, directory, executor: str = "local", workers: int = 2,
               on_result: Callable[[dict, int, int], None] | None = None,
               cost_model=None) -> list[dict]:
-    """Run every configuration not already in `directory`'s results; returns all rows of
-    this space (old and new), in the space's order. `cost_model`: a factory or its
-    `module:factory` name (hardware_models.pluggable); None: the built-in model."""
+    """Price every point not already in `directory`'s results; returns all rows of this
+    space (old and new) in the space's order. `cost_model`: a factory or its
+    `module:factory` name (hardware_models.pluggable); None: the built-in model. Points
+    another process is pricing (its claim held) are waited for, not priced again."""
     factory = resolve_cost_model(cost_model)
     name = cost_model_name(cost_model)
-    configs, _ = space.expand()
+    points, _ = space.expand()
     directory = Path(directory)
     if not directory.parent.is_dir():
         raise FlintError(f"output directory {str(directory.parent)!r} does not exist")
     directory.mkdir(exist_ok=True)
     done = load_results(directory, name)
-    todo = [c for c in configs if c.key() not in done]
-    total, count = len(configs), len(configs) - len(todo)
+    total, count = len(points), sum(p.key() in done for p in points)
+    claims = Claims(directory)
 
     def record(row):
         nonlocal count
         append_result(directory, row)
         done[row["key"]] = row
+        claims.release(row["key"])
         count += 1
         if on_result:
             on_result(row, count, total)
 
-    groups = group_by_program(todo)
-    if executor == "local":
-        ev = Evaluator(directory, cost_model=factory)
-        for group in groups:
-            for cfg in group:
-                record(ev.evaluate(cfg))
-    elif executor == "ray":
-        from flint.sweep_ray import run_groups
+    try:
+        todo = _claim(points, done, claims, directory, name)
+        if executor == "local":
+            for p in todo:
+                record(evaluate(p, directory, factory))
+        elif executor == "ray":
+            from flint.sweep_ray import run_groups
 
-        run_groups(str(directory), groups, workers, record, evaluate_group,
-                   name if isinstance(cost_model, str) else factory)
-    else:
-        raise FlintError(f"unknown executor {executor!r}; use local or ray")
-    return [done[c.key()] for c in configs]
+            run_groups(str(directory), _groups(todo), workers, record, evaluate_group,
+                       name if isinstance(cost_model, str) else factory)
+        else:
+            raise FlintError(f"unknown executor {executor!r}; use local or ray")
+        # points others were pricing: wait for their claims, then read their rows
+        for p in points:
+            if p.key() not in done and claims.take(p.key(), wait=True):
+                claims.release(p.key())
+                done.update(load_results(directory, name))
+                if p.key() not in done:   # the other process died: price it here
+                    record(evaluate(p, directory, factory))
+    finally:
+        claims.release_all()
+    return [done[p.key()] for p in points]
+
+
+def _claim(points, done, claims: Claims, directory, name) -> list[SweepPoint]:
+    """The points this process prices: not finished, and not claimed by another."""
+    mine = [p for p in points if p.key() not in done and claims.take(p.key())]
+    done.update(load_results(directory, name))     # finished while we took the claims?
+    for p in mine:
+        if p.key() in done:
+            claims.release(p.key())
+    return [p for p in mine if p.key() not in done]
+
+
+def _groups(points: list[SweepPoint]) -> list[list[SweepPoint]]:
+    groups: dict[str, list[SweepPoint]] = {}
+    for p in points:
+        groups.setdefault(program_of(p), []).append(p)
+    return list(groups.values())

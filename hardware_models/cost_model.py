@@ -64,20 +64,26 @@ MAX_SHARE = 0.5     # a collective never takes more than half of the SMs or of H
 def interference(spec: HardwareSpec, compute, network, node: Node, comm: Node) -> float:
     """Compute-bound work loses the SMs NCCL holds; memory-bound work loses the HBM
     bandwidth the collective's traffic takes (its wire rate times local bytes per wire
-    byte). Only GPUs with the default models: NCCL kernels run on the SMs; TPUs and CPUs
-    move collectives with DMA engines."""
+    byte). The kernel's time beside the collective is the larger of its compute time on
+    the SMs left and its memory time on the bandwidth left, so the factor moves smoothly
+    from one bound to the other and a faster resource never makes a kernel slower. Only
+    GPUs with the default models: NCCL kernels run on the SMs; TPUs and CPUs move
+    collectives with DMA engines."""
     if spec.kind != "gpu" or not spec.cores or not hasattr(compute, "bound"):
         return 1.0
     if not (node.flops or node.bytes_read or node.bytes_written):
         return 1.0      # an imported node with only a recorded duration: already as it ran
     t_flops, t_bytes = compute.bound(node)
-    if t_flops >= t_bytes:
-        return 1.0 / (1.0 - min(NCCL_CHANNELS / spec.cores, MAX_SHARE))
+    alone = max(t_flops, t_bytes)
+    if alone <= 0:
+        return 1.0
+    sm_left = 1.0 - min(NCCL_CHANNELS / spec.cores, MAX_SHARE)
     wire = getattr(getattr(network, "up", None), "bandwidth", 0.0)
     kind = comm.collective.type if comm.collective is not None else ""
     local = wire * HBM_BYTES_PER_WIRE_BYTE.get(kind, 2.0)
     achievable = spec.hbm_bandwidth * compute.figure("hbm_fraction")
-    return 1.0 / (1.0 - min(local / achievable, MAX_SHARE)) if achievable else 1.0
+    hbm_left = 1.0 - min(local / achievable, MAX_SHARE) if achievable else 1.0
+    return max(t_flops / sm_left, t_bytes / hbm_left) / alone
 
 
 def default_cost_model(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
@@ -85,7 +91,8 @@ def default_cost_model(graph: WorkloadGraph, hardware: str | None = None, overri
     from flint.hardware_models.grouped_gemm import with_grouped_gemms
 
     spec = load_spec(hardware or _spec_name(graph.cluster.hardware), overrides)
-    return DefaultCostModel(spec, with_grouped_gemms(RooflineCompute(spec), graph),
+    compute = RooflineCompute(spec, allow_tf32=bool(graph.meta.get("allow_tf32", False)))
+    return DefaultCostModel(spec, with_grouped_gemms(compute, graph),
                             NetworkModel(spec, graph.cluster, algorithm, protocol))
 
 

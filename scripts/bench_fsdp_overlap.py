@@ -50,7 +50,7 @@ def main() -> int:
 
     import flint.torch as ft
     from flint.hardware_models.estimate import estimate
-    from flint.sweep import extract_program
+    from flint.template_cache import extract_program
 
     n, hw = args.devices, args.hardware
     torch_graph = ft.zoo("llama3-8b", n, f"fsdp={n}", layers=args.layers,

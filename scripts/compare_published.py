@@ -6,14 +6,13 @@ predicted step time with the published one.
     python scripts/compare_published.py --cached-only       # rows already extracted
 
 Rows come from ../shared/tables/published.md (each ```csv block under its heading). A row
-is rebuilt from its stated configuration with the zoo decoder (flint.models.describe
-presets) and estimated with the default cost model; the comparison is tokens/s/GPU
+becomes a flint.run.TrainingRun (its stated configuration; the assumptions below where it
+is silent) and is priced by flint.engine.predict, the engine `flint predict` and `flint
+sweep` use (one pipeline stage's program compiled once and cached under --cache, widened
+to the model's layers, pipelined, estimated); the comparison is tokens/s/GPU
 (equivalently step time, derived_step_s = GBS*seq / (tokens/s/GPU * GPUs)) or the
 published step time, never TFLOP/s (FLOP conventions differ between releases; see the
-table's caveats). Each row's program is a layer template (TEMPLATE_LAYERS unrolled layers
-on one pipeline stage's data x tensor-parallel mesh), cached under --cache/templates, widened
-to the model's layers by passes.layer_template and pipelined by passes.pipeline; a rerun
-only estimates.
+table's caveats). A rerun only re-prices.
 
 Assumptions (the same for every row, never chosen per row):
 - Model shapes: the presets of flint.models.describe (public configs); GPT-style rows use
@@ -32,21 +31,20 @@ Assumptions (the same for every row, never chosen per row):
   bytes as point-to-point steps overlapped with the attention blocks).
 - Microbatch and gradient accumulation as stated: GA = GBS / (DP * MBS); pipeline rows
   use 1F1B, or interleaved 1F1B with VP chunks when VP > 1, with the pipeline pass.
-- Kernels: the rows ran Megatron-Core with Transformer Engine, so layers are unrolled
-  (no lax.scan stacking copies), and elementwise, norm and cast kernels are library
-  kernels (hand-vectorized: the stream share of HBM), not XLA-generated ones (which the
-  cost model caps per SM): node meta `kernel_source: library`.
+- Kernels: the rows ran Megatron-Core with Transformer Engine (run framework
+  `megatron`): elementwise, norm and cast kernels are library kernels (hand-vectorized:
+  the stream share of HBM), not XLA-generated ones (which the cost model caps per SM).
 - Pipeline stages are balanced by predicted time, embedding and loss included (Megatron's
   uneven layouts and --account-for-embedding/loss-in-pipeline-split), for every PP row.
 - Optimizer: Megatron's distributed optimizer (NeMo/Megatron-Bridge recipes and MLPerf
-  submissions use it) on every non-FSDP row: passes.distributed_optimizer turns the
-  once-per-step f32 gradient all-reduce into a reduce-scatter (overlapped with the last
-  microbatch's backward), divides the Adam update by DP, and all-gathers bf16 parameters
-  at the start of the step (overlapped with the forward, --overlap-param-gather).
-- Hardware: DGX-H100 -> h100-sxm; DGX-B200 -> b200; DGX-B300 -> b300 spec (compiled for
-  the b200 target, same SM generation); DGX-GB200 / GB300 -> gb200-nvl72 / gb300-nvl72
-  specs (72-GPU NVLink domains; compiled for b200); A100 -> a100-80gb-sxm; TPU v4/v5e/v5p
-  through libtpu compile-only targets when the `tpu` extra is installed.
+  submissions use it) on every non-FSDP row (run zero 1: the once-per-step gradient
+  all-reduce becomes a reduce-scatter overlapped with the last microbatch's backward, the
+  Adam update divides by DP, bf16 parameters are all-gathered at the start of the step,
+  overlapped with the forward, --overlap-param-gather); FSDP rows run zero 3.
+- Hardware: DGX-H100 -> h100-sxm; DGX-B200 -> b200; DGX-B300 -> b300; DGX-GB200 / GB300
+  -> gb200-nvl72 / gb300-nvl72 (72-GPU NVLink domains); A100 -> a100-80gb-sxm (each spec
+  names its compile target); TPU v4/v5e/v5p through libtpu compile-only targets when the
+  `tpu` extra is installed (framework xla).
 """
 from __future__ import annotations
 
@@ -60,96 +58,43 @@ from pathlib import Path
 from published_rows import (REPO, SYSTEMS, TABLE, WITHIN, Row, print_not_rebuildable,
                             rows_of, tables)
 
-TEMPLATE_LAYERS = 3
-# Bumped whenever the zoo's workload changes (cached templates of older versions are
-# not reused): 2 = MLP hidden activations constrained to the tensor-parallel split;
-# 3 = vocab-parallel embedding lookup and LM head.
-WORKLOAD_VERSION = 3
+def training_run(row: Row):
+    """The row's configuration as a TrainingRun (raises FlintError when it cannot be)."""
+    from flint.run import TrainingRun
 
-
-def template_program(row: Row) -> dict:
-    """The program a row's layer template is extracted from: one pipeline stage's data x
-    tensor-parallel mesh, TEMPLATE_LAYERS unrolled layers of the row's model."""
-    from flint.models.describe import resolve_model, to_mapping
-
-    compile_target, _ = SYSTEMS[row.system]
-    dp = row.gpus // (row.tp * row.pp * row.cp)
-    # Megatron's rank order: TP innermost, then CP, then DP (the mesh's last axis is
-    # innermost)
-    mesh = ([["fsdp" if row.fsdp else "data", dp]] + ([["context", row.cp]] if row.cp > 1
-            else []) + ([["model", row.tp]] if row.tp > 1 else []))
-    return {"framework": "jax", "model": to_mapping(resolve_model(row.model).with_(
-                seq_len=row.seq)), "devices": dp * row.cp * row.tp, "mesh": mesh,
-            "batch_per_replica": row.mbs, "remat": row.remat, "sequence_parallel": row.tp > 1,
-            "scan": False, "seq_len": row.seq, "layers": TEMPLATE_LAYERS,
-            "hardware": compile_target, "workload_version": WORKLOAD_VERSION,
-            **({"gemm_precision": row.precision} if row.precision != "bf16" else {})}
+    spec = SYSTEMS[row.system]
+    return TrainingRun(model=row.model, seq_len=row.seq, devices=row.gpus, hardware=spec,
+                       tp=row.tp, cp=row.cp, pp=row.pp, vp=row.vp, zero=3 if row.fsdp else 1,
+                       micro_batch=row.mbs, global_batch=row.gbs, remat=row.remat,
+                       precision=row.precision,
+                       framework="xla" if spec.startswith("tpu") else "megatron")
 
 
 def rebuild(row: Row, cache: Path, cached_only: bool = False) -> None:
-    """Estimate one row: extract (or load) its layer template, widen it to the model's
-    layers (passes.layer_template), pipeline it over the row's stages and microbatches,
-    and estimate it on the row's hardware spec."""
+    """Price one row with the engine; `row.reason` says why it could not be."""
+    from flint.engine import predict, stage_program
     from flint.errors import FlintError
-    from flint.graph import WorkloadGraph
-    from flint.hardware_models.estimate import estimate
-    from flint.models.decoder import model_flops
-    from flint.models.describe import resolve_model
-    from flint.passes.distributed_optimizer import DistributedOptimizer
-    from flint.passes.layer_template import LayerTemplate
-    from flint.passes.pipeline import PipelineParallel
-    from flint.sweep import extract_program
-    from flint.sweep_space import _digest
+    from flint.template_cache import TemplateCache
 
-    _, spec = SYSTEMS[row.system]
-    cfg = resolve_model(row.model).with_(seq_len=row.seq)
-    if row.gpus % row.pp or (row.gpus // row.pp) % (row.tp * row.cp):
-        row.reason = (f"{row.gpus} GPUs do not split into tp={row.tp} x cp={row.cp} x "
-                      f"pp={row.pp}")
+    try:
+        run = training_run(row)
+    except FlintError as err:
+        row.reason = str(err)
         return
-    dp = row.gpus // (row.tp * row.pp * row.cp)
-    if row.gbs % (dp * row.mbs):
-        row.reason = f"GBS {row.gbs} is not a multiple of DP {dp} x MBS {row.mbs}"
-        return
-    if cfg.n_layers < row.pp * row.vp:
-        row.reason = f"{cfg.n_layers} layers cannot fill PP {row.pp} x VP {row.vp} chunks"
-        return
-    program = template_program(row)
-    path = cache / "templates" / f"{_digest(program)}.json"
-    extracted = not path.is_file()
-    if extracted and cached_only:
+    store = TemplateCache(cache)
+    if cached_only and not store.has(stage_program(run)):
         return
     t0 = time.perf_counter()
     try:
-        if extracted:
-            template = extract_program(program)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            template.save(path)
-        else:
-            template = WorkloadGraph.load(path)
-        for n in template.nodes:        # Megatron-Core + Transformer Engine kernels
-            n.meta["kernel_source"] = "library"
-        layered = LayerTemplate(cfg.n_layers, spec).run(template)
-        # one microbatch of the stage's data-parallel group, per device of the stage
-        if not row.fsdp:
-            layered = DistributedOptimizer().run(layered)
-        layered.meta["model_flops_per_device"] = model_flops(cfg, row.mbs * dp * row.seq) / (
-            dp * row.cp * row.tp)
-        microbatches = row.gbs // (dp * row.mbs)
-        # stages balanced by predicted time (embedding and loss included), as Megatron's
-        # uneven pipeline layouts and --account-for-embedding/loss-in-pipeline-split do
-        piped = PipelineParallel(row.pp, microbatches, "interleaved" if row.vp > 1 else "1f1b",
-                                 row.vp, split="time" if row.pp > 1 else "layers",
-                                 hardware=spec).run(layered)
-        e = estimate(piped, spec)
+        p = predict(run, cache=store)
     except FlintError as err:
         row.reason = f"Flint could not rebuild it: {err}"
         return
-    row.result = {"predicted_step_s": e.step_time_s, "mfu": e.mfu,
-                  "exposed_communication_s": e.exposed_communication_s,
-                  "bubble_fraction": e.pipeline.get("bubble_fraction", 0.0),
-                  "extracted": extracted, "seconds": time.perf_counter() - t0,
-                  "error": e.step_time_s / row.published_step_s - 1}
+    row.result = {"predicted_step_s": p.step_time_s, "mfu": p.mfu,
+                  "exposed_communication_s": p.exposed_communication_s,
+                  "bubble_fraction": p.bubble_fraction, "extracted": p.extracted,
+                  "seconds": time.perf_counter() - t0,
+                  "error": p.step_time_s / row.published_step_s - 1}
 
 
 def main(argv=None) -> int:

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
 
     prepare_environment()
     from flint.models.describe import resolve_model, to_mapping
-    from flint.sweep import extract_program
+    from flint.template_cache import extract_program
 
     print(f"{'model':16s} {'layers':>6s} {'tokens':>7s} {'graph TFLOP':>12s} "
           f"{'hand TFLOP':>11s} {'diff':>7s}")

@@ -20,12 +20,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from moe_step import REPO, MoeRun, predict  # noqa: E402
+from moe_step import REPO, routed_rows  # noqa: E402
 
 POINTS = ("balanced", "imbalance:1.1", "imbalance:1.25", "imbalance:1.5", "imbalance:2",
           "imbalance:3", "zipf:0.5", "zipf:0.8", "zipf:1.0", "zipf:1.2")
-RUN = MoeRun("deepseek-v3", gpus=256, tp=1, pp=4, vp=4, ep=64, mbs=1, gbs=4096, seq=4096,
-             hardware="gb200-nvl72", target="b200", precision="mxfp8")
+def _run():
+    from flint.run import TrainingRun
+
+    return TrainingRun(model="deepseek-v3", seq_len=4096, devices=256, tp=1, pp=4, vp=4,
+                       ep=64, micro_batch=1, global_batch=4096, hardware="gb200-nvl72",
+                       precision="mxfp8")
 
 
 def main(argv=None) -> int:
@@ -42,15 +46,17 @@ def main(argv=None) -> int:
     prepare_environment()
     points = [p for p in _split(args.points) if p]
     try:
-        rows = predict(RUN, points)
+        RUN = _run()
+        rows = routed_rows(RUN, points)
     except FlintError as err:
         print(f"moe_skew: {err}", file=sys.stderr)
         return 2
     base = rows[0]["step_s"]
     head = (f"{'routing':15s} {'max/mean':>8s} {'straggler':>9s} {'a2a MB/rank':>11s} "
             f"{'(balanced)':>10s} {'step s':>8s} {'tok/s/GPU':>9s} {'slowdown':>8s}")
-    lines = [f"DeepSeek-V3 shape, {RUN.gpus} x {RUN.hardware}, TP{RUN.tp} PP{RUN.pp} VP{RUN.vp} "
-             f"EP{RUN.ep}, MBS{RUN.mbs} GBS{RUN.gbs} seq {RUN.seq}, {RUN.precision}", head]
+    lines = [f"DeepSeek-V3 shape, {RUN.devices} x {RUN.hardware}, TP{RUN.tp} PP{RUN.pp} "
+             f"VP{RUN.vp} EP{RUN.ep}, MBS{RUN.micro_batch} GBS{RUN.global_batch} seq "
+             f"{RUN.seq_len}, {RUN.precision}", head]
     for r in rows:
         lines.append(f"{r['distribution']:15s} {r['max_over_mean_expert']:7.2f}x "
                      f"{r['straggler_factor']:8.2f}x "
@@ -60,10 +66,11 @@ def main(argv=None) -> int:
     from flint.models.describe import resolve_model
 
     cfg = resolve_model(RUN.model)
-    closed = RUN.mbs * RUN.seq // RUN.tp * cfg.top_k * cfg.d_model * 2
+    closed = RUN.micro_batch * RUN.seq_len // RUN.tp * cfg.top_k * cfg.d_model * 2
     lines.append(f"closed form, dispatch = combine bytes per rank per MoE layer and microbatch "
-                 f"(balanced): MBS x seq / TP x top_k x d_model x 2 B = {RUN.mbs} x {RUN.seq} "
-                 f"/ {RUN.tp} x {cfg.top_k} x {cfg.d_model} x 2 = {closed / 1e6:.1f} MB; "
+                 f"(balanced): MBS x seq / TP x top_k x d_model x 2 B = {RUN.micro_batch} x "
+                 f"{RUN.seq_len} / {RUN.tp} x {cfg.top_k} x {cfg.d_model} x 2 = "
+                 f"{closed / 1e6:.1f} MB; "
                  f"extracted graph: {rows[0]['a2a_balanced_bytes_per_rank'] / 1e6:.1f} MB; "
                  f"(ep-1)/ep of it leaves the rank")
     text = "\n".join(lines) + "\n"
@@ -72,7 +79,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(str(out / "moe_skew.txt"), text)
     write_atomic(str(out / "moe_skew.json"), json.dumps(rows, indent=1, sort_keys=True) + "\n")
-    _plot(rows, out / "moe_skew.png")
+    _plot(rows, RUN, out / "moe_skew.png")
     if args.json:
         print(json.dumps(rows, indent=1, sort_keys=True))
     print(f"wrote {out / 'moe_skew.txt'}, moe_skew.json, moe_skew.png")
@@ -86,7 +93,7 @@ def _split(text: str) -> list[str]:
     return [p.strip() for p in text.split(",")]
 
 
-def _plot(rows, path: Path) -> None:
+def _plot(rows, RUN, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -113,8 +120,8 @@ def _plot(rows, path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("straggler EP rank's tokens / balanced rank's (x)")
     ax.set_ylabel("predicted step time (s)")
-    ax.set_title(f"DeepSeek-V3 shape, {RUN.gpus} x {RUN.hardware}, EP{RUN.ep}: step vs routing "
-                 f"skew", fontsize=9)
+    ax.set_title(f"DeepSeek-V3 shape, {RUN.devices} x {RUN.hardware}, EP{RUN.ep}: step vs "
+                 f"routing skew", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
     import io

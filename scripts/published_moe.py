@@ -6,9 +6,9 @@ Flint's predicted step time with the published one.
     python scripts/compare_published.py --moe [--rows REGEX] # the same, from the dense script
 
 Rows come from ../shared/tables/published.md (the ```csv blocks). A row is a MoE row when
-its model is one of the MoE families below; it is rebuilt with scripts/moe_step.py (one
-pipeline stage's 2-layer template, compiled for compile-only GPUs, then the layer
-template, the pipeline pass and the default cost model) and compared on step time
+its model is one of the MoE families below; it becomes a flint.run.TrainingRun priced by
+flint.engine.predict (see scripts/moe_step.py for how MoE runs are built) and compared on
+step time
 (derived_step_s = GBS x seq / (tokens/s/GPU x GPUs), or the printed step time), never on
 TFLOP/s.
 
@@ -42,11 +42,11 @@ import argparse
 import json
 import re
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from moe_step import REPO, MoeRun, predict  # noqa: E402
+from moe_step import REPO  # noqa: E402
 
 TABLE = REPO.parent / "shared" / "tables" / "published.md"
 MODELS = [  # (regex on the row's model name, preset)
@@ -57,9 +57,8 @@ MODELS = [  # (regex on the row's model name, preset)
 ]
 MOE_NAMES = re.compile(r"deepseek|qwen3|kimi|gpt.?oss|mixtral|nemotron_3|nemotron v3|llama4|"
                        r"a3b|a22b|moe", re.I)
-SYSTEMS = {"dgx-h100": ("h100-sxm", "h100-sxm"), "dgx-b200": ("b200", "b200"),
-           "dgx-b300": ("b200", "b300"), "dgx-gb200": ("b200", "gb200-nvl72"),
-           "dgx-gb300": ("b200", "gb300-nvl72")}
+SYSTEMS = {"dgx-h100": "h100-sxm", "dgx-b200": "b200", "dgx-b300": "b300",
+           "dgx-gb200": "gb200-nvl72", "dgx-gb300": "gb300-nvl72"}
 PRECISION = {"bf16": "bf16", "fp8": "fp8", "fp8-cs": "fp8", "mxfp8": "mxfp8", "fp8-mx": "mxfp8"}
 
 
@@ -67,7 +66,7 @@ PRECISION = {"bf16": "bf16", "fp8": "fp8", "fp8-cs": "fp8", "mxfp8": "mxfp8", "f
 class MoeRow:
     label: str
     reason: str = ""
-    run: MoeRun | None = None
+    run: object = None          # a flint.run.TrainingRun
     published_step_s: float = 0.0
     result: dict = field(default_factory=dict)
 
@@ -128,17 +127,22 @@ def _build(row: MoeRow, section: str, r: dict, name: str) -> str:
     gpus, tp, pp = int(num(r.get("gpus"))), int(num(r.get("tp")) or 1), int(num(r.get("pp")) or 1)
     vp = int(num(r.get("vp")) or 1)
     gbs, mbs, seq = int(num(r.get("gbs"))), int(num(r.get("mbs")) or 1), int(num(r.get("seq")))
-    target, spec = SYSTEMS[system]
-    # the dispatcher the row names (1h: "TE + DeepEP"), else Megatron-Core's default
+    # the dispatcher the row names (1h: "TE + DeepEP"; HybridEP sends a token once per
+    # remote node as DeepEP does), else Megatron-Core's default
     stated = " ".join(str(v) for v in r.values()).lower()
-    dispatcher = next((d for d in ("hybridep", "deepep") if d in stated), "alltoall")
-    row.run = MoeRun(preset, gpus, tp, pp, vp, int(ep), mbs, gbs, seq, spec, target,
-                     PRECISION[prec.lower()], dispatcher=dispatcher,
-                     cp=int(num(r.get("cp")) or 1))
-    why = row.run.check()
-    if why:
+    dispatcher = "deepep" if ("deepep" in stated or "hybridep" in stated) else "alltoall"
+    from flint.errors import FlintError
+    from flint.run import TrainingRun
+
+    try:
+        row.run = TrainingRun(model=preset, seq_len=seq, devices=gpus, hardware=SYSTEMS[system],
+                              tp=tp, cp=int(num(r.get("cp")) or 1), pp=pp, vp=vp, ep=int(ep),
+                              dispatcher=dispatcher, micro_batch=mbs, global_batch=gbs,
+                              precision=PRECISION[prec.lower()])
+    except FlintError as err:
+        why = str(err)
         return (why + " (EP spanning tensor- or context-parallel ranks is not built)"
-                if "EP" in why else why)
+                if why.startswith("ep") else why)
     step = num(r.get("step_time_s"))
     tok = num(r.get("tok_s_gpu"))
     if not step and not tok:
@@ -166,13 +170,15 @@ def main(argv=None) -> int:
     pick = re.compile(args.rows) if args.rows else None
     todo = [r for r in rows if not r.reason and (pick is None or pick.search(r.label))]
     # one extraction per program: group rows that share a stage program
-    todo.sort(key=lambda r: (r.run.gpus // r.run.pp, r.run.model, r.run.target, r.run.tp,
-                             r.run.ep, r.run.mbs, r.run.precision, r.label))
+    todo.sort(key=lambda r: (r.run.stage_devices, r.run.model, r.run.hardware, r.run.tp,
+                             r.run.ep, r.run.micro_batch, r.run.precision, r.label))
     print(f"{'row':60s} {'published':>10s} {'predicted':>10s} {'error':>8s}", flush=True)
     done = []
+    from moe_step import routed_rows
+
     for r in todo:
         try:
-            res = predict(r.run, ["balanced"], Path(args.cache))[0]
+            res = routed_rows(r.run, ["balanced"], Path(args.cache))[0]
         except FlintError as err:
             r.reason = f"Flint could not rebuild it: {err}"
             continue
@@ -192,7 +198,7 @@ def main(argv=None) -> int:
         from flint.io import write_atomic
 
         out = [{"label": r.label, "reason": r.reason, "published_step_s": r.published_step_s,
-                "run": asdict(r.run) if r.run else None, "result": r.result} for r in rows]
+                "run": r.run.to_json() if r.run else None, "result": r.result} for r in rows]
         write_atomic(args.json_out, json.dumps(out, indent=1, sort_keys=True) + "\n")
     return 0
 

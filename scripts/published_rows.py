@@ -28,12 +28,10 @@ MODELS = [  # (regex on the row's model name, preset)
     (r"mistral[-_ ]?7b", "mistral-7b"), (r"^22b$", "gpt-22b"), (r"^530b", "gpt-530b"),
     (r"^1t$", "gpt-1t"),
 ]
-SYSTEMS = {  # published system -> (compile target, spec)
-    "dgx-h100": ("h100-sxm", "h100-sxm"), "h100": ("h100-sxm", "h100-sxm"),
-    "dgx-b200": ("b200", "b200"), "dgx-b300": ("b200", "b300"),
-    "dgx-gb200": ("b200", "gb200-nvl72"), "dgx-gb300": ("b200", "gb300-nvl72"),
-    "a100": ("a100-80gb-sxm", "a100-80gb-sxm"), "v5p": ("tpu-v5p", "tpu-v5p"),
-    "v5e": ("tpu-v5e", "tpu-v5e"), "v4": ("tpu-v4", "tpu-v4"),
+SYSTEMS = {  # published system -> hardware spec (each spec names its compile target)
+    "dgx-h100": "h100-sxm", "h100": "h100-sxm", "dgx-b200": "b200", "dgx-b300": "b300",
+    "dgx-gb200": "gb200-nvl72", "dgx-gb300": "gb300-nvl72", "a100": "a100-80gb-sxm",
+    "v5p": "tpu-v5p", "v5e": "tpu-v5e", "v4": "tpu-v4",
 }
 PRECISION = {"bf16": "bf16", "fp8": "fp8", "fp8-cs": "fp8", "mxfp8": "mxfp8", "fp8-mx": "mxfp8"}
 
@@ -188,7 +186,7 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
     row.published_step_s = step if step else row.gbs * row.seq / (tok * row.gpus)
     if system not in SYSTEMS:
         row.reason = f"no hardware spec for system {system!r}"
-    elif SYSTEMS[system][0].startswith("tpu") and not _have_libtpu():
+    elif SYSTEMS[system].startswith("tpu") and not _have_libtpu():
         row.reason = "TPU target needs libtpu (pip install 'flint[tpu]'), not installed"
 
 

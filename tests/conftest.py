@@ -5,6 +5,12 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# one stage-program cache for the session (the engine's compiled templates), never the
+# user's own ~/.cache/flint
+if "FLINT_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["FLINT_CACHE"] = tempfile.mkdtemp(prefix="flint-test-cache-")
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
 import jax  # noqa: E402

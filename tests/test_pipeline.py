@@ -147,7 +147,7 @@ def test_real_graph_pipeline(tiny_unrolled):
 @pytest.fixture(scope="module")
 def tiny_unrolled():
     """The tiny zoo model's step, 2 layers unrolled, data-parallel over 2 devices."""
-    from flint.sweep import extract_program
+    from flint.template_cache import extract_program
 
     return extract_program({"framework": "jax", "model": "tiny", "devices": 2,
                             "mesh": [["data", 2]], "batch_per_replica": 2, "remat": "none",
@@ -207,7 +207,7 @@ def test_layer_template_rebuilds_the_whole_model(tiny_unrolled):
     """Two extracted layers stand for four: the step, its flops-free layer nodes priced
     from the template, within a few percent of the 4-layer extraction, pipelined alike."""
     from flint.passes.layer_template import LayerTemplate
-    from flint.sweep import extract_program
+    from flint.template_cache import extract_program
 
     four = extract_program({"framework": "jax", "model": "tiny", "devices": 2,
                             "mesh": [["data", 2]], "batch_per_replica": 2, "remat": "none",

@@ -17,7 +17,7 @@ def _program(**over):
 
 @pytest.fixture(scope="module")
 def fp8_graph():
-    from flint.sweep import extract_program
+    from flint.template_cache import extract_program
 
     return extract_program(_program(gemm_precision="fp8"))
 
@@ -88,7 +88,7 @@ def test_context_parallel_activation_gradients_stay_per_microbatch():
     # backward; only the weight gradients' sums run once per step
     from flint.passes.expand_loops import ExpandLoops
     from flint.passes.pipeline import PipelineParallel
-    from flint.sweep import extract_program
+    from flint.template_cache import extract_program
 
     g = ExpandLoops().run(extract_program(_program(
         devices=4, mesh=[["data", 2], ["context", 2]], scan=False)))
@@ -103,7 +103,7 @@ def test_distributed_optimizer_reduce_scatters_and_gathers_each_bucket():
     from flint.passes.distributed_optimizer import DistributedOptimizer
     from flint.passes.layer_template import LayerTemplate
     from flint.passes.pipeline import PipelineParallel
-    from flint.sweep import extract_program
+    from flint.template_cache import extract_program
 
     template = extract_program(_program(devices=4, mesh=[["data", 4]], scan=False, layers=3))
     layered = LayerTemplate(8).run(template)

@@ -14,7 +14,9 @@ from flint.cli.export import export
 from flint.cli.extract import extract
 from flint.cli.hardware import hardware
 from flint.cli.import_chakra import import_
+from flint.cli.models import models
 from flint.cli.place import place_command
+from flint.cli.predict import predict
 from flint.cli.replay import replay_command
 from flint.cli.rescale import rescale_command
 from flint.cli.sweep import sweep
@@ -24,6 +26,8 @@ HELP = "Flint: training step -> workload graph of a cluster of any size."
 # (name, function, the one-line summary `flint --help` shows; `flint NAME --help` shows the
 # function's whole docstring)
 COMMANDS = (
+    ("predict", predict, "Predict a training configuration's step (model, cluster, "
+                         "parallelism, batch)."),
     ("extract", extract, "Compile a training step for N virtual devices -> workload graph."),
     ("estimate", estimate, "Predict a graph's step time (built-in or --cost-model)."),
     ("export", export, "Write a graph as Chakra ETs + ASTRA-sim inputs, JSON or Perfetto."),
@@ -35,7 +39,8 @@ COMMANDS = (
     ("rescale", rescale_command, "Re-target a graph to another cluster size."),
     ("anonymize", anonymize_command, "Strip names from a graph, keeping its step time."),
     ("replay", replay_command, "Write a runnable JAX benchmark replaying a graph."),
-    ("hardware", hardware, "List the compile targets Flint knows."),
+    ("models", models, "List the model presets and zoo models with their dims."),
+    ("hardware", hardware, "List the hardware specs and the compile target each uses."),
 )
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,

@@ -46,24 +46,47 @@ def _space_doc(space_file, flags: dict) -> dict:
     return doc
 
 
+def _axis(text: str):
+    """'tp=1,2,4' -> ('tp', [1, 2, 4]); values are YAML scalars."""
+    import yaml
+
+    name, eq, values = text.partition("=")
+    if not eq or not name.strip():
+        raise FlintError(f"--axis takes FIELD=V1,V2,..., got {text!r}")
+    try:
+        return name.strip(), [yaml.safe_load(v) for v in values.split(",") if v.strip()]
+    except yaml.YAMLError:
+        raise FlintError(f"--axis {text!r}: values are plain words or numbers") from None
+
+
 def sweep(
-    space_file: Optional[str] = typer.Argument(None, help="search space YAML (axes: devices, "
-                                               "tp, pp, microbatch, remat, what_if, ...)"),
+    space_file: Optional[str] = typer.Argument(None, help="search space YAML: TrainingRun "
+                                               "fields (one value or a list) and what_if"),
     out: str = typer.Option(..., "--out", help="output directory (cache, results, plots)"),
-    model: Optional[str] = typer.Option(None, help="zoo model (default llama3-8b)"),
+    model: Optional[str] = typer.Option(None, help="model preset/zoo name, YAML or HF "
+                                        "config.json"),
+    seq_len: Optional[int] = typer.Option(None, help="training sequence length (tokens)"),
     devices: Optional[str] = typer.Option(None, help="device counts, e.g. 64,256,1024"),
     tp: Optional[str] = typer.Option(None, help="tensor-parallel degrees, e.g. 1,8"),
+    cp: Optional[str] = typer.Option(None, help="context-parallel degrees"),
     pp: Optional[str] = typer.Option(None, help="pipeline-parallel degrees, e.g. 1,4"),
-    microbatch: Optional[str] = typer.Option(None, help="sequences per microbatch per replica"),
+    vp: Optional[str] = typer.Option(None, help="virtual stages per pipeline stage"),
+    ep: Optional[str] = typer.Option(None, help="expert-parallel degrees (MoE models)"),
+    zero: Optional[str] = typer.Option(None, help="ZeRO stages, e.g. 1,3"),
+    micro_batch: Optional[str] = typer.Option(None, help="sequences per micro-batch per "
+                                              "data-parallel rank"),
     global_batch: Optional[int] = typer.Option(None, help="sequences per step (fixed)"),
-    remat: Optional[str] = typer.Option(None, help="remat policies, e.g. none,full"),
+    remat: Optional[str] = typer.Option(None, help="remat policies, e.g. selective,full"),
+    precision: Optional[str] = typer.Option(None, help="GEMM precisions, e.g. bf16,fp8"),
     schedule: Optional[str] = typer.Option(None, help="pipeline schedules: gpipe,1f1b,"
                                                       "interleaved"),
     hardware: Optional[str] = typer.Option(None, help="hardware specs, e.g. h100-sxm,b200"),
+    axis: list[str] = typer.Option([], "--axis", help="any TrainingRun field as an axis, "
+                                   "e.g. --axis framework=megatron,xla (repeat for more)"),
     what_if: list[str] = typer.Option([], "--what-if", help="a hardware what-if scenario, "
                                       "e.g. 'nic_bandwidth=800Gb/s;hbm_bandwidth=4.8TB/s'; "
                                       "repeat for more; '' is the baseline"),
-    budget: Optional[int] = typer.Option(None, help="evaluate a random subset of this size"),
+    budget: Optional[int] = typer.Option(None, help="price a random subset of this size"),
     seed: Optional[int] = typer.Option(None, help="seed for --budget"),
     cost_model: Optional[str] = typer.Option(None, "--cost-model", metavar="MODULE:FACTORY",
                                              help="a third-party cost model: "
@@ -72,14 +95,15 @@ def sweep(
     workers: int = typer.Option(2, help="ray: worker processes"),
     as_json: bool = typer.Option(False, "--json", help="print the Pareto fronts as JSON"),
 ):
-    """Sweep cluster size, parallelism, microbatching, remat and hardware what-ifs."""
+    """Sweep training configurations (any TrainingRun field) and hardware what-ifs."""
     def go():
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.progress import TimeRemainingColumn
 
+        from flint.guard import check_output_dir
         from flint.sweep import run_sweep
         from flint.sweep_report import pareto_front, render_front, write_outputs
-        from flint.guard import check_output_dir
-        from flint.sweep_space import Config, SearchSpace
+        from flint.sweep_space import SearchSpace
 
         if executor not in EXECUTORS:
             raise FlintError(f"unknown --executor {executor!r}; use {' | '.join(EXECUTORS)}")
@@ -87,21 +111,28 @@ def sweep(
             raise FlintError(f"--workers must be at least 1, not {workers}")
         check_output_dir(out)
         cost_model_option(cost_model)     # a bad --cost-model fails before the work
-        flags = {"model": model, "global_batch": global_batch, "budget": budget, "seed": seed,
+        words = lambda text: text and text.split(",")  # noqa: E731
+        flags = {"model": model, "seq_len": seq_len, "global_batch": global_batch,
+                 "budget": budget, "seed": seed,
                  "devices": devices and _ints(devices, "devices"), "tp": tp and _ints(tp, "tp"),
-                 "pp": pp and _ints(pp, "pp"),
-                 "microbatch": microbatch and _ints(microbatch, "microbatch"),
-                 "remat": remat and remat.split(","), "schedule": schedule and schedule.split(","),
-                 "hardware": hardware and hardware.split(","),
+                 "cp": cp and _ints(cp, "cp"), "pp": pp and _ints(pp, "pp"),
+                 "vp": vp and _ints(vp, "vp"), "ep": ep and _ints(ep, "ep"),
+                 "zero": zero and _ints(zero, "zero"),
+                 "micro_batch": micro_batch and _ints(micro_batch, "micro-batch"),
+                 "remat": words(remat), "precision": words(precision),
+                 "schedule": words(schedule), "hardware": words(hardware),
                  "what_if": [_what_if(w) for w in what_if]}
+        flags.update(dict(_axis(a) for a in axis))
         space = SearchSpace.from_dict(_space_doc(space_file, flags))
-        configs, skipped = space.expand()
-        err.print(f"{len(configs)} configurations ({len(skipped)} skipped as invalid), "
-                  f"{len({c.program_key() for c in configs})} programs to extract")
+        points, skipped = space.expand()
+        err.print(f"{len(points)} configurations ({len(skipped)} skipped as invalid)",
+                  highlight=False)
+        if not points:
+            _report_invalid(skipped)
         times = {"extract": [], "estimate": []}
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      console=err, transient=True) as progress:
-            task = progress.add_task("sweeping", total=len(configs))
+                      TimeRemainingColumn(), console=err, transient=True) as progress:
+            task = progress.add_task("sweeping", total=len(points))
 
             def on_result(row, count, total):
                 progress.update(task, completed=count)
@@ -110,22 +141,41 @@ def sweep(
                 what = (f"{row['step_time_s'] * 1e3:9.1f} ms/step {row['memory_gib']:6.1f} GiB"
                         f"{' OOM' if row['oom'] else ''}" if row["status"] == "ok"
                         else f"{row['status']}: {row.get('error', '')}")
-                label = Config.from_json(row).label()
                 progress.console.print(f"[{count}/{total}] {row['time_s']:7.2f} s "
-                                       f"{'(extracted) ' if kind == 'extract' else ''}"
-                                       f"{label}: {what}", highlight=False)
+                                       f"{'(compiled) ' if kind == 'extract' else ''}"
+                                       f"{_label(row)}: {what}", highlight=False, markup=False)
 
             rows = run_sweep(space, out, executor, workers, on_result, cost_model)
-        paths = write_outputs(out, rows)
+        paths = write_outputs(out, rows, skipped)
         fronts = pareto_front(rows)
         for kind, values in times.items():
             if values:
-                err.print(f"{len(values)} configurations with {kind}: median "
+                err.print(f"{len(values)} configurations with "
+                          f"{'a compile' if kind == 'extract' else 'pricing only'}: median "
                           f"{statistics.median(values):.2f} s, max {max(values):.2f} s per "
-                          f"configuration")
+                          f"configuration", highlight=False)
         report = {"pareto": {k: [r["key"] for r in v] for k, v in fronts.items()},
-                  "configurations": len(rows), "outputs": paths}
+                  "configurations": len(rows), "skipped": len(skipped), "outputs": paths}
         report_out(report, as_json, lambda _, console: render_front(fronts, console),
                    None if as_json else "wrote " + ", ".join(paths.values()))
 
     run(go)
+
+
+def _label(row: dict) -> str:
+    from flint.sweep_space import SweepPoint
+    from flint.run import TrainingRun
+
+    fields = {k: row[k] for k in TrainingRun.__dataclass_fields__}
+    return SweepPoint(TrainingRun.from_json(fields), tuple(sorted(row["what_if"].items()))).label()
+
+
+def _report_invalid(skipped: list[dict]) -> None:
+    """Every point is invalid: the reasons, most common first (the sweep still writes its
+    tables, which list them)."""
+    reasons: dict[str, int] = {}
+    for s in skipped:
+        reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1
+    err.print("no valid configuration; why:", highlight=False)
+    for why, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:10]:
+        err.print(f"  {n:5d} x {why}", highlight=False, markup=False)

@@ -1,0 +1,106 @@
+"""`flint predict`: one training configuration (flags or a run YAML) -> its predicted step,
+through the library's one engine (flint.engine.predict)."""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import typer
+
+from flint.cli._common import check_output_file, cost_model_option, err, report_out, run
+
+
+def predict(
+    run_file: Optional[str] = typer.Argument(None, help="a run YAML/JSON (TrainingRun "
+                                             "fields); flags override its fields"),
+    model: Optional[str] = typer.Option(None, help="preset/zoo name (`flint models`), a "
+                                        "model YAML or a Hugging Face config.json"),
+    seq_len: Optional[int] = typer.Option(None, help="training sequence length (tokens)"),
+    devices: Optional[int] = typer.Option(None, "--devices", "-n", help="GPUs in the run"),
+    hardware: Optional[str] = typer.Option(None, help="hardware spec (`flint hardware`); "
+                                           "default h100-sxm"),
+    devices_per_host: Optional[int] = typer.Option(None, help="GPUs per host (default: the "
+                                                   "spec's)"),
+    tp: Optional[int] = typer.Option(None, help="tensor-parallel degree"),
+    sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="sequence parallelism "
+                                      "(default: on when tp > 1)"),
+    cp: Optional[int] = typer.Option(None, help="context-parallel degree"),
+    pp: Optional[int] = typer.Option(None, help="pipeline stages"),
+    vp: Optional[int] = typer.Option(None, help="virtual stages (model chunks) per "
+                                     "pipeline stage"),
+    schedule: Optional[str] = typer.Option(None, help="1f1b | interleaved | gpipe (default: "
+                                           "interleaved when vp > 1)"),
+    pipeline_split: Optional[str] = typer.Option(None, help="time | layers: balance stages "
+                                                 "by predicted time or by layer count"),
+    ep: Optional[int] = typer.Option(None, help="expert-parallel degree (MoE models)"),
+    dispatcher: Optional[str] = typer.Option(None, help="MoE token dispatcher: alltoall | "
+                                             "deepep"),
+    zero: Optional[int] = typer.Option(None, help="0 all-reduce | 1 distributed optimizer | "
+                                       "2 + sharded gradients | 3 FSDP (default 1)"),
+    hsdp: Optional[int] = typer.Option(None, help="zero 3: shard over groups of this many "
+                                       "ranks, replicate across them (HYBRID_SHARD)"),
+    micro_batch: Optional[int] = typer.Option(None, help="sequences per micro-batch per "
+                                              "data-parallel rank"),
+    global_batch: Optional[int] = typer.Option(None, help="sequences per step (default: "
+                                               "one micro-batch per data-parallel rank)"),
+    remat: Optional[str] = typer.Option(None, help="none | selective | full | dots"),
+    precision: Optional[str] = typer.Option(None, help="GEMM precision: bf16 | fp8 | mxfp8"),
+    framework: Optional[str] = typer.Option(None, help="who makes the kernels: megatron | "
+                                            "xla"),
+    routing: Optional[str] = typer.Option(None, help="MoE tokens per expert: balanced | "
+                                          "zipf:S | imbalance:F | histogram:..."),
+    set_: list[str] = typer.Option([], "--set", help="hardware what-if, e.g. "
+                                   "nic_bandwidth=800Gb/s (repeat for more)"),
+    cost_model: Optional[str] = typer.Option(None, "--cost-model", metavar="MODULE:FACTORY",
+                                             help="a third-party cost model"),
+    trace: Optional[str] = typer.Option(None, help="write the predicted timeline "
+                                        "(Chrome/Perfetto trace JSON)"),
+    save_run: Optional[str] = typer.Option(None, "--save-run", help="write the run as YAML"),
+    cache: Optional[str] = typer.Option(None, help="stage-program cache directory "
+                                        "(default: $FLINT_CACHE or ~/.cache/flint)"),
+    as_json: bool = typer.Option(False, "--json", help="print the prediction as JSON"),
+):
+    """Predict one training configuration's step: time, MFU, memory, communication."""
+    flags = dict(model=model, seq_len=seq_len, devices=devices, hardware=hardware,
+                 devices_per_host=devices_per_host, tp=tp, sp=sp, cp=cp, pp=pp, vp=vp,
+                 schedule=schedule, pipeline_split=pipeline_split, ep=ep,
+                 dispatcher=dispatcher, zero=zero, hsdp=hsdp, micro_batch=micro_batch,
+                 global_batch=global_batch, remat=remat, precision=precision,
+                 framework=framework, routing=routing)
+
+    def go():
+        from flint.engine import predict as run_predict
+        from flint.prediction_report import render_prediction
+        from flint.run import TrainingRun, run_document
+
+        for flag, path in (("--trace", trace), ("--save-run", save_run)):
+            if path:
+                check_output_file(path, flag)
+        factory = cost_model_option(cost_model)
+        the_run = TrainingRun.from_json(run_document(run_file, flags),
+                                        run_file or "flint predict")
+        t0 = time.perf_counter()
+        note = err.status(f"pricing {the_run.label()}", spinner="dots") \
+            if err.is_terminal else None
+        if note is not None:
+            note.start()
+        try:
+            p = run_predict(the_run, factory, set_, cache, timeline=bool(trace))
+        finally:
+            if note is not None:
+                note.stop()
+        wall = time.perf_counter() - t0
+        if trace:
+            from flint.exporters.perfetto import write_timeline
+
+            write_timeline(p.timeline, trace)
+        if save_run:
+            from flint.io import write_atomic
+
+            write_atomic(save_run, the_run.to_yaml())
+        report_out(p.to_json(), as_json, render_prediction)
+        err.print(f"{'compiled the stage program and priced' if p.extracted else 'priced'} "
+                  f"in {wall:.2f} s (stage program {p.program_key})", markup=False,
+                  highlight=False)
+
+    run(go)

@@ -1,0 +1,312 @@
+"""The engine: what one training configuration costs, from the compiler's own program.
+
+    from flint.run import TrainingRun
+    from flint.engine import predict
+    p = predict(TrainingRun(model="llama3-70b", seq_len=8192, devices=1024, tp=8, pp=4,
+                            vp=5, global_batch=512, precision="fp8", hardware="h100-sxm"))
+    p.step_time_s, p.mfu, p.oom, p.to_json()
+
+How a run is priced (the same recipe for `flint predict`, `flint sweep`, `flint plan`, the
+published-table scripts and library callers):
+
+1. One pipeline stage's program (`stage_program`): a few unrolled layers of the model on
+   the stage's data x expert x context x tensor mesh, at the run's micro-batch, sequence
+   length, remat policy and GEMM precision, compiled by XLA for the compile-only target
+   the hardware spec names. It is cached on disk by its key (flint.template_cache), so
+   every later run with the same program only re-prices it.
+2. Graph passes, in order: MoE routing (`passes.moe_routing`, MoE models), the run's
+   kernel population (`passes.kernel_population`), the layer template widened to the
+   model's layers (`passes.layer_template`: composite nodes that hold work, not prices),
+   the run's ZeRO flavour (`passes.distributed_optimizer` for ZeRO-1/2), and the pipeline
+   schedule over `pp` stages and the micro-batches of one step (`passes.pipeline`; stages
+   balanced by predicted time unless the run splits by layers).
+3. `hardware_models.estimate` on the run's spec with the what-ifs (or a third-party cost
+   model), which also prices the templates' blocks afresh.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from flint.errors import FlintError
+from flint.run import TrainingRun
+
+# Unrolled layers per stage template: the first and last template layers stand for the
+# model's first and last (they overlap the embedding and the head), the interior ones for
+# every other layer. MoE layers compile slower; two of them keep the expert dispatch of
+# a first and a last layer.
+TEMPLATE_LAYERS = 3
+MOE_TEMPLATE_LAYERS = 2
+# Bumped whenever the zoo's workload changes so cached programs of older code are not
+# reused (3: vocab-parallel embedding and head, MLA's unpadded value head).
+WORKLOAD_VERSION = 3
+
+
+def compile_target(run: TrainingRun) -> str:
+    """The compile-only target the run's hardware spec names."""
+    from flint.frontends.targets import resolve_target
+
+    return resolve_target(run.hardware).hardware
+
+
+def devices_per_host(run: TrainingRun) -> int:
+    from flint.hardware_models.spec import load_spec
+
+    return run.devices_per_host or load_spec(run.hardware).devices_per_node
+
+
+def stage_program(run: TrainingRun) -> dict:
+    """Everything one pipeline stage's extracted template depends on, and nothing else
+    (pipeline depth, micro-batch count, schedule, ZeRO flavour, framework kernels, routing
+    and hardware what-ifs only change the passes and the pricing)."""
+    from flint.models.describe import to_mapping
+
+    cfg = run.model_config()
+    layers = MOE_TEMPLATE_LAYERS if cfg.n_experts else TEMPLATE_LAYERS
+    if cfg.n_experts:
+        # leading dense layers are priced as MoE layers (DeepSeek-V3's first 3: the same
+        # active FFN work, plus their router and all-to-alls)
+        cfg = cfg.with_(first_dense=0)
+    program = {"framework": "jax", "model": to_mapping(cfg), "devices": run.stage_devices,
+               "mesh": [list(a) for a in run.mesh()], "batch_per_replica": run.micro_batch,
+               "remat": run.remat, "sequence_parallel": bool(run.sp), "scan": False,
+               "seq_len": run.seq_len, "layers": min(layers, cfg.n_layers),
+               "hardware": compile_target(run),
+               "devices_per_host": min(devices_per_host(run), run.stage_devices),
+               "workload_version": WORKLOAD_VERSION}
+    if run.precision != "bf16":
+        program["gemm_precision"] = run.precision
+    return program
+
+
+@dataclass
+class Prediction:
+    """What a run costs per step on its hardware (per device where it says so)."""
+
+    run: TrainingRun
+    what_if: tuple
+    step_time_s: float
+    tokens_per_s: float                 # the whole cluster
+    tokens_per_s_per_device: float
+    mfu: float
+    hfu: float
+    compute_busy_s: float
+    exposed_communication_s: float
+    bubble_fraction: float
+    memory_bytes: float                 # per device, peak
+    memory_capacity_bytes: float
+    oom: bool
+    memory: dict                        # the split (parameters, gradients, optimizer, ...)
+    by_class_s: dict
+    by_layer_s: dict
+    collectives_s: dict
+    pipeline: dict
+    facts: dict                         # what the prediction rests on
+    program_key: str
+    extracted: bool                     # whether the stage program was compiled now
+    wall_s: float = 0.0
+    cost_model: str = ""
+    moe_routing: dict | None = None     # MoE runs: the routing report (passes.moe_routing)
+    estimate: object = field(default=None, repr=False)   # hardware_models Estimate
+
+    @property
+    def timeline(self):
+        return self.estimate.timeline if self.estimate is not None else None
+
+    def to_json(self) -> dict:
+        """The prediction as JSON (no wall time: equal runs give equal documents)."""
+        d = {k: v for k, v in self.__dict__.items()
+             if k not in ("run", "estimate", "wall_s", "extracted")}
+        d["run"] = self.run.to_json()
+        d["run_key"] = self.run.key()
+        d["what_if"] = list(self.what_if)
+        return d
+
+
+def predict(run: TrainingRun, cost_model=None, what_if=(), cache=None,
+            timeline: bool = False) -> Prediction:
+    """Price one step of `run`. `cost_model`: a CostModel factory or its `module:factory`
+    name (hardware_models.pluggable; None: the built-in model); `what_if`: spec overrides
+    ("hbm_bandwidth=6.7TB/s", ...); `cache`: a flint.template_cache.TemplateCache or a
+    directory (None: $FLINT_CACHE, else ~/.cache/flint); `timeline`: keep the simulated
+    timeline on the prediction's estimate."""
+    from flint.hardware_models.estimate import estimate
+    from flint.hardware_models.pluggable import cost_model_name, resolve_cost_model
+    from flint.hardware_models.spec import load_spec
+
+    if not isinstance(run, TrainingRun):
+        raise FlintError(f"predict takes a TrainingRun, not {type(run).__name__}")
+    t0 = time.perf_counter()
+    what_if = tuple(str(w) for w in what_if)
+    overrides = run_overrides(run) + list(what_if)
+    load_spec(run.hardware, overrides)          # bad what-ifs fail before any work
+    factory = resolve_cost_model(cost_model)
+    piped, memory, extracted = _pipelined(run, _cache(cache), overrides, factory)
+    e = estimate(piped, run.hardware, overrides, cost_model=factory, memory=memory)
+    if not timeline:
+        e.timeline = None
+    tokens = run.tokens_per_step
+    step = e.step_time_s
+    from flint.template_cache import program_key
+
+    return Prediction(
+        run=run, what_if=what_if, step_time_s=step,
+        tokens_per_s=tokens / step if step else 0.0,
+        tokens_per_s_per_device=tokens / step / run.devices if step else 0.0,
+        mfu=e.mfu or 0.0, hfu=e.hfu, compute_busy_s=e.compute_busy_s,
+        exposed_communication_s=e.exposed_communication_s,
+        bubble_fraction=e.pipeline.get("bubble_fraction", 0.0),
+        memory_bytes=e.memory_bytes, memory_capacity_bytes=e.memory_capacity_bytes,
+        oom=e.oom, memory=e.memory, by_class_s=e.by_class_s, by_layer_s=e.by_layer_s,
+        collectives_s=e.collectives_s, pipeline=e.pipeline,
+        facts=_facts(run, piped, what_if), program_key=program_key(stage_program(run)),
+        extracted=extracted, wall_s=time.perf_counter() - t0,
+        cost_model=cost_model_name(cost_model) or "",
+        moe_routing=piped.meta.get("moe_routing"), estimate=e)
+
+
+def run_overrides(run: TrainingRun) -> list[str]:
+    """Spec figures the run itself sets: hosts of `devices_per_host` devices (an NVLink
+    domain confined to a host shrinks with it; a rack-scale domain stays)."""
+    if not run.devices_per_host:
+        return []
+    from flint.hardware_models.spec import load_spec
+
+    spec = load_spec(run.hardware)
+    out = [f"devices_per_node={run.devices_per_host}"]
+    if spec.scale_up_domain == spec.devices_per_node:
+        out.append(f"scale_up_domain={run.devices_per_host}")
+    return out
+
+
+def _cache(cache):
+    from flint.template_cache import TemplateCache
+
+    if cache is None or isinstance(cache, (str, bytes)) or hasattr(cache, "__fspath__"):
+        return _shared_cache(cache)
+    return cache
+
+
+_CACHES: dict = {}
+
+
+def _shared_cache(directory):
+    """One TemplateCache per directory in this process (its in-memory graphs are reused by
+    later runs: a sweep or a plan prices many runs of one program)."""
+    from flint.template_cache import TemplateCache, default_cache_dir
+
+    key = str(directory) if directory is not None else str(default_cache_dir())
+    if key not in _CACHES:
+        _CACHES[key] = TemplateCache(key)
+    return _CACHES[key]
+
+
+# Graphs after the passes that do not depend on the spec, by (program, passes' options):
+# a sweep over hardware or what-ifs re-prices them without re-running the passes.
+_LAYERED: dict = {}
+_KEPT = 4
+
+
+def layered_graph(run: TrainingRun, cache) -> tuple:
+    """(the run's one-micro-batch step at layer granularity, whether its program was
+    compiled now): routing, kernel population, layer template, ZeRO flavour."""
+    from flint.template_cache import program_key
+
+    program = stage_program(run)
+    key = (program_key(program), run.routing, run.dispatcher, run.framework, run.zero)
+    hit = _LAYERED.get(key)
+    if hit is not None:
+        return hit, False
+    template, extracted = cache.get(program)
+    layered = _passes(run, template)
+    _LAYERED[key] = layered
+    while len(_LAYERED) > _KEPT:
+        _LAYERED.pop(next(iter(_LAYERED)))
+    return layered, extracted
+
+
+def _passes(run: TrainingRun, template):
+    from flint.models.decoder import model_flops
+    from flint.passes.distributed_optimizer import DistributedOptimizer
+    from flint.passes.expand_loops import ExpandLoops
+    from flint.passes.kernel_population import KernelPopulation
+    from flint.passes.layer_template import LayerTemplate
+
+    cfg = run.model_config()
+    graph = ExpandLoops().run(template)
+    if cfg.n_experts:
+        from flint.passes.moe_routing import MoeRouting
+
+        graph = MoeRouting(run.routing, dropless=not cfg.capacity_factor,
+                           capacity_factor=cfg.capacity_factor or 1.0, top_k=cfg.top_k,
+                           deduplicate=run.dispatcher != "alltoall").run(graph)
+    graph = KernelPopulation(run.framework).run(graph)
+    if graph.meta.get("layer_template") is None and cfg.n_layers > 1:
+        graph = LayerTemplate(cfg.n_layers, boundary=boundary_shape(run, cfg)).run(graph)
+    if run.zero in (1, 2):
+        graph = DistributedOptimizer().run(graph)
+    # the whole model's flops for one micro-batch of the stage's data-parallel group, per
+    # device of the stage (the pipeline pass turns it into per device of the cluster)
+    graph.meta["model_flops_per_device"] = model_flops(
+        cfg, run.micro_batch * run.dp * run.seq_len) / run.stage_devices
+    return graph
+
+
+def boundary_shape(run: TrainingRun, cfg) -> str:
+    """What a pipeline stage sends the next (and the gradient it gets back): the residual
+    stream of one micro-batch, bf16 [micro_batch, seq / (cp x tp with sequence
+    parallelism), hidden], Megatron-Core's p2p tensor shape."""
+    seq = run.seq_len // (run.cp * (run.tp if run.sp else 1))
+    return f"bf16[{run.micro_batch},{seq},{cfg.d_model}]"
+
+
+_PIPELINED: dict = {}
+
+
+def _pipelined(run: TrainingRun, cache, overrides, factory):
+    """(the step's graph over every stage and micro-batch, its memory, compiled now)."""
+    from flint.hardware_models.memory import estimate_memory
+    from flint.passes.pipeline import PipelineParallel
+
+    layered, extracted = layered_graph(run, cache)
+    if run.pp == 1 and run.microbatches == 1:
+        return layered, estimate_memory(layered), extracted
+    split = run.pipeline_split if run.pp > 1 else "layers"
+    key = (id(layered), run.pp, run.microbatches, run.schedule, run.vp, split,
+           (run.hardware, tuple(overrides), id(factory)) if split == "time" else None)
+    hit = _PIPELINED.get(key)
+    if hit is None or hit[0] is not layered:
+        piped = PipelineParallel(run.pp, run.microbatches, run.schedule, run.vp, split,
+                                 hardware=run.hardware if split == "time" else "",
+                                 what_if=";".join(overrides) if split == "time" else "",
+                                 cost_model=factory).run(layered)
+        hit = (layered, piped, estimate_memory(piped))
+        _PIPELINED.clear()              # one at a time: pipelined graphs are large
+        _PIPELINED[key] = hit
+    return hit[1], hit[2], extracted
+
+
+def _facts(run: TrainingRun, graph, what_if) -> dict:
+    """The facts a prediction rests on, stated with it (flint predict prints them)."""
+    from flint.hardware_models.composite import template_of
+
+    # the work of one micro-batch: the template's nodes for a layered graph
+    source = template_of(graph) or graph
+    dtypes: dict[str, int] = {}
+    for n in source.nodes:
+        if n.op_class == "gemm" and n.operands:
+            d = n.operands[0].split("[", 1)[0]
+            dtypes[d] = dtypes.get(d, 0) + 1
+    collectives: set = set()
+    for g in {id(source): source, id(graph): graph}.values():
+        for n in g.nodes:
+            if n.collective is not None and n.collective.type not in ("send", "recv"):
+                axes = ",".join(g.communicators[n.collective.communicator].mesh_axes)
+                collectives.add(n.collective.type + (f" over {axes}" if axes else ""))
+    if run.pp > 1:
+        collectives.add("send/recv over pipe")
+    return {"seq_len": run.seq_len, "global_batch_sequences": run.global_batch,
+            "micro_batch": run.micro_batch, "microbatches": run.microbatches,
+            "tokens_per_step": run.tokens_per_step, "gemm_dtypes": dict(sorted(dtypes.items())),
+            "collectives": sorted(collectives), "framework": run.framework,
+            "zero": run.zero, "what_if": list(what_if)}

@@ -1,0 +1,103 @@
+"""A prediction as tables for a terminal or a log (every number with its unit)."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from flint.hardware_models.units import fmt_bytes, fmt_seconds
+
+
+WIDTH = 120
+
+
+def wide(console: Console) -> Console:
+    """Off a terminal (a log, a pipe) tables get WIDTH columns instead of 80, so that
+    their names and numbers are not cut."""
+    if not console.is_terminal and console.width < WIDTH:
+        return Console(width=WIDTH, file=console.file)
+    return console
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def render_prediction(p: dict, console: Console) -> None:
+    """`p`: Prediction.to_json()."""
+    console = wide(console)
+    run = p["run"]
+    step = p["step_time_s"]
+    t = Table(title=escape(f"{_model_name(run['model'])} on {run['devices']} x "
+                           f"{run['hardware']}" + (f" [{', '.join(p['what_if'])}]"
+                                                    if p["what_if"] else "")),
+              show_header=False, title_justify="left")
+    t.add_column("what", no_wrap=True)
+    t.add_column("value", justify="right", overflow="fold")
+    t.add_row("parallelism", _layout(run, p["facts"]))
+    t.add_row("batch", f"{p['facts']['global_batch_sequences']} sequences x "
+              f"{p['facts']['seq_len']} tokens = {p['facts']['tokens_per_step']:,} tokens/step "
+              f"({p['facts']['microbatches']} micro-batches of {p['facts']['micro_batch']})")
+    t.add_row("step time", fmt_seconds(step))
+    t.add_row("throughput", f"{p['tokens_per_s']:,.0f} tokens/s "
+              f"({p['tokens_per_s_per_device']:,.0f} tokens/s/device)")
+    t.add_row("MFU / HFU", f"{_pct(p['mfu'])} / {_pct(p['hfu'])}")
+    t.add_row("compute stream busy", fmt_seconds(p["compute_busy_s"]) + _share(
+        p["compute_busy_s"], step))
+    t.add_row("exposed communication", fmt_seconds(p["exposed_communication_s"]) + _share(
+        p["exposed_communication_s"], step))
+    if run["pp"] > 1:
+        t.add_row("pipeline bubble", f"{_pct(p['bubble_fraction'])} of the pipelined part")
+    verdict = "OUT OF MEMORY" if p["oom"] else "fits"
+    t.add_row("memory per device", f"{fmt_bytes(p['memory_bytes'])} of "
+              f"{fmt_bytes(p['memory_capacity_bytes'])}: {verdict}")
+    mem = p.get("memory") or {}
+    for cat, nbytes in sorted((mem.get("arguments_bytes") or {}).items()):
+        t.add_row(f"  {cat.replace('_', ' ')}", fmt_bytes(nbytes))
+    if mem.get("temporaries_peak_bytes") is not None:
+        t.add_row("  activations and temporaries at the peak",
+                  fmt_bytes(mem["temporaries_peak_bytes"]))
+    facts = p["facts"]
+    t.add_row("GEMM operand dtypes", ", ".join(f"{k} ({v} GEMMs)" for k, v in
+                                               facts["gemm_dtypes"].items()) or "none")
+    t.add_row("kernels", f"{facts['framework']}")
+    console.print(t)
+    c = Table(title="Time by op class (busiest device, summed over the step)",
+              title_justify="left")
+    c.add_column("class", no_wrap=True)
+    c.add_column("time", justify="right")
+    c.add_column("share of step", justify="right")
+    for k, v in sorted(p["by_class_s"].items(), key=lambda kv: (-kv[1], kv[0])):
+        if v > 0:
+            c.add_row(k, fmt_seconds(v), _pct(v / step) if step else "-")
+    console.print(c)
+    console.print("collectives: " + "; ".join(facts["collectives"]) if facts["collectives"]
+                  else "collectives: none", highlight=False, soft_wrap=True)
+
+
+def _share(x: float, step: float) -> str:
+    return f" ({100 * x / step:.0f}% of step)" if step else ""
+
+
+def _model_name(model) -> str:
+    if isinstance(model, dict):
+        return str(model.get("name") or model.get("base") or "custom model")
+    return str(model)
+
+
+def _layout(run: dict, facts: dict) -> str:
+    dp = run["devices"] // (run["tp"] * run["cp"] * run["pp"])
+    parts = [f"tp {run['tp']}" + (" + sp" if run["sp"] else "")]
+    for key in ("cp", "pp", "vp", "ep"):
+        if run[key] > 1:
+            parts.append(f"{key} {run[key]}")
+    if run["pp"] > 1:
+        parts.append(run["schedule"])
+    zero = {0: "all-reduce", 1: "ZeRO-1 (distributed optimizer)", 2: "ZeRO-2",
+            3: "ZeRO-3 (FSDP)"}[run["zero"]]
+    if run["hsdp"]:
+        zero += f", HSDP groups of {run['hsdp']}"
+    parts.append(f"dp {dp} {zero}")
+    parts.append(f"remat {run['remat']}")
+    parts.append(run["precision"])
+    return ", ".join(parts)

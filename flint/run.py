@@ -1,0 +1,264 @@
+"""A training run: one configuration of a model on a cluster, described once, checked once.
+
+    run = TrainingRun(model="llama3-70b", seq_len=8192, devices=1024, tp=8, pp=4, vp=5,
+                      global_batch=512, precision="fp8", hardware="h100-sxm")
+    run.dp, run.microbatches, run.key()
+    TrainingRun.from_json(run.to_json()) == run
+
+`flint.engine.predict(run)` prices it; `flint predict`, `flint sweep`, `flint plan` and the
+published-table scripts all build TrainingRuns. The hardware is the spec the run is priced
+on; the compile target comes from the spec (`compile_target:`), never from the user.
+
+Parallelism, Megatron-LM's rank order (tensor innermost, then context, expert, data,
+pipeline outermost): devices = dp x cp x tp x pp; the expert axis is carved out of the
+data-parallel ranks (dp = ep x the rest); ZeRO: 0 = gradient all-reduce, 1 = Megatron's
+distributed optimizer (optimizer state sharded over DP), 2 = ZeRO-1 plus sharded gradients,
+3 = FSDP (parameters, gradients and optimizer state sharded: over all of DP, or over
+`hsdp` ranks with replicas across them, PyTorch's HYBRID_SHARD).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Literal, Optional, Union
+
+from pydantic import Field
+from typing_extensions import Annotated
+
+from flint.cluster import MAX_DEVICES
+from flint.errors import FlintError
+from flint.models import REMAT_POLICIES
+from flint.schema import Bool, Number, PositiveInt, Str, Strict, did_you_mean, validated
+
+SCHEDULES = ("1f1b", "interleaved", "gpipe")
+SPLITS = ("time", "layers")
+PRECISIONS = ("bf16", "fp8", "mxfp8")
+ZERO_STAGES = (0, 1, 2, 3)
+DISPATCHERS = ("alltoall", "deepep")
+# How the run's kernels are made (hardware_models prices each population): Megatron-Core
+# with Transformer Engine's fused library kernels, or XLA's compiler fusions.
+FRAMEWORKS = ("megatron", "xla")
+
+_Degree = Annotated[PositiveInt, Field(le=MAX_DEVICES)]
+
+
+class RunSchema(Strict):
+    """A run as JSON/YAML: types, ranges and enums (TrainingRun checks the rest)."""
+
+    model: Union[Str, dict[Str, Union[Str, Number, Bool]]]
+    devices: _Degree
+    seq_len: Annotated[PositiveInt, Field(le=2**22)]
+    hardware: Str = "h100-sxm"
+    devices_per_host: Annotated[int, Field(ge=0, le=MAX_DEVICES)] = 0
+    tp: _Degree = 1
+    sp: Optional[Bool] = None
+    cp: _Degree = 1
+    pp: _Degree = 1
+    vp: Annotated[PositiveInt, Field(le=1024)] = 1
+    schedule: Optional[Literal[SCHEDULES]] = None
+    pipeline_split: Literal[SPLITS] = "time"
+    ep: _Degree = 1
+    dispatcher: Literal[DISPATCHERS] = "alltoall"
+    zero: Literal[ZERO_STAGES] = 1
+    hsdp: Annotated[int, Field(ge=0, le=MAX_DEVICES)] = 0
+    micro_batch: Annotated[PositiveInt, Field(le=2**16)] = 1
+    global_batch: Annotated[int, Field(ge=0, le=2**24)] = 0
+    remat: Literal[REMAT_POLICIES] = "selective"
+    precision: Literal[PRECISIONS] = "bf16"
+    framework: Literal[FRAMEWORKS] = "megatron"
+    routing: Str = "balanced"
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """One training configuration. `model`: a preset/zoo name, a model YAML or Hugging
+    Face config.json path, or a mapping of dims (as a tuple of pairs, so the run hashes);
+    `seq_len`: the training sequence length, always explicit. `global_batch` in
+    sequences (0: one micro-batch per data-parallel rank); `sp` None: on when tp > 1
+    (Megatron-Core's default); `schedule` None: interleaved 1F1B when vp > 1, else 1F1B;
+    `devices_per_host` 0: the spec's devices per node."""
+
+    model: Union[str, tuple]
+    devices: int
+    seq_len: int = 0            # 0: the `seq` a model mapping states (else an error)
+    hardware: str = "h100-sxm"
+    devices_per_host: int = 0
+    tp: int = 1
+    sp: Optional[bool] = None
+    cp: int = 1
+    pp: int = 1
+    vp: int = 1
+    schedule: Optional[str] = None
+    pipeline_split: str = "time"
+    ep: int = 1
+    dispatcher: str = "alltoall"
+    zero: int = 1
+    hsdp: int = 0
+    micro_batch: int = 1
+    global_batch: int = 0
+    remat: str = "selective"
+    precision: str = "bf16"
+    framework: str = "megatron"
+    routing: str = "balanced"
+
+    def __post_init__(self):
+        if not self.seq_len:
+            object.__setattr__(self, "seq_len", stated_seq_len(self.model_spec()))
+        doc = self.to_json()
+        validated(RunSchema, doc, "run")
+        if isinstance(self.model, dict):
+            object.__setattr__(self, "model", tuple(sorted(self.model.items())))
+        if self.sp is None:
+            object.__setattr__(self, "sp", self.tp > 1)
+        if self.schedule is None:
+            object.__setattr__(self, "schedule", "interleaved" if self.vp > 1 else "1f1b")
+        if not self.global_batch:
+            object.__setattr__(self, "global_batch", self.dp_if_valid() * self.micro_batch)
+        from flint.run_checks import check_run
+
+        check_run(self)
+
+    # --- derived figures -------------------------------------------------------------
+    def dp_if_valid(self) -> int:
+        per = self.tp * self.cp * self.pp
+        return self.devices // per if per and self.devices % per == 0 else 0
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks (the expert axis included)."""
+        return self.devices // (self.tp * self.cp * self.pp)
+
+    @property
+    def stage_devices(self) -> int:
+        return self.devices // self.pp
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per step (gradient accumulation, the pipeline's depth)."""
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    def model_spec(self):
+        """The model as resolve_model takes it: a name or path, or a mapping of dims."""
+        return dict(self.model) if isinstance(self.model, tuple) else self.model
+
+    def model_config(self):
+        """The model's DecoderConfig at the run's sequence length."""
+        from flint.models.describe import resolve_model
+
+        return resolve_model(self.model_spec()).with_(seq_len=self.seq_len)
+
+    def mesh(self) -> tuple[tuple[str, int], ...]:
+        """One pipeline stage's mesh, outermost axis first: data (or FSDP/HSDP), expert,
+        context, tensor (flint.models.train's axis names)."""
+        rest = self.dp // self.ep
+        if self.zero == 3:
+            shard = self.hsdp or rest
+            axes = [("data", rest // shard), ("fsdp", shard)]
+        else:
+            axes = [("data", rest)]
+        axes += [("expert", self.ep), ("context", self.cp), ("model", self.tp)]
+        kept = [(n, s) for n, s in axes if s > 1]
+        return tuple(kept) or (("data", 1),)
+
+    # --- identity ----------------------------------------------------------------------
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["model"] = self.model_spec()
+        return d
+
+    @classmethod
+    def from_json(cls, doc, where: str = "run") -> "TrainingRun":
+        if not isinstance(doc, dict):
+            raise FlintError(f"{where}: a run is a mapping of fields")
+        unknown = sorted(map(str, set(doc) - {f.name for f in fields(cls)}))
+        if unknown:
+            raise FlintError(f"{where}: unknown field {unknown[0]!r}"
+                             f"{did_you_mean(unknown[0], [f.name for f in fields(cls)])}")
+        for name in ("model", "devices"):
+            if doc.get(name) is None:
+                raise FlintError(f"{where}: {name}: missing (--{name})")
+        if not doc.get("seq_len"):
+            doc = dict(doc, seq_len=stated_seq_len(doc["model"], where))
+        validated(RunSchema, doc, where)        # types and ranges, one line on failure
+        values = {f.name: doc[f.name] for f in fields(cls) if f.name in doc}
+        try:
+            return cls(**values)
+        except FlintError as e:
+            raise FlintError(f"{where}: {e}") from None
+
+    @classmethod
+    def load(cls, path: str) -> "TrainingRun":
+        """A run from a YAML or JSON file."""
+        return cls.from_json(run_document(path, {}), path)
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.to_json(), sort_keys=False)
+
+    def key(self) -> str:
+        """A stable digest of the run (its JSON, keys sorted)."""
+        text = json.dumps(self.to_json(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def replace(self, **changes) -> "TrainingRun":
+        """The same run with some fields changed (checked again); derived defaults
+        (sp, schedule, global_batch) are recomputed unless given."""
+        doc = self.to_json()
+        doc.update(changes)
+        return TrainingRun(**doc)
+
+    def label(self) -> str:
+        parts = [f"{self.devices} x {self.hardware}", f"tp{self.tp}" + ("+sp" if self.sp else "")]
+        parts += [f"{k}{v}" for k, v in (("cp", self.cp), ("pp", self.pp), ("vp", self.vp),
+                                         ("ep", self.ep)) if v > 1]
+        parts += [f"dp{self.dp}", f"zero{self.zero}" + (f"/hsdp{self.hsdp}" if self.hsdp else ""),
+                  f"mb{self.micro_batch}x{self.microbatches}", f"remat={self.remat}",
+                  self.precision]
+        name = self.model if isinstance(self.model, str) else dict(self.model).get(
+            "name", dict(self.model).get("base", "custom"))
+        return f"{name} seq {self.seq_len} gbs {self.global_batch}: " + " ".join(parts)
+
+
+def stated_seq_len(model, where: str = "run") -> int:
+    """The sequence length a model mapping states itself (`{base: ..., seq: 4096}`);
+    anything else is ambiguous (a preset's or a config's maximum context is not what a
+    run trains at), so it stops with the flag to set."""
+    if isinstance(model, dict) and model.get("seq"):
+        return model["seq"]
+    from flint.frontends.targets import import_jax_quietly
+    from flint.models.describe import resolve_model
+
+    import_jax_quietly()
+
+    try:
+        cfg = resolve_model(model)
+    except FlintError as e:                 # the model itself is wrong: say that first
+        raise FlintError(f"{where}: model: {e}") from None
+    hint = f"; {cfg.name}'s config allows up to {cfg.seq_len}"
+    raise FlintError(f"{where}: seq_len: give the training sequence length (--seq-len N, or "
+                     f"seq_len: in a run file){hint}")
+
+
+def run_document(path: str | None, flags: dict) -> dict:
+    """A run's fields from a YAML/JSON file (if any) with the given flags (None: not
+    given) on top."""
+    doc: dict = {}
+    if path:
+        import yaml
+
+        from flint.io import read_text
+
+        try:
+            doc = yaml.safe_load(read_text(path, limit=2**20))
+        except (yaml.YAMLError, RecursionError) as e:
+            raise FlintError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+        if not isinstance(doc, dict):
+            raise FlintError(f"{path}: a run file holds a mapping of TrainingRun fields")
+    doc.update({k: v for k, v in flags.items() if v is not None})
+    return doc

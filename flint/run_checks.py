@@ -1,0 +1,122 @@
+"""Why a TrainingRun cannot run: one line naming the field and the reason.
+
+The schema (flint.run.RunSchema) checks each field alone; these check fields against each
+other, against the model's shape and against the hardware spec, in the order a user would
+fix them (cluster split first, then batch, then model fit)."""
+from __future__ import annotations
+
+from flint.errors import FlintError
+
+
+def check_run(run) -> None:
+    from flint.frontends.targets import import_jax_quietly
+
+    import_jax_quietly()        # the model zoo imports JAX: no CUDA-plugin noise first
+    _cluster(run)
+    _batch(run)
+    cfg = _model(run)
+    _pipeline(run, cfg)
+    _parallel_fit(run, cfg)
+    _hardware(run)
+
+
+def _cluster(run) -> None:
+    per = run.tp * run.cp * run.pp
+    if run.devices % per:
+        raise FlintError(f"devices: {run.devices} do not split into tp {run.tp} x cp {run.cp} "
+                         f"x pp {run.pp} ({run.devices} is not a multiple of {per})")
+    if run.sp and run.tp == 1:
+        raise FlintError("sp: sequence parallelism shards activations over the tensor-parallel "
+                         "ranks and needs tp > 1")
+    dp = run.devices // per
+    if dp % run.ep:
+        raise FlintError(f"ep: {run.ep} expert-parallel ranks do not divide the {dp} "
+                         f"data-parallel ranks (EP is carved out of data parallelism)")
+    if run.hsdp:
+        if run.zero != 3:
+            raise FlintError(f"hsdp: a hybrid-sharded group ({run.hsdp}) needs zero 3 (FSDP), "
+                             f"not zero {run.zero}")
+        if (dp // run.ep) % run.hsdp:
+            raise FlintError(f"hsdp: {run.hsdp} does not divide the {dp // run.ep} "
+                             f"data-parallel ranks it shards over")
+    if run.devices_per_host and run.devices % min(run.devices_per_host, run.devices):
+        raise FlintError(f"devices_per_host: {run.devices} devices do not fill hosts of "
+                         f"{run.devices_per_host}")
+
+
+def _batch(run) -> None:
+    dp = run.devices // (run.tp * run.cp * run.pp)
+    if run.global_batch % (dp * run.micro_batch):
+        raise FlintError(f"global_batch: {run.global_batch} sequences are not a multiple of "
+                         f"dp {dp} x micro_batch {run.micro_batch} = {dp * run.micro_batch}")
+    if run.seq_len % (2 * run.cp) and run.cp > 1:
+        raise FlintError(f"seq_len: {run.seq_len} does not split into 2 x cp = {2 * run.cp} "
+                         f"load-balanced chunks")
+
+
+def _model(run):
+    from flint.models.describe import resolve_model
+
+    try:
+        return resolve_model(run.model_spec()).with_(seq_len=run.seq_len)
+    except FlintError as e:
+        raise FlintError(f"model: {e}") from None
+
+
+def _pipeline(run, cfg) -> None:
+    chunks = run.pp * run.vp
+    if chunks > cfg.n_layers:
+        raise FlintError(f"vp: pp {run.pp} x vp {run.vp} = {chunks} model chunks do not fill "
+                         f"{cfg.name}'s {cfg.n_layers} layers")
+    if run.vp > 1 and run.schedule != "interleaved":
+        raise FlintError(f"schedule: vp {run.vp} chunks per stage need the interleaved "
+                         f"schedule, not {run.schedule}")
+    if run.schedule == "interleaved":
+        if run.vp < 2 or run.pp < 2:
+            raise FlintError("schedule: interleaved 1F1B needs pp > 1 and vp > 1")
+        m = run.global_batch // ((run.devices // (run.tp * run.cp * run.pp)) * run.micro_batch)
+        if m % run.pp:
+            raise FlintError(f"global_batch: interleaved 1F1B needs the {m} micro-batches to be "
+                             f"a multiple of pp {run.pp} (Megatron-LM's rule)")
+
+
+def _parallel_fit(run, cfg) -> None:
+    for what, n in (("attention heads", cfg.n_heads), ("KV heads", cfg.n_kv_heads),
+                    ("FFN hidden size", cfg.d_ff), ("vocabulary", cfg.vocab)):
+        if n % run.tp:
+            raise FlintError(f"tp: {run.tp} does not divide {cfg.name}'s {n} {what}")
+    if run.ep > 1 and not cfg.n_experts:
+        raise FlintError(f"ep: {cfg.name} has no experts to shard over {run.ep} ranks")
+    if cfg.n_experts and cfg.n_experts % run.ep:
+        raise FlintError(f"ep: {run.ep} does not divide {cfg.name}'s {cfg.n_experts} experts")
+    if run.dispatcher != "alltoall" and not cfg.n_experts:
+        raise FlintError(f"dispatcher: {cfg.name} has no experts to dispatch tokens to")
+    if run.routing != "balanced":
+        if not cfg.n_experts:
+            raise FlintError(f"routing: {cfg.name} has no experts to route tokens to")
+        from flint.passes.moe_routing import expert_shares
+
+        try:
+            expert_shares(run.routing, cfg.n_experts)
+        except FlintError as e:
+            raise FlintError(f"routing: {e}") from None
+
+
+def _hardware(run) -> None:
+    from flint.frontends.targets import resolve_target
+    from flint.hardware_models.spec import load_spec
+
+    try:
+        target = resolve_target(run.hardware)
+        spec = load_spec(run.hardware)
+    except FlintError as e:
+        raise FlintError(f"hardware: {e}") from None
+    if target.platform == "cpu":
+        raise FlintError(f"hardware: {run.hardware} is a host CPU: training runs are "
+                         f"priced on accelerators (use flint extract for CPU programs)")
+    if target.platform == "tpu" and run.framework != "xla":
+        raise FlintError(f"framework: {run.framework} kernels do not run on "
+                         f"{run.hardware} (a TPU runs XLA's: framework xla)")
+    if run.precision != "bf16" and "fp8" not in spec.peak_flops:
+        raise FlintError(f"precision: {run.precision} GEMMs need FP8 tensor cores; "
+                         f"{spec.name} lists none")

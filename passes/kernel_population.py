@@ -1,0 +1,38 @@
+"""Who made a graph's kernels: a run's framework, said on every node.
+
+The graph comes from XLA (Flint compiles the step), but the run it stands for may launch
+other kernels for the same work. `megatron`: Megatron-Core with Transformer Engine, whose
+norms, activations, casts and optimizer are hand-vectorized library kernels that stream
+at the achievable share of HBM bandwidth (node meta `kernel_source: library`);
+`xla`: XLA's own fusions, which the cost model caps per SM
+(hardware_models/compute.py). GEMMs and attention are library kernels in both.
+
+Contract: returns a copy whose nodes carry meta["kernel_source"] ("library" or
+"generated") and meta["framework"] on the graph; shapes, flops, bytes and edges are
+unchanged. Raises FlintError for an unknown framework.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from flint.errors import FlintError
+from flint.graph import WorkloadGraph
+
+FRAMEWORKS = {"megatron": "library", "xla": "generated"}
+
+
+@dataclass(frozen=True)
+class KernelPopulation:
+    framework: str = "megatron"
+    name: ClassVar[str] = "kernel-population"
+
+    def __post_init__(self):
+        if self.framework not in FRAMEWORKS:
+            raise FlintError(f"kernel-population: unknown framework {self.framework!r}; use "
+                             f"{' | '.join(FRAMEWORKS)}")
+
+    def run(self, graph: WorkloadGraph) -> WorkloadGraph:
+        source = FRAMEWORKS[self.framework]
+        nodes = [replace(n, meta=dict(n.meta, kernel_source=source)) for n in graph.nodes]
+        return replace(graph, nodes=nodes, meta=dict(graph.meta, framework=self.framework))
