@@ -1,28 +1,39 @@
 """Time of one compute or memory node: the kernel model of kernels.py on the spec's figures.
 
-time = floor + max(compute time, bytes / (HBM bandwidth x hbm_fraction))
+time = floor + max(compute time, bytes / bandwidth of the node's kernel population)
 
 Tensor-core work (GEMM, convolution, attention) runs at the operand dtype's dense peak
-(f32 GEMMs run as TF32 on GPUs, XLA's default precision there) times the achievable
-fraction for its kernel family, quantized into tiles and waves over the SMs; other
-arithmetic runs on the vector units at the FP32 peak. `flint calibrate` replaces the
-fractions and the floor with values fitted to real traces (under `efficiency:` in a spec).
+times the achievable fraction for its kernel family, quantized into tiles and waves over
+the SMs (kernels.py; attention by era in attention_kernels.py); other arithmetic runs on
+the vector units at the FP32 peak. Memory-bound work moves its bytes at the bandwidth of
+the population that made the kernel (populations.py: library, XLA-generated, PyTorch
+eager, Inductor). `flint calibrate` replaces the fractions and the floor with values
+fitted to real traces (under `efficiency:` in a spec).
+
+f32 GEMMs: XLA runs them as TF32 on GPUs (its default precision). PyTorch runs them in
+full FP32 unless the program allows TF32 (`torch.backends.cuda.matmul.allow_tf32`, or
+`torch.set_float32_matmul_precision("high")`), so a torch node (meta `aten`) is priced at
+the FP32 rate unless the graph's meta says `allow_tf32: true`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from flint.graph import TENSOR_CLASSES, Node, OpClass
-from flint.hardware_models import kernels
+from flint.hardware_models import attention_kernels, kernels, populations
 from flint.hardware_models.spec import HardwareSpec
 
 TRANSCENDENTAL_FLOPS = 4.0   # SFU ops: ~4 FMA slots each (a quarter-rate unit per SM quad)
+# GPU generations whose cuBLAS GEMMs are warp-specialized persistent kernels
+# (kernels.gemm_time) and whose native attention overlaps softmax with the GEMMs.
+ASYNC_GENERATIONS = ("hopper", "blackwell")
 
 
 @dataclass(frozen=True)
 class RooflineCompute:
     spec: HardwareSpec
     efficiency: dict = field(default_factory=dict)   # calibrated figures, over the spec's
+    allow_tf32: bool = False                         # the torch program allows TF32 GEMMs
 
     def figure(self, name: str) -> float:
         return kernels.figure(self.spec, name, self.efficiency)
@@ -38,30 +49,24 @@ class RooflineCompute:
         return t_flops, moved / self.memory_bandwidth(node) if moved else 0.0
 
     def memory_bandwidth(self, node: Node) -> float:
-        """Bytes/s a memory-bound node sustains: the stream share of HBM bandwidth, and for
-        compiler-generated GPU kernels (anything not from an ATen/library kernel) the
-        per-SM in-flight bound of kernels.GENERATED_BYTES_PER_SM_S. A node whose meta
-        says `kernel_source: library` stands for a hand-vectorized library kernel (e.g. a
-        Transformer Engine fused norm/cast when the workload models a Megatron run)."""
+        """Bytes/s a memory-bound node sustains: the stream share of HBM bandwidth, and
+        for XLA-generated reductions the per-SM bound of unvectorized kernels over the
+        SMs their grid occupies (populations.py). A calibrated `hbm_fraction` (fitted to
+        a trace of the kernels as they ran) replaces both."""
         bw = self.spec.hbm_bandwidth * self.figure("hbm_fraction")
-        generated = ("aten" not in node.meta and node.meta.get("kernel_source") != "library"
-                     and node.op_class not in TENSOR_CLASSES)
-        if self.sms and generated and "hbm_fraction" not in self.efficiency:
-            bw = min(bw, self.sms * kernels.GENERATED_BYTES_PER_SM_S)
+        if (self.sms and node.op_class not in TENSOR_CLASSES and "hbm_fraction" not in
+                self.efficiency and populations.population(node) == "generated"):
+            cap = populations.generated_bandwidth(node, self.sms,
+                                                  kernels.GENERATED_BYTES_PER_SM_S)
+            if cap:
+                bw = min(bw, cap)
         return bw
 
     def compute_time(self, node: Node) -> float:
         if node.op_class in TENSOR_CLASSES and node.flops:
-            peak = self.spec.peak(tensor_dtype(node, self.spec.kind))
+            peak = self.spec.peak(tensor_dtype(node, self.spec.kind, self.allow_tf32))
             if node.op_class == OpClass.ATTENTION:
-                attn = node.meta.get("attention") if isinstance(node.meta.get("attention"),
-                                                                dict) else None
-                native = not (attn and attn.get("impl") == "flash2")
-                frac = self.figure("attention_fraction_native" if native
-                                   else "attention_fraction")
-                exp_rate = self.sms * kernels.SFU_EXP_PER_CLOCK_PER_SM * self.spec.clock
-                return kernels.attention_time(node.flops, attn, peak * frac, self.sms,
-                                              exp_rate, overlapped=native)
+                return self._attention_time(node, peak)
             rate = peak * self.figure("gemm_fraction")
             shape = kernels.gemm_shape(node.flops, node.outputs[0] if node.outputs else "")
             if shape is None:
@@ -69,26 +74,70 @@ class RooflineCompute:
             if self.spec.kind == "tpu":
                 return kernels.tpu_matmul_time(shape, rate,
                                                self.spec.matrix_unit or kernels.TPU_MXU)
-            return kernels.gemm_time(shape, rate, self.sms)
+            simt = tensor_dtype(node, self.spec.kind, self.allow_tf32) in ("f32", "f64")
+            return kernels.gemm_time(shape, rate, self.sms, self.persistent and not simt,
+                                     kernels.TILE_K_SIMT if simt else kernels.TILE_K)
         work = node.flops + TRANSCENDENTAL_FLOPS * node.transcendentals
         if not work:
             return 0.0
         return work / (self.spec.peak("f32") * self.figure("vector_fraction"))
 
+    def _attention_time(self, node: Node, peak: float) -> float:
+        attn = node.meta.get("attention") if isinstance(node.meta.get("attention"),
+                                                        dict) else None
+        kind = attention_kernels.family(attn)
+        if kind == "unfused" and self.sms:
+            t = attention_kernels.unfused_time(
+                attn, peak * self.figure("gemm_fraction"), self.sms,
+                self.spec.hbm_bandwidth * self.figure("hbm_fraction"), self.launch_overhead(),
+                self.persistent)
+            if t is not None:
+                return t
+        native = kind in attention_kernels.NATIVE
+        frac = self.figure("attention_fraction_native" if native else "attention_fraction")
+        overlapped = native and self.generation in ASYNC_GENERATIONS
+        exp_rate = self.sms * kernels.SFU_EXP_PER_CLOCK_PER_SM * self.spec.clock
+        return attention_kernels.fused_time(node.flops, attn, peak * frac, self.sms, exp_rate,
+                                            overlapped=overlapped)
+
     @property
     def sms(self) -> int:
         return int(self.spec.cores) if self.spec.kind == "gpu" else 0
+
+    @property
+    def generation(self) -> str:
+        """The GPU architecture a spec's name says ("" when it names none)."""
+        from flint.hardware_models.nccl import ARCH_BY_PREFIX
+
+        name = self.spec.name.lower()
+        return next((arch for prefix, arch in ARCH_BY_PREFIX if name.startswith(prefix)), "")
+
+    @property
+    def persistent(self) -> bool:
+        return self.spec.kind == "gpu" and self.generation in ASYNC_GENERATIONS
 
     def time(self, node: Node) -> float:
         recorded = node.meta.get("recorded_s")
         if recorded is not None and not node.flops and not (node.bytes_read + node.bytes_written):
             return float(recorded)   # an imported trace node with nothing but its duration
         t_flops, t_bytes = self.bound(node)
-        return max(t_flops, t_bytes) + self.launch_overhead()
+        return max(t_flops, t_bytes) + self.launch_overhead() + self.memory_latency(node)
+
+    def memory_latency(self, node: Node) -> float:
+        """A memory-bound GPU kernel's DRAM round trip (kernels.MEMORY_LATENCY_S); GEMM
+        and attention pipelines count their fill in their own steps."""
+        if (not self.sms or node.op_class in TENSOR_CLASSES
+                or not (node.bytes_read or node.bytes_written) or "kernel_floor" in self.efficiency):
+            return 0.0
+        return kernels.MEMORY_LATENCY_S
 
 
-def tensor_dtype(node: Node, kind: str) -> str:
+def tensor_dtype(node: Node, kind: str, allow_tf32: bool | None = None) -> str:
+    """The dtype a tensor-core node runs in: an f32 GEMM on a GPU is TF32 for XLA (its
+    default precision) and for torch programs that allow it, FP32 for other torch nodes."""
     dtype = node.operands[0].split("[", 1)[0] if node.operands else "bf16"
     if dtype == "f32" and kind == "gpu":
+        if "aten" in node.meta and not allow_tf32:
+            return "f32"
         return "tf32"
     return dtype

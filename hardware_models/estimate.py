@@ -49,11 +49,12 @@ def _exposed_communication(graph: WorkloadGraph, tl: Timeline, durations: list[f
     """Time a device's compute stream spends in synchronous collectives or waiting for
     async ones (the compute stream only ever waits on other streams' results)."""
     exposed, last = 0.0, 0.0
-    for node, start, stream, d, dev in zip(graph.nodes, tl.start, tl.stream, durations,
-                                           tl.device):
+    waits = tl.launch_wait or [0.0] * len(graph.nodes)
+    for node, start, stream, d, dev, wait in zip(graph.nodes, tl.start, tl.stream, durations,
+                                                 tl.device, waits):
         if stream != "compute" or dev != device:
             continue
-        exposed += max(start - last, 0.0)
+        exposed += max(start - last - wait, 0.0)   # a wait for the host's launch is not
         if node.collective is not None:
             exposed += d
         last = start + d

@@ -69,7 +69,8 @@ class GroupedGemmCompute:
         if not problems or not node.flops:
             return self.inner.compute_time(node)
         spec = self.inner.spec
-        rate = spec.peak(tensor_dtype(node, spec.kind)) * self.inner.figure("gemm_fraction")
+        rate = spec.peak(tensor_dtype(node, spec.kind, getattr(self.inner, "allow_tf32", False))) \
+            * self.inner.figure("gemm_fraction")
         if spec.kind == "tpu":
             return tpu_grouped_time(problems, rate, spec.matrix_unit or kernels.TPU_MXU)
         return grouped_gemm_time(problems, rate, self.inner.sms)

@@ -4,25 +4,24 @@ A node's time is   floor + max(compute time, memory time)
 
 - GEMMs (and convolutions) run as CTA tiles spread over the SMs: a kernel takes as many
   waves as ceil(tiles / SMs), each wave as long as one tile's main loop (its K steps plus
-  the pipeline's fill and drain) at the SM's share of the achievable tensor rate. cuBLAS
-  picks the tile shape; the model takes the fastest of the shapes cuBLAS/CUTLASS ship for
-  large bf16 GEMMs. Small and skinny GEMMs lose to quantization exactly as they do on the
-  device; large ones approach the achievable fraction of peak that public cuBLAS figures
-  show (`gemm_fraction` in the spec).
-- Fused (flash) attention runs one CTA per (batch, head, 128-row block of queries), again
-  in waves over the SMs, at the achievable fraction of the tensor peak that the fused
-  kernel family reaches (`attention_fraction`: FlashAttention-2-class portable kernels;
-  `attention_fraction_native`: the architecture's own, FlashAttention-3 / cuDNN on Hopper).
+  the pipeline's fill and drain; on Hopper and later the persistent kernels pay the fill
+  once per SM) at the SM's share of the achievable tensor rate. cuBLAS picks the tile
+  shape; the model takes the fastest of the shapes cuBLAS/CUTLASS ship for large bf16
+  GEMMs. Small and skinny GEMMs lose to quantization exactly as they do on the device;
+  large ones approach the achievable fraction of peak that public cuBLAS figures show
+  (`gemm_fraction` in the spec).
+- Attention kernels by era: attention_kernels.py (unfused, FlashAttention-2/3, cuDNN).
 - Memory-bound work moves its bytes at the achievable share of HBM bandwidth that public
-  stream benchmarks reach (`hbm_fraction`). Compiler-generated kernels (XLA's fusion
-  emitters) keep fewer bytes in flight per SM than hand-vectorized ones, so by Little's law
-  they are also bounded by SMs x a per-SM sustained rate: enough on A100, the binding limit
-  on HBM3 parts whose bandwidth per SM is far higher.
+  stream benchmarks reach (`hbm_fraction`), bounded per kernel population
+  (populations.py): XLA's reductions keep fewer bytes in flight per SM than vectorized
+  kernels, so by Little's law they are bounded by the SMs their grid occupies x a per-SM
+  sustained rate.
 - Other arithmetic runs on the FP32 vector units; an FP32 peak counts an FMA as two FLOPs
   and elementwise work issues one FLOP per lane and cycle, so it reaches at most half of it.
 - Every kernel pays a floor: the time from the start of a grid to the end of its last block
   for a kernel that does almost nothing (`kernel_floor`). XLA on GPU launches through
-  command buffers (CUDA graphs), so host launch overhead is not on the device timeline.
+  command buffers (CUDA graphs), so host launch overhead is not on the device timeline;
+  PyTorch eager and Inductor kernels are launched one by one (schedule.py).
 
 TPUs: the matrix unit works on 128 x 128 (v4/v5) tiles; dimensions pad to the tile and
 there is no wave model (one or two TensorCores per chip). Host CPUs: the plain roofline.
@@ -46,7 +45,6 @@ from flint.hardware_models.spec import HardwareSpec
 TILES = ((128, 256, 1.0), (256, 128, 1.0), (128, 128, 1.0), (64, 128, 0.75))
 TILE_K = 64                     # K elements per main-loop step (CUTLASS default for 16-bit)
 PIPELINE_STEPS = 2              # prologue fill + epilogue, in main-loop steps
-ATTENTION_BLOCK_ROWS = 128      # query rows per CTA in FlashAttention-2/3 and cuDNN kernels
 TPU_MXU = 128                   # systolic array edge on TPU v4/v5e/v5p (Google Cloud TPU docs);
                                 # a spec's `matrix_unit` gives another (v6e: 256)
 # Exponentials per clock per SM on the special-function units (CUDA C++ Programming Guide,
@@ -55,14 +53,25 @@ TPU_MXU = 128                   # systolic array edge on TPU v4/v5e/v5p (Google 
 # functions for H100 SXM5 = 132 SMs x 16 x 1.83 GHz).
 SFU_EXP_PER_CLOCK_PER_SM = 16
 
-# Per-SM bandwidth that compiler-generated (not hand-vectorized) memory-bound kernels
-# sustain. llama.cpp issue #9817 (NVIDIA, 2024): vectorizing the loads of an HBM-bound
+# Per-SM bandwidth that unvectorized compiler-generated memory-bound kernels (XLA's
+# reductions, populations.py) sustain on an SM full of their threads. llama.cpp issue #9817 (NVIDIA, 2024): vectorizing the loads of an HBM-bound
 # kernel made it 1.33x faster on H100 SXM (HBM3), 1.05x on A100 SXM and 1.01x on GDDR6
 # parts: the unvectorized kernel was latency-bound (too few bytes in flight) on H100 only.
 # Taking the vectorized kernel at the stream figure, 0.9 x 3.35 TB/s / 1.33 over 132 SMs
 # = 17.2 GB/s per SM. Rule for other GPUs: the same per SM (bytes in flight are bounded by
 # the SM's thread and register budget, alike on sm80/sm90; DRAM latency is alike too).
 GENERATED_BYTES_PER_SM_S = 17.2e9
+# One DRAM round trip, on the critical path of every kernel that reads memory (its first
+# loads, its last stores draining) and absent from the floor of a kernel that does almost
+# nothing. By Little's law from the figure above: an SM full of unvectorized threads
+# (2048 on sm80/sm90, one 4-byte load in flight each) sustaining 17.2 GB/s waits
+# 2048 x 4 B / 17.2 GB/s = 0.48 us per load. Rule for other GPUs: the same (HBM latency in
+# ns is alike across HBM2e/HBM3 parts).
+MEMORY_LATENCY_S = 2048 * 4 / GENERATED_BYTES_PER_SM_S
+# CUTLASS's SIMT (non-tensor-core) SGEMM tiles step K by 8 (default sm80 SIMT threadblock
+# 128x128x8), not the tensor-core kernels' 64: a full-FP32 GEMM's main loop in kernels of
+# that shape.
+TILE_K_SIMT = 8
 
 # Where a spec gives no figure (a modelling assumption, replaced by the spec's sourced
 # figure or by calibration): see each GPU spec for the published values.
@@ -119,66 +128,30 @@ def gemm_shape(flops: float, output: str) -> GemmShape | None:
     return GemmShape(batch, m, n, k)
 
 
-def gemm_time(shape: GemmShape, rate: float, sms: int) -> float:
-    """Seconds for the GEMM's main loops at `rate` FLOP/s over `sms` SMs (no floor)."""
+def gemm_time(shape: GemmShape, rate: float, sms: int, persistent: bool = False,
+              tile_k: int = TILE_K) -> float:
+    """Seconds for the GEMM's main loops at `rate` FLOP/s over `sms` SMs (no floor).
+    `persistent`: warp-specialized persistent kernels (Hopper and later: CUTLASS 3's
+    KernelTmaWarpSpecializedPersistent schedules, which cuBLAS 12 ships for sm90), whose
+    producer warps load the next tile while the consumers finish this one, so an SM pays
+    the pipeline's fill once rather than once per tile."""
     if sms <= 0:
         return 2.0 * shape.batch * shape.m * shape.n * shape.k / rate
     per_sm = rate / sms
-    k_steps = math.ceil(shape.k / TILE_K) + PIPELINE_STEPS
+    main = math.ceil(shape.k / tile_k)
     best = math.inf
     for rows, cols, tile_eff in TILES:
         tiles = shape.batch * math.ceil(shape.m / rows) * math.ceil(shape.n / cols)
         waves = math.ceil(tiles / sms)
-        step = 2.0 * rows * cols * TILE_K / (per_sm * tile_eff)
-        best = min(best, waves * k_steps * step)
+        step = 2.0 * rows * cols * tile_k / (per_sm * tile_eff)
+        steps = waves * main + PIPELINE_STEPS if persistent else waves * (main + PIPELINE_STEPS)
+        best = min(best, steps * step)
     return best
 
 
 def tpu_matmul_time(shape: GemmShape, rate: float, mxu: int = TPU_MXU) -> float:
     padded = [math.ceil(d / mxu) * mxu for d in (shape.m, shape.n, shape.k)]
     return 2.0 * shape.batch * math.prod(padded) / rate
-
-
-def attention_time(flops: float, attn: dict | None, rate: float, sms: int,
-                   exp_rate: float = 0.0, overlapped: bool = True) -> float:
-    """Fused (flash) attention: one CTA per (batch, head, block of 128 query rows) walks the
-    key/value blocks it needs (all of them, or those up to its diagonal when causal), plus
-    the pipeline's fill and drain; CTAs run in waves over the SMs. A block is two GEMMs
-    (QK^T, PV; five in the backward pass) at `rate` and one exponential per score on the
-    special-function units at `exp_rate` (whole GPU): FlashAttention-2 runs them one after
-    the other, FlashAttention-3 and cuDNN overlap them (`overlapped`). `rate` is the tensor
-    rate the kernel family reaches at head dim 128 on long sequences with the exponentials
-    included, the published figure; the GEMM-only rate is recovered from it."""
-    if not attn or sms <= 0:
-        return flops / rate
-    try:
-        batch, heads = int(attn["batch"]), int(attn["heads"])
-        seq_q, seq_kv, dim = int(attn["seq_q"]), int(attn["seq_kv"]), int(attn["head_dim"])
-    except (KeyError, TypeError, ValueError):
-        return flops / rate
-    if min(batch, heads, seq_q, seq_kv, dim) <= 0:
-        return flops / rate
-    rows = cols = ATTENTION_BLOCK_ROWS
-    q_blocks, kv_blocks = math.ceil(seq_q / rows), math.ceil(seq_kv / cols)
-    if attn.get("causal"):
-        visits = sum(min(kv_blocks, math.ceil(min((i + 1) * rows, seq_q) * seq_kv / seq_q / cols))
-                     for i in range(q_blocks))
-    else:
-        visits = q_blocks * kv_blocks
-    gemms = 5 if attn.get("backward") else 2
-    per_sm, exp_sm = rate / sms, exp_rate / sms
-    block_mm = 2.0 * gemms * rows * cols * dim
-    block_exp = rows * cols / exp_sm if exp_sm else 0.0
-    ref_mm, ref_exp = 2.0 * 2 * rows * cols * 128, block_exp      # the published anchor
-    mm_rate = per_sm
-    if exp_sm and not overlapped:
-        # rate is the anchor's effective rate, exponentials included: take them out
-        mm_rate = ref_mm / max(ref_mm / per_sm - ref_exp, 0.25 * ref_mm / per_sm)
-    t_block = (max(block_mm / mm_rate, block_exp) if overlapped
-               else block_mm / mm_rate + block_exp)
-    ctas = batch * heads * q_blocks
-    per_cta = (visits / q_blocks + PIPELINE_STEPS) * t_block
-    return math.ceil(ctas / sms) * per_cta
 
 
 def _dims(shape: str) -> list[int]:

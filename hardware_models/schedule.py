@@ -25,6 +25,11 @@ critical path for its whole length where the real transfer only shares bandwidth
 it. (Where one stream issues every collective, as in XLA's programs, its own order
 already does this.)
 
+PyTorch eager and Inductor kernels are launched by the host one at a time (populations.py:
+LAUNCH_S of host time each); the host runs ahead of the GPU while kernels are long, and a
+run of short kernels waits for their launches (`Timeline.launch_wait`: a compute stream
+idle for want of work, not for communication). XLA launches from command buffers.
+
 Multi-device (MPMD) graphs, made by the pipeline and placement passes, tag nodes with
 `meta["device"]`: each device then has its own set of streams, and a RECV that depends on
 a SEND starts with it (a rendezvous, as NCCL's send/recv are) rather than after it.
@@ -36,6 +41,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from flint.graph import NodeKind, WorkloadGraph
+from flint.hardware_models.populations import LAUNCH_S, host_launches
 
 
 @dataclass
@@ -46,6 +52,7 @@ class Timeline:
     stream: list[str]
     device: list[int] = field(default_factory=list)   # meta["device"], 0 when untagged
     critical_path: list[int] = field(default_factory=list)
+    launch_wait: list[float] = field(default_factory=list)   # s a node waited for its launch
 
     @property
     def step_time(self) -> float:
@@ -93,6 +100,9 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
     kinds = [node.kind for node in graph.nodes]
     own_stream = [bool(node.meta.get("stream")) for node in graph.nodes]
     network: dict[int, _Busy] = defaultdict(_Busy)      # device -> its transfers' intervals
+    host: dict[int, float] = defaultdict(float)          # device -> its launch thread's clock
+    launches = [0 if "composite" in node.meta else host_launches(node) for node in graph.nodes]
+    launch_wait = [0.0] * n
     for node in graph.nodes:
         i = node.id
         ready, because = 0.0, -1
@@ -111,6 +121,11 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
             because = last_on[s]
         elif start_at == issue and issue > ready and dev in last_compute:
             because = last_compute[dev]
+        if launches[i] and streams[i] == "compute":
+            host[dev] += launches[i] * LAUNCH_S
+            if host[dev] > start_at:
+                launch_wait[i] = host[dev] - start_at
+                start_at = host[dev]
         d = durations[i]
         if node.collective is not None and streams[i] != "compute" and kinds[i] not in (
                 NodeKind.RECV, NodeKind.SEND):
@@ -130,7 +145,7 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
         if streams[i] == "compute":
             last_compute[dev] = i
         why[i] = because
-    timeline = Timeline(graph, start, finish, streams, devices)
+    timeline = Timeline(graph, start, finish, streams, devices, launch_wait=launch_wait)
     if n:
         cur = max(range(n), key=lambda j: finish[j])
         path = []

@@ -388,16 +388,54 @@ def test_overlap_slows_compute_on_gpus(spec_path):
     assert interference(tpu.spec, tpu.compute, tpu.network, gemm, ag) == 1.0
 
 
-def test_generated_kernels_bandwidth_bound_by_bytes_in_flight():
-    """XLA fusions on H100 (HBM3) are bound by SMs x the per-SM in-flight rate; on A100 the
-    stream share of HBM binds first; ATen's vectorized kernels reach the stream share."""
-    from flint.hardware_models import kernels
+def test_kernel_populations_bandwidth_and_grids():
+    """XLA loop fusions (vectorized) and library/eager kernels stream at the stream share
+    of HBM; XLA reductions are unvectorized: SMs x the per-SM in-flight rate on H100, and
+    only the SMs their grid occupies (a column reduction keeping 768 elements launches
+    24 blocks of 1024 threads); on A100 the stream share binds first for a full grid."""
+    from flint.hardware_models import kernels, populations
     from flint.hardware_models.compute import RooflineCompute
 
-    fusion = Node(0, "f", NodeKind.COMPUTE, "fusion", "elementwise", bytes_read=1e9,
-                  bytes_written=1e9)
-    aten = dataclasses.replace(fusion, meta={"aten": "aten::add"})
+    loop = Node(0, "loop_add_fusion", NodeKind.COMPUTE, "fusion", "elementwise",
+                bytes_read=1e9, bytes_written=1e9, meta={"fusion_kind": "kLoop"})
+    dus = dataclasses.replace(loop, name="loop_dynamic_update_slice_fusion")
+    rows = Node(1, "input_reduce_fusion", NodeKind.COMPUTE, "fusion", "reduction",
+                bytes_read=8192 * 768 * 2, operands=["bf16[8192,768]"], outputs=["f32[8192]"],
+                meta={"fusion_kind": "kInput"})
+    cols = dataclasses.replace(rows, outputs=["f32[768]"])
     h100, a100 = RooflineCompute(load_spec("h100-sxm")), RooflineCompute(load_spec("a100-40gb-sxm"))
-    assert h100.memory_bandwidth(fusion) == pytest.approx(132 * kernels.GENERATED_BYTES_PER_SM_S)
-    assert h100.memory_bandwidth(aten) == pytest.approx(3.35e12 * 0.9)
-    assert a100.memory_bandwidth(fusion) == a100.memory_bandwidth(aten) == pytest.approx(1.555e12 * 0.88)
+    stream = 3.35e12 * 0.9
+    per_sm = kernels.GENERATED_BYTES_PER_SM_S
+    for node in (loop, dataclasses.replace(loop, meta={"aten": "aten::add"}),
+                 dataclasses.replace(loop, meta={"kernel_source": "library"})):
+        assert h100.memory_bandwidth(node) == pytest.approx(stream)
+    assert h100.memory_bandwidth(dus) == pytest.approx(132 * per_sm)
+    assert populations.reduction_blocks(rows) == 8192
+    assert h100.memory_bandwidth(rows) == pytest.approx(132 * per_sm)
+    assert populations.reduction_blocks(cols) == 24 * 2       # 768/32 columns, 8192/4096 rows
+    assert h100.memory_bandwidth(cols) == pytest.approx(48 * 1024 / 2048 * per_sm)
+    assert a100.memory_bandwidth(rows) == pytest.approx(1.555e12 * 0.88)
+    assert a100.memory_bandwidth(cols) == pytest.approx(24 * per_sm)
+    # eager kernels are launched by the host, XLA's from command buffers; views launch none
+    eager = dataclasses.replace(loop, meta={"aten": "aten::add"})
+    assert populations.host_launches(eager) == 1 and populations.host_launches(loop) == 0
+    assert populations.host_launches(dataclasses.replace(eager, bytes_read=0,
+                                                         bytes_written=0)) == 0
+
+
+def test_eager_kernels_wait_for_their_launches():
+    """A run of short eager kernels is launch-bound: each starts once the host has issued
+    it (LAUNCH_S apart); the same kernels from XLA's command buffers run back to back."""
+    from flint.hardware_models.populations import LAUNCH_S
+    from flint.hardware_models.schedule import simulate
+
+    tiny = dict(kind=NodeKind.COMPUTE, op="add", op_class="elementwise", bytes_read=8.0)
+    nodes = [Node(i, f"k{i}", inputs=[i - 1] if i else [], **tiny) for i in range(10)]
+    xla = WorkloadGraph(Cluster(1, (("data", 1),)), nodes, [])
+    eager = WorkloadGraph(Cluster(1, (("data", 1),)),
+                          [dataclasses.replace(n, meta={"aten": "aten::add"}) for n in nodes], [])
+    durations = [1e-6] * 10
+    assert simulate(xla, durations).step_time == pytest.approx(10e-6)
+    tl = simulate(eager, durations)
+    assert tl.step_time == pytest.approx(10 * LAUNCH_S + 1e-6)
+    assert sum(tl.launch_wait) == pytest.approx(tl.step_time - 10e-6)

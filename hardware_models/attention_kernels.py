@@ -1,0 +1,116 @@
+"""Attention kernels by era: unfused (scores through HBM), FlashAttention-2, FlashAttention-3
+and cuDNN fused attention.
+
+meta["attention"]["impl"] names the kernel a run uses: "unfused" (2021 Megatron, PyTorch's
+math SDPA: QK^T and PV as batched GEMMs with the S x S scores written to and read back from
+HBM by the softmax), "flash2" (FlashAttention-2 and the portable kernels of its class:
+PyTorch's flash/memory-efficient SDPA, Triton), "flash3" (FlashAttention-3, Hopper),
+"cudnn" (cuDNN fused attention), "native" or absent (the GPU generation's fastest library
+kernel: FlashAttention-3 / cuDNN on Hopper and later, FlashAttention-2 on Ampere; the
+spec's `attention_fraction_native` says which rate that reaches).
+
+Fused kernels run one CTA per (batch, head, 128-row block of queries) that walks the
+key/value blocks it needs (all of them, or those up to its diagonal when causal), plus the
+pipeline's fill and drain; CTAs run in waves over the SMs. A block is two GEMMs (QK^T, PV;
+five in the backward pass) at the family's rate and one exponential per score on the
+special-function units: FlashAttention-2 runs them one after the other, FlashAttention-3
+and cuDNN overlap them (ping-pong warpgroups). The rate is the one the family's published
+benchmark reaches at head dim 128 on long sequences, exponentials included (the spec's
+`attention_fraction` / `attention_fraction_native`); the GEMM-only rate is recovered from
+it. Unfused attention is priced as its GEMMs (kernels.gemm_time, each bound by its own
+operand and score traffic) plus the softmax's passes over the scores.
+"""
+from __future__ import annotations
+
+import math
+
+from flint.hardware_models import kernels
+
+ATTENTION_BLOCK_ROWS = 128      # query rows per CTA in FlashAttention-2/3 and cuDNN kernels
+FUSED = ("flash2", "flash3", "cudnn", "native")
+NATIVE = ("flash3", "cudnn", "native")
+# Unfused softmax passes over the S x S scores in HBM, besides the GEMMs that write and
+# read them: forward, one fused scale-mask-softmax kernel reading the scores and writing
+# the probabilities (Megatron-LM's FusedScaleMaskSoftmax; PyTorch's math SDPA writes them
+# through softmax the same way); backward, the softmax gradient reads the probabilities
+# and their gradient and writes the scores' gradient.
+UNFUSED_SOFTMAX_PASSES = {False: 2, True: 3}
+
+
+def family(attn: dict | None) -> str:
+    impl = (attn or {}).get("impl") or "native"
+    return impl if impl in FUSED + ("unfused",) else "native"
+
+
+def fused_time(flops: float, attn: dict | None, rate: float, sms: int,
+               exp_rate: float = 0.0, overlapped: bool = True) -> float:
+    """A fused (flash) attention kernel; `rate` the family's published tensor rate."""
+    if not attn or sms <= 0:
+        return flops / rate
+    dims = _dims(attn)
+    if dims is None:
+        return flops / rate
+    batch, heads, seq_q, seq_kv, dim = dims
+    rows = cols = ATTENTION_BLOCK_ROWS
+    q_blocks, kv_blocks = math.ceil(seq_q / rows), math.ceil(seq_kv / cols)
+    if attn.get("causal"):
+        visits = sum(min(kv_blocks, math.ceil(min((i + 1) * rows, seq_q) * seq_kv / seq_q / cols))
+                     for i in range(q_blocks))
+    else:
+        visits = q_blocks * kv_blocks
+    gemms = 5 if attn.get("backward") else 2
+    per_sm, exp_sm = rate / sms, exp_rate / sms
+    block_mm = 2.0 * gemms * rows * cols * dim
+    block_exp = rows * cols / exp_sm if exp_sm else 0.0
+    ref_mm = 2.0 * 2 * rows * cols * 128                 # the published anchor's block
+    mm_rate = per_sm
+    if exp_sm and not overlapped:
+        # rate is the anchor's effective rate, exponentials included: take them out
+        mm_rate = ref_mm / max(ref_mm / per_sm - block_exp, 0.25 * ref_mm / per_sm)
+    t_block = (max(block_mm / mm_rate, block_exp) if overlapped
+               else block_mm / mm_rate + block_exp)
+    ctas = batch * heads * q_blocks
+    per_cta = (visits / q_blocks + kernels.PIPELINE_STEPS) * t_block
+    return math.ceil(ctas / sms) * per_cta
+
+
+def unfused_time(attn: dict, gemm_rate: float, sms: int, bandwidth: float, floor: float,
+                 persistent: bool = False, elem_bytes: int = 2) -> float | None:
+    """Unfused attention: the score GEMMs (QK^T and PV forward; PV's two and QK^T's two
+    gradients backward) as batched GEMMs over batch x heads, each at least as long as
+    its operands and result take through HBM, plus the softmax passes over the scores;
+    every kernel but the first pays `floor` (the node's own floor is the caller's). A
+    causal mask saves nothing: the full S x S scores are computed and masked."""
+    dims = _dims(attn)
+    if dims is None:
+        return None
+    batch, heads, sq, skv, d = dims
+    bh = batch * heads
+    scores = float(bh) * sq * skv * elem_bytes
+    qkv = float(bh) * (sq + skv) * d * elem_bytes
+
+    def gemm(m: int, n: int, k: int, out_scores: bool) -> float:
+        t = kernels.gemm_time(kernels.GemmShape(bh, m, n, k), gemm_rate, sms, persistent)
+        moved = qkv + scores if out_scores else scores + qkv
+        return max(t, moved / bandwidth)
+
+    if attn.get("backward"):
+        mm = (gemm(skv, d, sq, False) + gemm(sq, skv, d, True)       # dV = P^T dO, dP
+              + gemm(sq, d, skv, False) + gemm(skv, d, sq, False))    # dQ = dS K, dK
+        launches = 4
+    else:
+        mm = gemm(sq, skv, d, True) + gemm(sq, d, skv, False)         # S = QK^T, O = PV
+        launches = 2
+    passes = UNFUSED_SOFTMAX_PASSES[bool(attn.get("backward"))]
+    softmax_kernels = 1
+    return (mm + passes * scores / bandwidth
+            + (launches + softmax_kernels - 1) * floor)
+
+
+def _dims(attn: dict):
+    try:
+        dims = (int(attn["batch"]), int(attn["heads"]), int(attn["seq_q"]),
+                int(attn["seq_kv"]), int(attn["head_dim"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return dims if min(dims) > 0 else None

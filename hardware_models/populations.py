@@ -1,0 +1,133 @@
+"""Kernel populations: who made a node's kernel, and what its memory-bound work costs.
+
+A node's meta `kernel_source` says how the run's kernels are made (passes/kernel_population
+stamps it from the run's framework); torch front-end nodes (meta `aten`) without one are
+PyTorch eager, every other node XLA's:
+
+- `library`: hand-vectorized library kernels (Transformer Engine / Megatron-Core fused
+  norms, casts, activations, optimizer): 16-byte vector loads, full grids; they stream at
+  the achievable share of HBM bandwidth (the spec's `hbm_fraction`).
+- `generated`: XLA's fusion emitters. Loop (elementwise) fusions are unrolled and vectorized
+  by XLA's loop emitter (up to 4 elements per thread, XLA `ComputeMaxUnrollFactor`), so
+  they stream too, unless an offset is dynamic (vectorized()). Reductions and transposes
+  are not: XLA's reduction emitter tiles a row reduction as
+  16 elements per thread over up to 1024 threads per block and a column reduction as
+  32 x 32 threads of 128 rows each (XLA gpu/reduction_utils.cc `GetReductionTiling`,
+  `ReductionInfo::Create`), one scalar load per thread and step: each SM sustains the
+  per-SM rate of unvectorized kernels (kernels.GENERATED_BYTES_PER_SM_S), and only as many
+  SMs work as the grid has blocks (a column reduction keeping few elements launches
+  few blocks). XLA launches its kernels from command buffers (CUDA graphs): no host cost.
+- `eager`: PyTorch eager, one kernel per aten op, every intermediate through HBM (the
+  graph keeps them: no fusion pass runs). PyTorch's elementwise and reduction kernels load
+  vectorized (ATen's vectorized_elementwise_kernel, reduce_kernel's vectorized input) and
+  stream like library kernels; each kernel is launched by the host, which issues them one
+  after another (LAUNCH_S each, schedule.simulate): many small kernels are launch-bound.
+- `inductor`: torch.compile's Triton kernels (passes/fuse.py merges their pointwise and
+  reduction chains): vectorized 128-bit accesses, streaming; launched one by one from
+  Inductor's wrapper code like eager kernels (CUDA graphs only with mode="reduce-overhead").
+"""
+from __future__ import annotations
+
+import math
+
+from flint.graph import OpClass
+from flint.hlo.shapes import parse_shape
+
+POPULATIONS = ("library", "generated", "eager", "inductor")
+# Host time to launch one kernel: the CUDA runtime and driver submission path measures
+# 4-6 us per launch (pegainfer, "From launch overhead to CUDA graph", 2025: cudaLaunchKernel
+# into a stream, driver 580 / CUDA 13); "on the order of microseconds" (Modal GPU glossary,
+# CUDA Graph). PyTorch's dispatcher and Python frames add to it, so this is a lower bound
+# of an eager op's host time. Rule for other GPUs: the same (a host-side cost).
+LAUNCH_S = 5e-6
+# Populations whose kernels the host launches one at a time (XLA uses command buffers).
+HOST_LAUNCHED = ("eager", "inductor")
+# XLA's reduction emitter (reduction_utils.cc): threads per block of a row reduction (up
+# to 1024; 512 with ptxas < 12.2), elements per thread of its x tile, and the column tile
+# (32 x 32 threads, 128 reduced rows per thread).
+ROW_THREADS, ROW_TILE_X = 1024, 16
+COLUMN_THREADS_X, COLUMN_TILE_Y = 32, 32 * 128
+MAX_THREADS_PER_SM = 2048          # sm80/sm90 (CUDA C++ Programming Guide, Table 21)
+
+
+def population(node) -> str:
+    source = node.meta.get("kernel_source")
+    if source in POPULATIONS:
+        return source
+    return "eager" if "aten" in node.meta else "generated"
+
+
+def host_launches(node) -> int:
+    """Kernel launches the host issues for a node (0 where a command buffer does)."""
+    if node.collective is not None or population(node) not in HOST_LAUNCHED:
+        return 0
+    if not (node.flops or node.bytes_read or node.bytes_written):
+        return 0          # a view or alias: no kernel to launch
+    return max(int(node.meta.get("kernels", 1) or 1), 1)
+
+
+def reduction_blocks(node) -> int | None:
+    """Thread blocks XLA launches for a reduction fusion, from its largest operand (the
+    reduced input) and its smallest array output (the reduction's result): kept leading
+    dims -> a row reduction (the minor dims reduced), kept trailing dims -> a column
+    reduction; None when the shapes say neither (the grid is then taken as full)."""
+    if node.op_class != OpClass.REDUCTION or not node.operands or not node.outputs:
+        return None
+    ins = [_dims(s) for s in node.operands]
+    outs = [d for d in (_dims(s) for s in node.outputs) if d]
+    if not ins or not outs:
+        return None
+    src = max(ins, key=math.prod)
+    out = min(outs, key=math.prod)
+    src, out = [d for d in src if d != 1], [d for d in out if d != 1]
+    total, kept = math.prod(src), max(math.prod(out), 1)
+    if not src or total <= kept:
+        return None
+    reduced = total // kept
+    if out == src[:len(out)]:            # row reduction: [kept, reduced]
+        threads_x = min(ROW_THREADS, _round_up(math.ceil(reduced / ROW_TILE_X), 32))
+        rows_per_block = max(ROW_THREADS // threads_x, 1) if reduced <= ROW_TILE_X * 32 else 1
+        return math.ceil(kept / rows_per_block)
+    if not out or out == src[len(src) - len(out):]:   # column reduction: [reduced, kept]
+        return math.ceil(kept / COLUMN_THREADS_X) * math.ceil(reduced / COLUMN_TILE_Y)
+    return None
+
+
+def vectorized(node) -> bool:
+    """Whether XLA emits the kernel with vector loads: its loop fusions, unless an offset
+    is known only at run time (dynamic-slice / dynamic-update-slice roots, gathers and
+    scatters: XLA cannot prove the alignment a vector access needs). Its input fusions
+    (reduction and transpose heroes, `fusion_kind` kInput) tile one element per thread
+    and step."""
+    if node.op_class == OpClass.REDUCTION or node.meta.get("fusion_kind") == "kInput":
+        return False
+    name = node.name.lower()
+    return not any(word in name for word in ("dynamic_slice", "dynamic_update_slice",
+                                             "gather", "scatter"))
+
+
+def generated_bandwidth(node, sms: int, per_sm: float) -> float | None:
+    """The bandwidth bound of an XLA-generated kernel (None: a vectorized one streams):
+    an unvectorized kernel's bytes in flight scale with its resident threads (Little's
+    law), per_sm being the rate of an SM full of them (MAX_THREADS_PER_SM); a reduction's
+    grid of 1024-thread blocks fills blocks x 1024 thread slots, at most all of them."""
+    if sms <= 0 or vectorized(node):
+        return None
+    blocks = reduction_blocks(node)
+    full = sms * per_sm
+    if blocks is None:
+        return full
+    return min(full, blocks * ROW_THREADS / MAX_THREADS_PER_SM * per_sm)
+
+
+def _dims(shape: str) -> list[int]:
+    try:
+        parsed = parse_shape(shape)
+    except Exception:  # noqa: BLE001 - tuples, tokens and odd shapes are not arrays here
+        return []
+    dims = getattr(parsed, "dims", None)
+    return [int(d) for d in dims] if dims else []
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
