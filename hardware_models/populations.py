@@ -6,7 +6,8 @@ PyTorch eager, every other node XLA's:
 
 - `library`: hand-vectorized library kernels (Transformer Engine / Megatron-Core fused
   norms, casts, activations, optimizer): 16-byte vector loads, full grids; they stream at
-  the achievable share of HBM bandwidth (the spec's `hbm_fraction`).
+  the achievable share of HBM bandwidth (the spec's `hbm_fraction`). Megatron launches
+  them from eager PyTorch, one host launch each.
 - `generated`: XLA's fusion emitters. Loop (elementwise) fusions are unrolled and vectorized
   by XLA's loop emitter (up to 4 elements per thread, XLA `ComputeMaxUnrollFactor`), so
   they stream too, unless an offset is dynamic (vectorized()). Reductions and transposes
@@ -40,8 +41,10 @@ POPULATIONS = ("library", "generated", "eager", "inductor")
 # CUDA Graph). PyTorch's dispatcher and Python frames add to it, so this is a lower bound
 # of an eager op's host time. Rule for other GPUs: the same (a host-side cost).
 LAUNCH_S = 5e-6
-# Populations whose kernels the host launches one at a time (XLA uses command buffers).
-HOST_LAUNCHED = ("eager", "inductor")
+# Populations whose kernels the host launches one at a time: PyTorch eager, Inductor's
+# wrapper, and Megatron-Core/Transformer Engine (eager PyTorch around library kernels);
+# XLA launches from command buffers.
+HOST_LAUNCHED = ("eager", "inductor", "library")
 # XLA's reduction emitter (reduction_utils.cc): threads per block of a row reduction (up
 # to 1024; 512 with ptxas < 12.2), elements per thread of its x tile, and the column tile
 # (32 x 32 threads, 128 reduced rows per thread).

@@ -4,12 +4,15 @@ The graph comes from XLA (Flint compiles the step), but the run it stands for ma
 other kernels for the same work. `megatron`: Megatron-Core with Transformer Engine, whose
 norms, activations, casts and optimizer are hand-vectorized library kernels that stream
 at the achievable share of HBM bandwidth (node meta `kernel_source: library`);
-`xla`: XLA's own fusions, which the cost model caps per SM
-(hardware_models/compute.py). GEMMs and attention are library kernels in both.
+`xla`: XLA's own fusions, whose reductions the cost model bounds per SM
+(hardware_models/populations.py); `torch-eager`: PyTorch eager, one kernel per aten op,
+each launched by the host (`kernel_source: eager`); `torch-compile`: Inductor's Triton
+kernels (`inductor`; fuse the graph's pointwise chains first, passes/fuse.py). GEMMs and
+attention are library kernels in all of them.
 
-Contract: returns a copy whose nodes carry meta["kernel_source"] ("library" or
-"generated") and meta["framework"] on the graph; shapes, flops, bytes and edges are
-unchanged. Raises FlintError for an unknown framework.
+Contract: returns a copy whose nodes carry meta["kernel_source"] (one of
+hardware_models.populations.POPULATIONS) and meta["framework"] on the graph; shapes,
+flops, bytes and edges are unchanged. Raises FlintError for an unknown framework.
 """
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ from typing import ClassVar
 from flint.errors import FlintError
 from flint.graph import WorkloadGraph
 
-FRAMEWORKS = {"megatron": "library", "xla": "generated"}
+FRAMEWORKS = {"megatron": "library", "xla": "generated", "torch-eager": "eager",
+              "torch-compile": "inductor"}
 
 
 @dataclass(frozen=True)
