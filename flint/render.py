@@ -198,9 +198,8 @@ def render_estimate(e: dict, console: Console) -> None:
     if e.get("mfu") is not None:
         t.add_row("MFU (model flops / peak)", f"{100 * e['mfu']:.1f} %")
         if e["mfu"] > e["hfu"]:
-            t.add_row("  why MFU > HFU", "model flops count the attention core without its "
-                      "causal mask (PaLM's convention); the kernels skip the masked half, "
-                      "and no recompute adds it back")
+            t.add_row("  why MFU > HFU", "model flops count attention unmasked (PaLM);\n"
+                      "causal kernels skip the masked half")
     t.add_row("peak used for utilization", fmt_flops(e["peak_flops"]) + "/s")
     verdict = "OUT OF MEMORY" if e["oom"] else "fits"
     t.add_row("device memory peak / capacity",

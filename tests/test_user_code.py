@@ -2,6 +2,7 @@
 shardings, a forgotten batch spec, example_args(mesh), flint.virtual_mesh, model flops for
 MFU, complex and FP8 tensors, torch.compile inside the step, model factories, and zoo
 default meshes that divide the model."""
+import json
 import subprocess
 import sys
 import textwrap
@@ -209,3 +210,226 @@ def test_decorator_takes_a_zero_argument_model_factory():
     assert ["params/weight", 64 * 32 * 4] in graph.meta["arguments"]
     assert split["optimizer_state_bytes"] == 2 * split["parameters_bytes"]
     assert split["gradients_bytes"] == split["parameters_bytes"]
+
+
+# --- warnings for ambiguous programs (issue 30, item 3) ---------------------------------
+
+class _HeadOutsideAutocast(torch.nn.Module):
+    """Blocks in bf16 under autocast; the big LM head called after the region closed."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(2)))
+        self.head = torch.nn.Linear(256, 8192, bias=False)
+
+    def forward(self, x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            h = self.blocks(x)
+        return self.head(h.float())
+
+
+def _ddp(model, mesh):
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, process_group=mesh.get_group())
+
+
+def test_f32_gemms_under_mixed_precision_warn_with_the_culprit():
+    import flint.torch as ft
+    from flint.frontends.program_checks import ProgramWarning
+
+    with pytest.warns(ProgramWarning) as caught:
+        graph = ft.extract(_HeadOutsideAutocast, (torch.empty(64, 256, device="meta"),),
+                           world_size=8, mesh={"dp": 8}, parallelize=_ddp)
+    text = [str(w.message) for w in caught]
+    assert len(text) == 1 and "float32" in text[0] and "head" in text[0]
+    assert "autocast cuda:bfloat16" in text[0]
+    assert graph.meta["program_warnings"] == text
+
+
+def test_data_parallel_axis_without_gradient_reduction_warns():
+    import torch.nn as nn
+
+    import flint.torch as ft
+    from flint.frontends.program_checks import ProgramWarning
+
+    with pytest.warns(ProgramWarning, match="mesh axis dp .8 ways. is data-parallel"):
+        ft.extract(lambda: nn.Linear(64, 64), (torch.empty(16, 64, device="meta"),),
+                   world_size=8, mesh={"dp": 8})
+    import warnings
+
+    with warnings.catch_warnings():     # wrapped in DDP: reduced, nothing to say
+        warnings.simplefilter("error", ProgramWarning)
+        ft.extract(lambda: nn.Linear(64, 64), (torch.empty(16, 64, device="meta"),),
+                   world_size=8, mesh={"dp": 8}, parallelize=_ddp)
+
+
+def test_sequence_length_from_a_config_maximum_warns(tmp_path):
+    import flint.torch as ft
+    from flint.frontends.program_checks import ProgramWarning
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 512, "max_position_embeddings": 256}))
+    with pytest.warns(ProgramWarning, match="max_position_embeddings"):
+        graph = ft.zoo(str(config), 8, {"fsdp": 8})
+    assert graph.meta["training"]["seq_len"] == 256
+    from conftest import run_cli
+
+    code, _, err = run_cli(["extract", "--model", config, "--devices", "8"])
+    assert code == 2 and err.count("\n") == 1 and "--seq-len" in err
+
+
+def test_torch_cli_prints_only_flint_lines_on_stderr():
+    """No CUDA-plugin or absl lines ("Could not find cuda drivers") before Flint's own,
+    in a fresh process as a user runs it; a warning is one `flint: warning:` line."""
+    from conftest import run_flint
+
+    r = run_flint("extract", "--framework", "torch", "--model", "tiny", "--devices", "8",
+                  "--layers", "1", "--seq-len", "64", "--mesh", "data=8", "--json")
+    assert r.returncode == 0, r.stderr
+    assert all(line.startswith("flint: ") for line in r.stderr.splitlines()), r.stderr
+    bad = run_flint("extract", "--framework", "torch", "--model", "no-such-model")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+
+
+# --- user code as written (issue 28) and the CLI's own state (issue 26) -------------------
+
+DECORATED = textwrap.dedent('''
+    import torch, torch.nn as nn
+    import flint
+
+    def fsdp(model, mesh):
+        from torch.distributed.fsdp import fully_shard
+        return fully_shard(model, mesh=mesh["fsdp"])
+
+    @flint.capture(devices=16, mesh={"fsdp": 16}, parallelize=fsdp)
+    def train_step(model, optimizer, x):
+        model(x).float().pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def example_args():
+        return (lambda: nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)),
+                "adamw", torch.empty(4, 64, device="meta"))
+''')
+
+
+def test_decorated_torch_step_is_a_cli_target(tmp_path):
+    from conftest import run_cli
+
+    script = tmp_path / "step.py"
+    script.write_text(DECORATED)
+    for extra, devices in (([], 16), (["--devices", "8"], 8)):
+        out = tmp_path / f"g{devices}.json"
+        code, _, err = run_cli(["extract", f"{script}:train_step", "--framework", "torch",
+                                "--out", out, *extra])
+        assert code == 0, err
+        graph = flint.WorkloadGraph.load(out)
+        assert graph.cluster.devices == devices and dict(graph.cluster.mesh) == {"fsdp": devices}
+        gemm = sum(n.flops for n in graph.nodes if n.op_class == "gemm")
+        # per rank: two GEMMs forward, their weight gradients and the second one's input
+        # gradient (the batch needs none)
+        assert gemm == pytest.approx(5 * 2 * 4 * 64 * 256, rel=0.01)
+        assert {n.op for n in graph.nodes if n.collective} == {"all-gather", "reduce-scatter"}
+
+
+def test_torch_twin_honours_remat_and_model_dims():
+    import flint.torch as ft
+    from flint.hardware_models.memory import estimate_memory
+
+    graphs = {r: ft.zoo("tiny", 8, {"fsdp": 8}, seq_len=128, layers=2, remat=r)
+              for r in ("none", "selective", "full")}
+    flops = {r: sum(n.flops * n.repeat for n in g.nodes if n.op_class in ("gemm", "attention"))
+             for r, g in graphs.items()}
+    attention = {r: sum(n.flops * n.repeat for n in g.nodes if n.op_class == "attention")
+                 for r, g in graphs.items()}
+    gemm = {r: flops[r] - attention[r] for r in flops}
+    assert gemm["selective"] == gemm["none"] < gemm["full"]          # full re-runs GEMMs
+    assert attention["none"] < attention["selective"]               # the core re-runs
+    peak = {r: estimate_memory(g).peak_bytes for r, g in graphs.items()}
+    assert peak["full"] < peak["none"]
+    assert {g.meta["training"]["remat"] for g in graphs.values()} == {"none", "selective",
+                                                                      "full"}
+    wide = ft.zoo("tiny", 8, {"fsdp": 8}, seq_len=128, layers=1, dims={"hidden": 512,
+                                                                       "heads": 8})
+    narrow = ft.zoo("tiny", 8, {"fsdp": 8}, seq_len=128, layers=1)
+    assert wide.total_flops() > 2 * narrow.total_flops()
+
+
+def test_import_jax_first_then_flint(tmp_path):
+    """A script that uses JAX before importing Flint (the CUDA plugin then failed to
+    register) still gets compile-only GPU devices."""
+    script = tmp_path / "s.py"
+    script.write_text(textwrap.dedent('''
+        import jax, jax.numpy as jnp
+        key = jax.random.key(0)                  # starts JAX's backends before Flint
+        import flint
+        def step(w, x):
+            return jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w)))(w)
+        g = flint.capture(step, devices=16, mesh={"data": 16}, hardware="h100-sxm",
+                          rules=[("^x", jax.sharding.PartitionSpec("data"))]).workload(
+            jax.ShapeDtypeStruct((64, 64), jnp.float32),
+            jax.ShapeDtypeStruct((256, 64), jnp.float32))
+        print(g.cluster.hardware, g.cluster.devices)
+    '''))
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in ("JAX_PLATFORMS", "JAX_SKIP_CUDA_CONSTRAINTS_CHECK")}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["h100-sxm", "16"]
+
+
+def test_library_code_reads_no_cli_state():
+    """Nothing below the CLI asks typer/click what was typed: an ExtractRequest says it
+    (devices/hardware None: what a dump says)."""
+    from pathlib import Path
+
+    root = Path(flint.__file__).parent
+    for path in root.rglob("*.py"):
+        if "cli" in path.relative_to(root).parts:
+            continue
+        text = path.read_text()
+        assert "typer" not in text and "get_current_context" not in text, path
+    from flint.frontends.request import ExtractRequest
+
+    request = ExtractRequest(target="dump_dir")
+    assert request.devices is None and request.hardware is None
+    assert (request.device_count, request.target_hardware) == (4096, "h100-sxm")
+
+
+def test_summary_prints_a_report_and_tables_fold_off_a_terminal():
+    import io
+
+    from rich.console import Console
+
+    from flint.render import Table, _time_table, render_summary
+
+    step = flint.capture(_loss_step, devices=8, mesh={"data": 8}, hardware="cpu",
+                         rules=[(r"^batch$", P("data"))])
+    graph = step.workload(W, BATCH)
+    summary = graph.summary()
+    assert summary == dict(summary) and "Workload graph" in str(summary)
+    # a long argument path is folded, never cut with an ellipsis, at 80 columns
+    long_name = "state/opt_state/0/mu/params/decoder/layers_0/attention/query/kernel"
+    rows = [[f"{long_name}_{i}", "f32[4096,4096]", "P('data',)", "rule x", 2**20 * (i + 1)]
+            for i in range(12)]
+    text = io.StringIO()
+    render_summary({**summary, "arguments_sharding": rows}, Console(file=text, width=80))
+    out = text.getvalue()
+    assert "…" not in out and "12 arguments" in out
+    assert "5 of 12 by bytes per device" in out                     # summarized
+    text = io.StringIO()
+    render_summary({**summary, "arguments_sharding": rows}, Console(file=text, width=80),
+                   verbose=True)
+    assert "12 of 12" in text.getvalue()
+    assert isinstance(Table(), object)
+    # busy time: each collective once (by type), the rows sum to the total
+    table = _time_table({"by_class_s": {"gemm": 2.0, "collective": 1.5},
+                         "collectives_s": {"all-reduce": 1.0, "all-gather": 0.5}})
+    cells = table.columns[0]._cells
+    assert "collective" not in cells and cells.count("collective: all-reduce") == 1
+    assert table.columns[1]._cells[-1] == "3.50 s"

@@ -109,8 +109,10 @@ class FlintCompiled:
 
         set_model_flops(graph, self.model_flops)
         from flint.frontends.program_checks import record_and_warn
+        from flint.frontends.training_facts import record_training
 
         record_and_warn(graph)
+        record_training(graph)
         self.timings["graph_s"] = time.perf_counter() - t0
         return graph
 

@@ -88,9 +88,9 @@ class ExtractRequest:
             raise FlintError(f"--devices-per-host must be at least 1, not {self.devices_per_host}")
         from flint.frontends.options import check_options
 
-        check_options(self)
         prepare_environment()
-        import_jax_quietly()
+        import_jax_quietly()      # model configs import JAX: quietly, before anything else
+        check_options(self)
         resolve_target(self.target_hardware)
         parse_pipeline(self.passes)
 

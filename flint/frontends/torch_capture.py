@@ -87,8 +87,10 @@ class CapturedTorch:
         set_model_flops(graph, self.model_flops)
         graph.meta["capture"] = dict(self.notes)
         from flint.frontends.program_checks import record_and_warn
+        from flint.frontends.training_facts import record_training
 
         record_and_warn(graph)
+        record_training(graph)
         self.timings["graph_s"] = time.perf_counter() - t
         return graph
 

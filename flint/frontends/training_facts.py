@@ -3,7 +3,8 @@
 
 Flint's zoo records what it built; a user's torch step, the shape of one rank's token
 ids ([batch, sequence] integers) times the data-parallel ways; a user's JAX step, the
-shape of its batch-like integer argument ([global batch, sequence]). Where no such input
+shape of its batch-like integer argument ([global batch, sequence], or [micro-batches,
+global micro-batch, sequence] for gradient accumulation). Where no such input
 exists, the report says so rather than guess.
 """
 from __future__ import annotations
@@ -13,7 +14,8 @@ import re
 
 from flint.frontends.sharding_report import NOT_DATA_DIMS, is_batch_path
 
-_INT_SHAPE = re.compile(r"^[su](8|16|32|64)\[(\d+),(\d+)\]$")
+# token ids: [batch, sequence], or [micro-batches, batch, sequence] (leading dims multiply)
+_INT_SHAPE = re.compile(r"^[su](?:8|16|32|64)\[((?:\d+,){1,2})(\d+)\]$")
 
 
 def record_training(graph) -> None:
@@ -30,6 +32,7 @@ def record_training(graph) -> None:
     for name, shape, *_ in meta.get("arguments_sharding") or []:
         m = _INT_SHAPE.match(shape)
         if m and is_batch_path(name):
-            meta["training"] = {"seq_len": int(m.group(3)), "global_batch": int(m.group(2)),
+            lead = [int(d) for d in m.group(1).rstrip(",").split(",")]
+            meta["training"] = {"seq_len": int(m.group(2)), "global_batch": math.prod(lead),
                                 "source": f"argument {name}"}
             return
