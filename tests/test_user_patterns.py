@@ -339,3 +339,23 @@ def test_hf_config_with_a_sequence_length_states_it(tmp_path):
     kv = cfg["num_key_value_heads"] * cfg["head_dim"]
     matmul = 2 * 256 * (2 * d * d + 2 * d * kv + 3 * d * f + d * v)   # one layer + head
     assert _gemm_flops(graph) == pytest.approx(3 * matmul, rel=0.03)
+
+
+def test_readme_framework_table_commands_name_real_steps():
+    """Every one-line command of the README's "Your framework" table names an example
+    that exists and defines the function it names (the tests above extract each)."""
+    import re
+
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    section = readme.split("## Your framework", 1)[1].split("\n## ", 1)[0]
+    table = "\n".join(line for line in section.splitlines() if line.startswith("|"))
+    commands = re.findall(r"`(flint extract [^`]+)`", table)
+    assert len(commands) >= 9
+    for command in commands:
+        target = command.split()[2]
+        if ".py:" not in target:
+            continue
+        path, fn = target.split(":")
+        source = (EXAMPLES.parent / path).read_text()
+        assert re.search(rf"^def {fn}\(", source, re.M), command
+    assert "examples/llama_3_2_1b_config.json --seq-len" in table

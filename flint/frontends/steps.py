@@ -158,30 +158,39 @@ def _load_script(target: str):
     return module, fn_name
 
 
-def example_args(module, args_fn: str, target: str, mesh=None) -> tuple:
-    """The script's example arguments, built inside flint.virtual_mesh (so models that
-    annotate shardings at construction build); `example_args(mesh)` gets that
-    AbstractMesh (`mesh.shape["data"]`, `mesh.size`), so the batch follows --devices."""
+def example_args(module, args_fn: str, target: str, mesh=None, torch: bool = False) -> tuple:
+    """The script's example arguments. JAX: built inside flint.virtual_mesh (so models
+    that annotate shardings at construction build); `example_args(mesh)` gets that
+    AbstractMesh (`mesh.shape["data"]`, `mesh.size`), so the batch follows --devices.
+    Torch (`torch=True`): the step's (model, optimizer, *batch); `example_args(mesh)` gets
+    a dict of the mesh's axis sizes."""
+    import contextlib
     import inspect
 
     source = getattr(module, args_fn, None)
     if source is None:
+        what = "arguments (model, optimizer, *batch)" if torch else \
+            "example arguments (ShapeDtypeStructs are fine)"
         raise FlintError(f"{target.split(':')[0]} defines no {args_fn}() giving the step's "
-                         f"example arguments (ShapeDtypeStructs are fine)")
+                         f"{what}")
     if not callable(source):
         args = source
     else:
-        from flint.frontends.virtual_mesh import virtual_mesh
-
         try:
             wants_mesh = any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
                              and (p.name == "mesh" or p.default is p.empty)
                              for p in inspect.signature(source).parameters.values())
         except (TypeError, ValueError):
             wants_mesh = False
+        if torch:
+            context = contextlib.nullcontext(dict(mesh or (("dp", 1),)))
+        else:
+            from flint.frontends.virtual_mesh import virtual_mesh
+
+            context = virtual_mesh(mesh or (("data", 1),))
         try:
-            with virtual_mesh(mesh or (("data", 1),)) as abstract:
-                args = source(abstract) if wants_mesh else source()
+            with context as given:
+                args = source(given) if wants_mesh else source()
         except FlintError:
             raise
         except Exception as e:

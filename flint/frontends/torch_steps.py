@@ -65,14 +65,14 @@ def _decorated(request, module, fn_name, fn, stage):
     the request gives one."""
     from flint.cluster import parse_mesh
     from flint.frontends.jax import _is_torch_call
-    from flint.frontends.steps import rescaled_mesh
+    from flint.frontends.steps import example_args, rescaled_mesh
     from flint.frontends.torch_capture import TorchStep, capture
 
     devices = request.devices or fn.cfg.devices
     hardware = request.hardware or fn.cfg.hardware
     mesh = parse_mesh(request.mesh, devices) if request.mesh else tuple(
         rescaled_mesh(fn.cfg.mesh, devices).items())
-    args = _torch_example_args(module, request.args_fn, request.target, mesh)
+    args = example_args(module, request.args_fn, request.target, mesh, torch=True)
     if not _is_torch_call(args):
         raise FlintError(f"{request.args_fn}() of {request.target.split(':')[0]} must return "
                          f"the arguments of {fn_name}(model, optimizer, *batch): a model "
@@ -87,31 +87,3 @@ def _decorated(request, module, fn_name, fn, stage):
     graph = captured.workload(fuse=request.fuse)
     graph.meta["model"] = fn_name
     return graph, captured.timings
-
-
-def _torch_example_args(module, args_fn: str, target: str, mesh) -> tuple:
-    """The script's example arguments for a torch step: `example_args()` or
-    `example_args(mesh)` (a dict of mesh axis sizes)."""
-    import inspect
-
-    source = getattr(module, args_fn, None)
-    if source is None:
-        raise FlintError(f"{target.split(':')[0]} defines no {args_fn}() giving the step's "
-                         f"arguments (model, optimizer, *batch)")
-    if not callable(source):
-        args = source
-    else:
-        try:
-            wants_mesh = any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY,
-                                                                  p.POSITIONAL_OR_KEYWORD)
-                             for p in inspect.signature(source).parameters.values())
-        except (TypeError, ValueError):
-            wants_mesh = False
-        try:
-            args = source(dict(mesh)) if wants_mesh else source()
-        except FlintError:
-            raise
-        except Exception as e:
-            raise FlintError(f"{args_fn}() failed: {type(e).__name__}: "
-                             f"{' '.join(str(e).split())[:600]}") from None
-    return tuple(args) if isinstance(args, (tuple, list)) else (args,)
