@@ -50,16 +50,20 @@ class RooflineCompute:
 
     def memory_bandwidth(self, node: Node) -> float:
         """Bytes/s a memory-bound node sustains: the stream share of HBM bandwidth, and
-        for XLA-generated reductions the per-SM bound of unvectorized kernels over the
-        SMs their grid occupies (populations.py). A calibrated `hbm_fraction` (fitted to
-        a trace of the kernels as they ran) replaces both."""
+        for unvectorized kernels (XLA's reductions and transposes over the SMs their grid
+        occupies, PyTorch's broadcasting or mixed-dtype elementwise kernels) the per-SM
+        bound of populations.py. A calibrated `hbm_fraction` replaces the stream share;
+        the per-SM bounds are physics of the kernel's code and stay."""
         bw = self.spec.hbm_bandwidth * self.figure("hbm_fraction")
-        if (self.sms and node.op_class not in TENSOR_CLASSES and "hbm_fraction" not in
-                self.efficiency and populations.population(node) == "generated"):
-            cap = populations.generated_bandwidth(node, self.sms,
-                                                  kernels.GENERATED_BYTES_PER_SM_S)
+        if not self.sms or node.op_class in TENSOR_CLASSES:
+            return bw
+        source, per_sm = populations.population(node), kernels.GENERATED_BYTES_PER_SM_S
+        if source == "generated":
+            cap = populations.generated_bandwidth(node, self.sms, per_sm)
             if cap:
                 bw = min(bw, cap)
+        elif source == "eager" and not populations.eager_vectorized(node):
+            bw = min(bw, self.sms * per_sm)
         return bw
 
     def compute_time(self, node: Node) -> float:
@@ -106,11 +110,10 @@ class RooflineCompute:
 
     @property
     def generation(self) -> str:
-        """The GPU architecture a spec's name says ("" when it names none)."""
-        from flint.hardware_models.nccl import ARCH_BY_PREFIX
+        """The GPU architecture the spec names ("" when it names none)."""
+        from flint.hardware_models.nccl import generation
 
-        name = self.spec.name.lower()
-        return next((arch for prefix, arch in ARCH_BY_PREFIX if name.startswith(prefix)), "")
+        return generation(self.spec.name, self.spec.model)
 
     @property
     def persistent(self) -> bool:
@@ -126,8 +129,8 @@ class RooflineCompute:
     def memory_latency(self, node: Node) -> float:
         """A memory-bound GPU kernel's DRAM round trip (kernels.MEMORY_LATENCY_S); GEMM
         and attention pipelines count their fill in their own steps."""
-        if (not self.sms or node.op_class in TENSOR_CLASSES
-                or not (node.bytes_read or node.bytes_written) or "kernel_floor" in self.efficiency):
+        if not self.sms or node.op_class in TENSOR_CLASSES or not (node.bytes_read or
+                                                                     node.bytes_written):
             return 0.0
         return kernels.MEMORY_LATENCY_S
 

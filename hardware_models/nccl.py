@@ -62,12 +62,24 @@ ARCH_BY_PREFIX = (("a100", "ampere"), ("a10", "ampere"), ("v100", "volta"), ("h1
                   ("b300", "blackwell"), ("gb200", "blackwell"), ("gb300", "blackwell"))
 
 
-def architecture(spec_name: str) -> str:
+def architecture(spec_name: str, model: str = "") -> str:
+    """The GPU generation a spec's name (or, for a renamed spec such as a calibrated one,
+    its model string) says; Hopper when neither does."""
+    return generation(spec_name, model) or "hopper"
+
+
+def generation(spec_name: str, model: str = "") -> str:
+    """The GPU generation of a spec: its name's prefix, else the first known GPU named in
+    its model string ("NVIDIA H100 SXM5 80GB"); "" when none is known."""
     name = spec_name.lower()
     for prefix, arch in ARCH_BY_PREFIX:
         if name.startswith(prefix):
             return arch
-    return "hopper"
+    words = model.lower().replace("-", " ").split()
+    for prefix, arch in ARCH_BY_PREFIX:
+        if any(w.startswith(prefix) for w in words):
+            return arch
+    return ""
 
 
 def protocol_bandwidth(protocol: str, bus_bw: float, arch: str, nodes: int,

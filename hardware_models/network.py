@@ -95,7 +95,7 @@ class NetworkModel:
         if not self.nccl:
             return bus_bytes / level.bandwidth + steps * level.latency
         return nccl.collective_time(bus_bytes, steps, level.bandwidth, level.link, algorithm,
-                                    nccl.architecture(self.spec.name), nodes, all_reduce,
+                                    nccl.architecture(self.spec.name, self.spec.model), nodes, all_reduce,
                                     self.protocol, level.hop_override, launch, inter_steps,
                                     self._given("nic_latency"))
 
@@ -192,7 +192,7 @@ class NetworkModel:
         (`algorithm="hierarchical"`), so that `auto` chooses as NCCL's tuner does."""
         p, k, m = pl.size, pl.domains, pl.per_domain
         up, out = self.up, self.out(pl.leaves)
-        arch = nccl.architecture(self.spec.name)
+        arch = nccl.architecture(self.spec.name, self.spec.model)
         ring_bw = up.bandwidth if k == 1 else min(up.bandwidth, m * out.bandwidth) \
             if m > 1 else out.bandwidth
         ring_level = Level(ring_bw, up.latency, up.link if k == 1 or m > 1 else "net",

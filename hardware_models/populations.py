@@ -21,8 +21,11 @@ PyTorch eager, every other node XLA's:
 - `eager`: PyTorch eager, one kernel per aten op, every intermediate through HBM (the
   graph keeps them: no fusion pass runs). PyTorch's elementwise and reduction kernels load
   vectorized (ATen's vectorized_elementwise_kernel, reduce_kernel's vectorized input) and
-  stream like library kernels; each kernel is launched by the host, which issues them one
-  after another (LAUNCH_S each, schedule.simulate): many small kernels are launch-bound.
+  stream like library kernels, except elementwise ops with a broadcast or mixed-dtype
+  operand, which run ATen's unrolled (scalar) kernel and are bounded per SM like XLA's
+  unvectorized kernels (eager_vectorized); each kernel is launched by the host, which
+  issues them one after another (LAUNCH_S each, schedule.simulate): many small kernels
+  are launch-bound.
 - `inductor`: torch.compile's Triton kernels (passes/fuse.py merges their pointwise and
   reduction chains): vectorized 128-bit accesses, streaming; launched one by one from
   Inductor's wrapper code like eager kernels (CUDA graphs only with mode="reduce-overhead").
@@ -107,6 +110,26 @@ def vectorized(node) -> bool:
     name = node.name.lower()
     return not any(word in name for word in ("dynamic_slice", "dynamic_update_slice",
                                              "gather", "scatter"))
+
+
+def eager_vectorized(node) -> bool:
+    """Whether PyTorch runs an eager elementwise op with its vectorized kernel: only when
+    every tensor operand has the output's shape and dtype (ATen's gpu_kernel_impl takes
+    vectorized_elementwise_kernel for contiguous, same-dtype TensorIterators; a
+    broadcast operand, which iterates with stride 0, or a mixed-dtype op, which casts
+    element by element, runs unrolled_elementwise_kernel with an offset calculator and
+    scalar accesses)."""
+    if node.op_class != OpClass.ELEMENTWISE or not node.outputs:
+        return True
+    out = node.outputs[0]
+    out_dtype, out_elems = out.split("[", 1)[0], math.prod(_dims(out) or [1])
+    for shape in node.operands:
+        dims = _dims(shape)
+        if not dims:              # a scalar operand is a kernel argument, not a tensor
+            continue
+        if shape.split("[", 1)[0] != out_dtype or math.prod(dims) != out_elems:
+            return False
+    return True
 
 
 def generated_bandwidth(node, sms: int, per_sm: float) -> float | None:

@@ -92,16 +92,18 @@ def reference_figure(spec: HardwareSpec, key: str) -> float:
 
 
 def _fit_share(compute_s: list[float], other_s: list[float], measured: list[float],
-               floor: float, default: float) -> float:
+               floor: float, default: float, extra_s: list[float] | None = None) -> float:
     """The share of peak minimising the mean |log(predicted / measured)| of
-    t = floor + max(compute_s x default / share, other_s) over a bounded grid: the absolute
-    log error is the per-op error users read, is robust to stray points, and a bounded grid
-    cannot run off to non-physical shares."""
+    t = floor + extra + max(compute_s x default / share, other_s) over a bounded grid (extra:
+    each op's DRAM round trip, RooflineCompute.memory_latency): the absolute log error is
+    the per-op error users read, is robust to stray points, and a bounded grid cannot run
+    off to non-physical shares."""
     import numpy as np
 
     c, o, t = np.asarray(compute_s), np.asarray(other_s), np.asarray(measured)
+    e = np.asarray(extra_s if extra_s is not None else [0.0] * len(compute_s))
     shares = np.geomspace(IMPLAUSIBLE_COMPUTE, 1.0, 120)[:, None]
-    pred = floor + np.maximum(c[None, :] * default / shares, o[None, :])
+    pred = floor + e[None, :] + np.maximum(c[None, :] * default / shares, o[None, :])
     loss = np.abs(np.log(pred / t)).mean(axis=1)
     return float(shares[int(np.argmin(loss)), 0])
 
@@ -128,24 +130,27 @@ def fit_compute(samples: list[ComputeSample], spec: HardwareSpec, cal: Calibrati
     floor = min(times[max(0, int(0.1 * len(times)) - 1)] * 0.9, 4 * default_floor)
     cal.efficiency["kernel_floor"] = float(f"{floor:.4g}")
     cal.reference["kernel_floor"] = reference_figure(spec, "kernel_floor")
-    groups: dict[str, list[tuple[float, float, float]]] = {}
+    groups: dict[str, list[tuple[float, float, float, float]]] = {}
+    stream = spec.hbm_bandwidth * roof.figure("hbm_fraction")
     for s in kept:
         t_flops, t_bytes = roof.bound(s.node)
         if s.node.op_class in TENSOR_CLASSES and t_flops >= t_bytes:
             key, c, o = kernels.CLASS_FIGURE[s.node.op_class], t_flops, t_bytes
         elif t_bytes >= t_flops:
+            if roof.memory_bandwidth(s.node) < stream:
+                continue     # bound per SM by its code (populations.py), not by the stream
             key, c, o = "hbm_fraction", t_bytes, t_flops
         else:
             key, c, o = "vector_fraction", t_flops, t_bytes
         if c > 0:
-            groups.setdefault(key, []).append((c, o, s.seconds))
+            groups.setdefault(key, []).append((c, o, s.seconds, roof.memory_latency(s.node)))
     for key, pts in sorted(groups.items()):
         cal.points[key] = len(pts)
         if len(pts) < MIN_POINTS or key in cal.efficiency:   # set with the machine figures
             continue
         default = roof.figure(key)
         share = _fit_share([p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts],
-                           floor, default)
+                           floor, default, [p[3] for p in pts])
         cal.efficiency[key] = float(f"{share:.4g}")
         cal.reference[key] = reference_figure(spec, key)
         if key == "attention_fraction":     # one fit for both kernel families seen here

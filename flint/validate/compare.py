@@ -61,30 +61,10 @@ class Validation:
         return [abs(o.error) for o in self.ops if o.measured_s > 0]
 
     def by_class(self) -> dict[str, dict]:
-        groups: dict[str, list[OpResult]] = {}
-        for o in self.ops:
-            groups.setdefault(o.op_class, []).append(o)
-        out = {}
-        for cls, rows in sorted(groups.items(), key=lambda kv: -sum(o.measured_s for o in kv[1])):
-            m, p = sum(o.measured_s for o in rows), sum(o.predicted_s for o in rows)
-            out[cls] = {"ops": len(rows), "measured_s": m, "predicted_s": p,
-                        "ratio": p / m if m else 0.0,
-                        "median_abs_error": statistics.median(abs(o.error) for o in rows)}
-        return out
+        return by_class(self.ops)
 
     def by_duration(self) -> list[dict]:
-        """Ops grouped by measured time per execution (a kernel's duration), shortest first:
-        where a model is wrong often depends on the kernel size more than on its class."""
-        out = []
-        for label, lo, hi in DURATION_BUCKETS:
-            rows = [o for o in self.ops if lo <= o.measured_s / o.executions < hi]
-            m, p = sum(o.measured_s for o in rows), sum(o.predicted_s for o in rows)
-            out.append({"bucket": label, "from_s": lo, "to_s": hi if hi != float("inf") else None,
-                        "ops": len(rows), "measured_s": m, "predicted_s": p,
-                        "ratio": p / m if m else None,
-                        "median_abs_error": (statistics.median(abs(o.error) for o in rows)
-                                             if rows else None)})
-        return out
+        return by_duration(self.ops)
 
     def biggest_misses(self, n: int = 10) -> list[OpResult]:
         return sorted(self.ops, key=lambda o: -abs(o.predicted_s - o.measured_s))[:n]
@@ -103,6 +83,36 @@ class Validation:
                 "biggest_misses": [o.__dict__ for o in self.biggest_misses()],
                 "unmatched": dict(sorted(self.unmatched.items(), key=lambda kv: -kv[1])[:20]),
                 "excluded": self.excluded}
+
+
+def by_class(ops: list[OpResult]) -> dict[str, dict]:
+    """Measured and predicted time per op class (largest measured first), their ratio and
+    the median per-op |error|."""
+    groups: dict[str, list[OpResult]] = {}
+    for o in ops:
+        groups.setdefault(o.op_class, []).append(o)
+    out = {}
+    for cls, rows in sorted(groups.items(), key=lambda kv: -sum(o.measured_s for o in kv[1])):
+        m, p = sum(o.measured_s for o in rows), sum(o.predicted_s for o in rows)
+        out[cls] = {"ops": len(rows), "measured_s": m, "predicted_s": p,
+                    "ratio": p / m if m else 0.0,
+                    "median_abs_error": statistics.median(abs(o.error) for o in rows)}
+    return out
+
+
+def by_duration(ops: list[OpResult]) -> list[dict]:
+    """Ops grouped by measured time per execution (a kernel's duration), shortest first:
+    where a model is wrong often depends on the kernel size more than on its class."""
+    out = []
+    for label, lo, hi in DURATION_BUCKETS:
+        rows = [o for o in ops if lo <= o.measured_s / o.executions < hi]
+        m, p = sum(o.measured_s for o in rows), sum(o.predicted_s for o in rows)
+        out.append({"bucket": label, "from_s": lo, "to_s": hi if hi != float("inf") else None,
+                    "ops": len(rows), "measured_s": m, "predicted_s": p,
+                    "ratio": p / m if m else None,
+                    "median_abs_error": (statistics.median(abs(o.error) for o in rows)
+                                         if rows else None)})
+    return out
 
 
 def percentile(values, q: float) -> float:

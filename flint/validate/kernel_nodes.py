@@ -1,4 +1,5 @@
-"""Flint nodes for the GEMM and attention operators of a Kineto trace, one per execution.
+"""Flint nodes for the operators of a Kineto trace that launched GPU kernels, one per execution
+(GEMM and attention operators; other_executions: every other aten operator).
 
 Each operator recorded with `record_shapes` becomes the node the torch front end would have
 built for it: shapes become meta tensors, the output shapes come from torch's own meta
@@ -85,24 +86,41 @@ def executions(kernels) -> tuple[list[OpExecution], list[GpuKernel]]:
     return out, others
 
 
+def other_executions(kernels) -> tuple[list[OpExecution], list[GpuKernel]]:
+    """The compute kernels outside GEMM/attention operators, one execution per innermost
+    aten operator with recorded shapes (an op that launches several kernels is one
+    execution of all of them); (executions, kernels with no such operator)."""
+    found: dict[int, tuple[CpuOp, list]] = {}
+    loose = []
+    for k in kernels:
+        op = next((o for o in reversed(k.stack)
+                   if _short(o.name) and o.dims and hasattr(torch.ops.aten, _short(o.name))),
+                  None)
+        if op is None:
+            loose.append(k)
+            continue
+        found.setdefault(op.index, (op, []))[1].append(k)
+    out = [OpExecution(op, ac.op_class(_short(op.name)), tuple(ks), (), _phase(ks[0], op))
+           for op, ks in sorted(found.values(), key=lambda v: v[0].start_us)]
+    return out, loose
+
+
 def execution_node(ex: OpExecution, node_id: int = 0) -> Node | None:
     """The Flint node of one execution; None when its shapes or arguments are not recorded
     in a form torch's meta kernels accept (the caller counts those)."""
     try:
         return _node(ex, node_id)
-    except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError):
+    except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError,
+            AttributeError):
         return None           # shapes torch rejects: inconsistent or corrupt records
 
 
 def _node(ex: OpExecution, node_id: int) -> Node | None:
     short = _short(ex.op.name)
-    overload = getattr(torch.ops.aten, short).default
-    schema = overload._schema
-    parsed = _arguments(ex.op, schema)
-    if parsed is None:
+    bound = _bind(short, ex.op)
+    if bound is None:
         return None
-    args, kwargs = parsed
-    out = overload(*args, **kwargs)       # meta tensors: shapes only, nothing runs
+    schema, args, kwargs, out = bound
     named = {**{a.name: v for a, v in zip(schema.arguments, args)}, **kwargs}
     cost_args = list(args)
     if short in SEQ_MAJOR:               # [B, S, H, D] -> [B, H, S, D] for the cost rules
@@ -114,7 +132,7 @@ def _node(ex: OpExecution, node_id: int) -> Node | None:
             "kernels": len(ex.kernels)}
     if ex.op_class == "gemm":
         meta["gemm"] = _gemm_dims(short, args, outs[0])
-    else:
+    elif ex.op_class == "attention":
         meta["attention"] = _attention_meta(short, cost_args, named)
         meta["causal_recorded"] = _recorded(ex.op, schema, "is_causal")
     return Node(node_id, f"{short}.{ex.op.index}", NodeKind.COMPUTE, short, ex.op_class,
@@ -123,6 +141,26 @@ def _node(ex: OpExecution, node_id: int) -> Node | None:
                 bytes_written=float(sum(ac.nbytes(t) for t in outs)),
                 outputs=[shape_str(t) for t in outs], operands=[shape_str(t) for t in ins],
                 meta=meta)
+
+
+def _bind(short: str, op: CpuOp):
+    """(schema, args, kwargs, meta outputs) of the first overload of aten::`short` that
+    accepts the recorded arguments (Kineto names the operator, not its overload)."""
+    packet = getattr(torch.ops.aten, short, None)
+    if packet is None:
+        return None
+    names = sorted(packet.overloads(), key=lambda n: (n != "default", n != "Tensor", n))
+    for name in names:
+        overload = getattr(packet, name)
+        parsed = _arguments(op, overload._schema)
+        if parsed is None:
+            continue
+        try:
+            out = overload(*parsed[0], **parsed[1])   # meta tensors: shapes only
+        except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError):
+            continue
+        return overload._schema, parsed[0], parsed[1], out
+    return None
 
 
 def _phase(kernel: GpuKernel, op: CpuOp) -> str:
