@@ -12,13 +12,17 @@ spec's `attention_fraction_native` says which rate that reaches).
 Fused kernels run one CTA per (batch, head, 128-row block of queries) that walks the
 key/value blocks it needs (all of them, or those up to its diagonal when causal), plus the
 pipeline's fill and drain; CTAs run in waves over the SMs. A block is two GEMMs (QK^T, PV;
-five in the backward pass) at the family's rate and one exponential per score on the
-special-function units: FlashAttention-2 runs them one after the other, FlashAttention-3
-and cuDNN overlap them (ping-pong warpgroups). The rate is the one the family's published
-benchmark reaches at head dim 128 on long sequences, exponentials included (the spec's
-`attention_fraction` / `attention_fraction_native`); the GEMM-only rate is recovered from
-it. Unfused attention is priced as its GEMMs (kernels.gemm_time, each bound by its own
-operand and score traffic) plus the softmax's passes over the scores.
+five in the backward pass) at the family's tensor rate, then one exponential per score on
+the special-function units. The FlashAttention-3 paper's forward figures (arXiv
+2407.08608, Fig. 5, H100) fix how the two add up: per 128 x 128 block its time grows
+linearly with the head dim from an intercept that equals the block's 16,384 exponentials
+at 16 per clock per SM (497 / 648 / 756 TFLOP/s at head dim 64 / 128 / 256 are a
+constant ~0.5 us plus GEMM time proportional to the head dim), for FlashAttention-2 and
+-3 alike: the exponentials do not hide behind the GEMMs of the same CTA. The family's rate
+is its published figure at head dim 128 on long sequences, exponentials included (the
+spec's `attention_fraction` / `attention_fraction_native`); the GEMM-only rate is
+recovered from it. Unfused attention is priced as its GEMMs (kernels.gemm_time, each bound
+by its own operand and score traffic) plus the softmax's passes over the scores.
 """
 from __future__ import annotations
 
@@ -30,11 +34,17 @@ ATTENTION_BLOCK_ROWS = 128      # query rows per CTA in FlashAttention-2/3 and c
 FUSED = ("flash2", "flash3", "cudnn", "native")
 NATIVE = ("flash3", "cudnn", "native")
 # Unfused softmax passes over the S x S scores in HBM, besides the GEMMs that write and
-# read them: forward, one fused scale-mask-softmax kernel reading the scores and writing
-# the probabilities (Megatron-LM's FusedScaleMaskSoftmax; PyTorch's math SDPA writes them
-# through softmax the same way); backward, the softmax gradient reads the probabilities
-# and their gradient and writes the scores' gradient.
-UNFUSED_SOFTMAX_PASSES = {False: 2, True: 3}
+# read them. Megatron-LM (library kernels): one fused scale-mask-softmax kernel reads the
+# scores and writes the probabilities (FusedScaleMaskSoftmax); its backward reads the
+# probabilities and their gradient and writes the scores' gradient. PyTorch eager: a
+# causal mask is its own masked_fill (read and write), and softmax over rows longer than
+# 1024 elements runs cunn_SoftMaxForward, which reads a row three times (max, sum of
+# exponentials, output) and writes it once (ATen SoftMax.cu: the persistent one-read
+# softmax only for rows of at most 1024); its backward reads the output and its gradient
+# twice and writes once.
+UNFUSED_SOFTMAX_PASSES = {("library", False): 2, ("library", True): 3,
+                          ("eager", False): 4, ("eager", True): 5}
+EAGER_MASK_PASSES = 2
 
 
 def family(attn: dict | None) -> str:
@@ -43,8 +53,9 @@ def family(attn: dict | None) -> str:
 
 
 def fused_time(flops: float, attn: dict | None, rate: float, sms: int,
-               exp_rate: float = 0.0, overlapped: bool = True) -> float:
-    """A fused (flash) attention kernel; `rate` the family's published tensor rate."""
+               exp_rate: float = 0.0) -> float:
+    """A fused (flash) attention kernel; `rate` the family's published tensor rate at head
+    dim 128 with the exponentials included, `exp_rate` the GPU's exponentials per second."""
     if not attn or sms <= 0:
         return flops / rate
     dims = _dims(attn)
@@ -63,19 +74,17 @@ def fused_time(flops: float, attn: dict | None, rate: float, sms: int,
     block_mm = 2.0 * gemms * rows * cols * dim
     block_exp = rows * cols / exp_sm if exp_sm else 0.0
     ref_mm = 2.0 * 2 * rows * cols * 128                 # the published anchor's block
-    mm_rate = per_sm
-    if exp_sm and not overlapped:
-        # rate is the anchor's effective rate, exponentials included: take them out
-        mm_rate = ref_mm / max(ref_mm / per_sm - block_exp, 0.25 * ref_mm / per_sm)
-    t_block = (max(block_mm / mm_rate, block_exp) if overlapped
-               else block_mm / mm_rate + block_exp)
+    # rate is the anchor's effective rate, exponentials included: take them out
+    mm_rate = ref_mm / max(ref_mm / per_sm - block_exp, 0.25 * ref_mm / per_sm)
+    t_block = block_mm / mm_rate + block_exp
     ctas = batch * heads * q_blocks
     per_cta = (visits / q_blocks + kernels.PIPELINE_STEPS) * t_block
     return math.ceil(ctas / sms) * per_cta
 
 
 def unfused_time(attn: dict, gemm_rate: float, sms: int, bandwidth: float, floor: float,
-                 persistent: bool = False, elem_bytes: int = 2) -> float | None:
+                 persistent: bool = False, eager: bool = False,
+                 elem_bytes: int = 2) -> float | None:
     """Unfused attention: the score GEMMs (QK^T and PV forward; PV's two and QK^T's two
     gradients backward) as batched GEMMs over batch x heads, each at least as long as
     its operands and result take through HBM, plus the softmax passes over the scores;
@@ -101,8 +110,12 @@ def unfused_time(attn: dict, gemm_rate: float, sms: int, bandwidth: float, floor
     else:
         mm = gemm(sq, skv, d, True) + gemm(sq, d, skv, False)         # S = QK^T, O = PV
         launches = 2
-    passes = UNFUSED_SOFTMAX_PASSES[bool(attn.get("backward"))]
+    backward = bool(attn.get("backward"))
+    passes = UNFUSED_SOFTMAX_PASSES[("eager" if eager else "library", backward)]
     softmax_kernels = 1
+    if eager and attn.get("causal") and not backward:
+        passes += EAGER_MASK_PASSES
+        softmax_kernels += 1
     return (mm + passes * scores / bandwidth
             + (launches + softmax_kernels - 1) * floor)
 

@@ -25,7 +25,7 @@ from flint.hardware_models.spec import HardwareSpec
 
 TRANSCENDENTAL_FLOPS = 4.0   # SFU ops: ~4 FMA slots each (a quarter-rate unit per SM quad)
 # GPU generations whose cuBLAS GEMMs are warp-specialized persistent kernels
-# (kernels.gemm_time) and whose native attention overlaps softmax with the GEMMs.
+# (kernels.gemm_time).
 ASYNC_GENERATIONS = ("hopper", "blackwell")
 
 
@@ -94,15 +94,13 @@ class RooflineCompute:
             t = attention_kernels.unfused_time(
                 attn, peak * self.figure("gemm_fraction"), self.sms,
                 self.spec.hbm_bandwidth * self.figure("hbm_fraction"), self.launch_overhead(),
-                self.persistent)
+                self.persistent, populations.population(node) == "eager")
             if t is not None:
                 return t
         native = kind in attention_kernels.NATIVE
         frac = self.figure("attention_fraction_native" if native else "attention_fraction")
-        overlapped = native and self.generation in ASYNC_GENERATIONS
         exp_rate = self.sms * kernels.SFU_EXP_PER_CLOCK_PER_SM * self.spec.clock
-        return attention_kernels.fused_time(node.flops, attn, peak * frac, self.sms, exp_rate,
-                                            overlapped=overlapped)
+        return attention_kernels.fused_time(node.flops, attn, peak * frac, self.sms, exp_rate)
 
     @property
     def sms(self) -> int:

@@ -1,0 +1,291 @@
+"""Kernel-level checks of Flint's compute model: GEMM shapes against published cuBLAS figures,
+attention kernels against the FlashAttention papers' figures, and the three shared traces
+per op class and per kernel-duration bucket.
+
+Every published figure below names its source; none of them sets a constant of the model
+(the model's figures live in the hardware specs with their own sources). Errors are
+predicted / measured - 1 of the time (so a positive error is a prediction too slow);
+TFLOP/s use each source's FLOP convention (2MNK for GEMMs; 4 S^2 D H B for attention,
+halved under a causal mask, as the FlashAttention papers count).
+
+    python scripts/compare_kernels.py [--section gemm|attention|traces] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+TRACES = Path(__file__).resolve().parents[2] / "shared/traces"
+MAXTEXT = TRACES / "jaxtoolbox_maxtext_fsdp4_4xH100.data.zip"
+TRACELENS = TRACES / "tracelens_qwen1.5-0.5b_fwd_1xH100.json.gz"
+HTA = TRACES / "hta_resnet50_ddp_2xA100_nccl_data.json.gz"
+
+# Maximum Achievable Matmul FLOPS (torch.mm, bf16, cuBLAS; the best shape of a sweep):
+# stas00/ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS
+# comparison table" (A100 SXM and H100 SXM rows, CUDA 12.1). Burst figures of one matmul at a
+# time: a training step runs at its sustained clock (the specs' gemm_fraction says so).
+MAMF = (("a100-80gb-sxm", 6912, 16384, 2048, 267.9), ("h100-sxm", 6144, 17920, 2816, 792.1))
+
+# FlashAttention-3 paper (Shah et al., arXiv 2407.08608), Fig. 5: attention forward speed,
+# BF16, H100 80GB SXM5, batch x seqlen = 16k, heads x head dim = 2048; TFLOP/s per bar at
+# seqlen 512, 1k, 2k, 4k, 8k, 16k (None: out of memory, or the 512 bars whose labels the
+# available transcriptions of the figure disagree on). "standard" is PyTorch's unfused
+# attention.
+SEQS = (512, 1024, 2048, 4096, 8192, 16384)
+FA3_PAPER = {
+    (64, False): {"standard": (52, 63, 67, 72, 73, None), "flash2": (282, 306, 318, 321, 322, 324),
+                  "cudnn": (335, 373, 395, 408, 412, 413), "flash3": (333, 392, 460, 476, 496, 497)},
+    (128, False): {"standard": (74, 100, 119, 133, 139, None),
+                   "flash2": (309, 350, 362, 368, 370, 370),
+                   "cudnn": (None, 574, 617, 609, 600, 595),
+                   "flash3": (None, 565, 625, 638, 646, 648)},
+    (256, False): {"flash2": (275, 313, 321, 323, 324, 326), "cudnn": (470, 546, 580, 581, 580, 581),
+                   "flash3": (482, 639, 707, 736, 746, 756)},
+    (64, True): {"standard": (16, 18, 18, 18, 18, None), "flash2": (180, 229, 262, 284, 295, 299),
+                 "cudnn": (225, 288, 334, 363, 379, 388), "flash3": (197, 265, 371, 420, 460, 473)},
+    (128, True): {"standard": (26, 31, 34, 35, 35, None), "flash2": (191, 260, 298, 319, 333, 335),
+                  "cudnn": (315, 410, 484, 518, 529, 539), "flash3": (292, 423, 521, 579, 602, 616)},
+    (256, True): {"flash2": (208, 251, 278, 293, 297, 298), "cudnn": (308, 391, 450, 483, 497, 509),
+                  "flash3": (286, 427, 537, 612, 628, 642)},
+}
+# PyTorch benchmark (pytorch/benchmark, commit ff65cb67, D60117034): FlashAttention-3
+# forward on H100, head dim 128, non-causal, same shapes as the paper: TFLOP/s.
+FA3_TORCHBENCH = (430.3, 517.1, 565.5, 590.2, 614.2, 620.7)
+# FlashAttention-2 paper (Dao, arXiv 2307.08691, abstract): 50-73% of the theoretical maximum
+# FLOP/s on A100 (forward and backward, head dims 64/128, sequence 512-16k).
+FA2_A100_RANGE = (0.50, 0.73)
+IMPLS = {"standard": "unfused", "flash2": "flash2", "cudnn": "cudnn", "flash3": "flash3"}
+
+
+def gemm_rows() -> list[dict]:
+    from flint.graph import Node, NodeKind
+    from flint.hardware_models.compute import RooflineCompute
+    from flint.hardware_models.spec import load_spec
+
+    rows = []
+    for hardware, m, n, k, tflops in MAMF:
+        model = RooflineCompute(load_spec(hardware))
+        node = Node(0, "mm", NodeKind.COMPUTE, "dot", "gemm", flops=2.0 * m * n * k,
+                    operands=[f"bf16[{m},{k}]", f"bf16[{k},{n}]"], outputs=[f"bf16[{m},{n}]"],
+                    bytes_read=2.0 * (m * k + k * n), bytes_written=2.0 * m * n)
+        t = model.time(node)
+        measured = 2.0 * m * n * k / (tflops * 1e12)
+        rows.append({"source": "MAMF (ml-engineering)", "hardware": hardware,
+                     "shape": f"{m}x{n}x{k} bf16", "measured_TFLOPs": tflops,
+                     "predicted_TFLOPs": 2.0 * m * n * k / t / 1e12, "error": t / measured - 1})
+    for g in _tracelens()["gemm_groups"]:
+        rows.append({"source": "TraceLens trace (cuBLAS)", "hardware": "h100-sxm",
+                     "shape": f"{g['shape']} x{g['count']}",
+                     "measured_TFLOPs": g["flops"] / g["measured_s"] / 1e12,
+                     "predicted_TFLOPs": g["flops"] / g["predicted_s"] / 1e12,
+                     "error": g["predicted_s"] / g["measured_s"] - 1})
+    return rows
+
+
+def attention_rows() -> list[dict]:
+    from flint.graph import Node, NodeKind
+    from flint.hardware_models.compute import RooflineCompute
+    from flint.hardware_models.spec import load_spec
+    from flint.passes.attention import attention_cost
+
+    h100, a100 = RooflineCompute(load_spec("h100-sxm")), RooflineCompute(load_spec("a100-80gb-sxm"))
+
+    def predicted(model, impl: str, d: int, s: int, causal: bool) -> float:
+        b, h = 16384 // s, 2048 // d
+        flops, rd, wr = attention_cost(b, h, h, s, s, d, causal, False)
+        attn = {"batch": b, "heads": h, "kv_heads": h, "seq_q": s, "seq_kv": s, "head_dim": d,
+                "causal": causal, "backward": False, "dtype": "bf16", "impl": impl}
+        meta = {"attention": attn}
+        if impl == "unfused":            # the papers' "standard attention": PyTorch eager
+            meta["kernel_source"] = "eager"
+        node = Node(0, "attention", NodeKind.COMPUTE, "fused-attention", "attention",
+                    flops=flops, bytes_read=rd, bytes_written=wr, operands=["bf16[1]"],
+                    meta=meta)
+        return flops / model.time(node) / 1e12
+
+    rows = []
+    for (d, causal), series in FA3_PAPER.items():
+        for name, values in series.items():
+            for s, v in zip(SEQS, values):
+                if v is not None:
+                    p = predicted(h100, IMPLS[name], d, s, causal)
+                    rows.append({"source": "FA3 paper Fig. 5", "hardware": "h100-sxm",
+                                 "kernel": name, "head_dim": d, "causal": causal, "seq": s,
+                                 "measured_TFLOPs": v, "predicted_TFLOPs": p, "error": v / p - 1})
+    for s, v in zip(SEQS, FA3_TORCHBENCH):
+        p = predicted(h100, "flash3", 128, s, False)
+        rows.append({"source": "pytorch/benchmark D60117034", "hardware": "h100-sxm",
+                     "kernel": "flash3", "head_dim": 128, "causal": False, "seq": s,
+                     "measured_TFLOPs": v, "predicted_TFLOPs": p, "error": v / p - 1})
+    peak = a100.spec.peak("bf16") / 1e12
+    for d in (64, 128):
+        for s in (512, 16384):
+            p = predicted(a100, "flash2", d, s, False)
+            lo, hi = FA2_A100_RANGE
+            rows.append({"source": "FA2 paper (range)", "hardware": "a100-80gb-sxm",
+                         "kernel": "flash2", "head_dim": d, "causal": False, "seq": s,
+                         "measured_TFLOPs": f"{lo * peak:.0f}-{hi * peak:.0f}",
+                         "predicted_TFLOPs": p,
+                         "error": 0.0 if lo * peak <= p <= hi * peak else
+                         (lo * peak / p - 1 if p < lo * peak else hi * peak / p - 1)})
+    return rows
+
+
+def trace_tables() -> dict:
+    """Per trace: op-class and duration-bucket tables (predicted / measured, median per-op
+    |error|)."""
+    from flint.hardware_models.spec import load_spec
+    from flint.validate.compare import OpResult, by_class, by_duration
+    from flint.validate.workflow import open_input, run_validate
+
+    out = {}
+    mt = run_validate(open_input(MAXTEXT, hardware="h100-sxm"), load_spec("h100-sxm"), None,
+                      ["input_scatter_fusion"])
+    out["MaxText nsys-jax, 4x H100 (XLA)"] = _tables(mt.ops, by_class, by_duration, mt.step_error)
+    tl = _tracelens()
+    ops = [OpResult(r["op"], r["class"], r["measured_s"], r["predicted_s"]) for r in tl["kernels"]]
+    out["TraceLens Kineto, 1x H100 (eager PyTorch)"] = _tables(ops, by_class, by_duration, None,
+                                                              tl["notes"])
+    hta = [OpResult(f"all-reduce {s.node.collective.bytes_in}", "collective:all-reduce",
+                    s.seconds, t) for s, t in _hta()]
+    out["HTA Kineto, 2x A100 (NCCL all-reduces, fastest per size)"] = _tables(
+        hta, by_class, by_duration, None,
+        ["kernel times include the wait for the peer rank (MANIFEST); compute kernels carry "
+         "no shapes in this trace"])
+    return out
+
+
+def _tables(ops, by_class, by_duration, step_error, notes=()) -> dict:
+    errs = [abs(o.error) for o in ops if o.measured_s > 0]
+    return {"ops": len(ops), "median_abs_error": statistics.median(errs) if errs else None,
+            "step_error": step_error, "by_class": by_class(ops),
+            "by_duration": [d for d in by_duration(ops) if d["ops"]], "notes": list(notes)}
+
+
+_TRACELENS: dict = {}
+
+
+def _tracelens() -> dict:
+    """Every kernel of the TraceLens step as the node of the aten op that launched it,
+    priced by the eager population (its graph is PyTorch eager)."""
+    if _TRACELENS:
+        return _TRACELENS
+    from flint.hardware_models.compute import RooflineCompute
+    from flint.hardware_models.spec import load_spec
+    from flint.validate.kernel_nodes import execution_node, executions, other_executions
+    from flint.validate.kineto_kernels import step_kernels
+    from flint.validate.trace_events import read_trace_events
+
+    model = RooflineCompute(load_spec("h100-sxm"))
+    found = step_kernels(read_trace_events(TRACELENS, "Kineto trace"), 6, str(TRACELENS))
+    execs, others = executions(found.kernels)
+    rest, loose = other_executions(others)
+    kernels, groups, unbuilt = [], {}, 0
+    for i, ex in enumerate(execs + rest):
+        node = execution_node(ex, i)
+        if node is None:
+            unbuilt += len(ex.kernels)
+            continue
+        t = model.time(node)
+        kernels.append({"op": ex.op.name, "class": ex.op_class, "measured_s": ex.measured_s,
+                        "predicted_s": t})
+        if ex.op_class == "gemm":
+            g = node.meta["gemm"]
+            key = f"M={g['m']} N={g['n']} K={g['k']} {g['dtype']}"
+            e = groups.setdefault(key, {"shape": key, "count": 0, "flops": 0.0,
+                                        "measured_s": 0.0, "predicted_s": 0.0})
+            e["count"] += 1
+            e["flops"] += node.flops
+            e["measured_s"] += ex.measured_s
+            e["predicted_s"] += t
+    _TRACELENS.update({"kernels": kernels, "gemm_groups": list(groups.values()), "notes": [
+        f"{unbuilt + len(loose)} of {len(found.kernels)} kernels not priced (operators whose "
+        f"recorded arguments torch's meta kernels cannot rebuild: cat's tensor lists, "
+        f"mean's dim lists)"]})
+    return _TRACELENS
+
+
+def _hta():
+    from flint.hardware_models.network import NetworkModel
+    from flint.hardware_models.spec import load_spec
+    from flint.validate.samples import samples_from_nccl
+
+    spec = load_spec("a100-40gb-sxm")
+    return [(s, NetworkModel(spec, s.cluster).time(s.node, s.comm))
+            for s in samples_from_nccl(HTA) if s.node.op == "all-reduce"]
+
+
+def render(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=130)
+    if "gemm" in report:
+        t = Table(title="GEMMs vs published cuBLAS figures (error: predicted / measured time - 1)")
+        for col in ("source", "hardware", "shape", "measured", "Flint", "error"):
+            t.add_column(col, justify="right" if col in ("measured", "Flint", "error") else "left")
+        for r in report["gemm"]:
+            t.add_row(r["source"], r["hardware"], r["shape"], f"{r['measured_TFLOPs']:.0f} TFLOP/s",
+                      f"{r['predicted_TFLOPs']:.0f} TFLOP/s", f"{100 * r['error']:+.1f} %")
+        console.print(t)
+    if "attention" in report:
+        t = Table(title="Attention kernels vs published FlashAttention figures (forward, bf16)")
+        for col in ("source", "hardware", "kernel", "head dim", "mask", "seq", "measured",
+                    "Flint", "error"):
+            t.add_column(col, justify="left" if col in ("source", "hardware", "kernel", "mask")
+                         else "right")
+        for r in report["attention"]:
+            m = r["measured_TFLOPs"]
+            t.add_row(r["source"], r["hardware"], r["kernel"], str(r["head_dim"]),
+                      "causal" if r["causal"] else "full", str(r["seq"]),
+                      m if isinstance(m, str) else f"{m:.0f} TFLOP/s",
+                      f"{r['predicted_TFLOPs']:.0f} TFLOP/s", f"{100 * r['error']:+.1f} %")
+        console.print(t)
+        by_kernel: dict = {}
+        for r in report["attention"]:
+            by_kernel.setdefault((r["source"], r["kernel"]), []).append(abs(r["error"]))
+        for (source, kernel), errs in by_kernel.items():
+            console.print(f"  {source:<30} {kernel:<9} {len(errs):>3} points, median |error| "
+                          f"{100 * statistics.median(errs):.1f} %", highlight=False)
+    for name, tr in report.get("traces", {}).items():
+        head = f"{name}: {tr['ops']} ops, median per-op |error| {100 * tr['median_abs_error']:.1f} %"
+        if tr["step_error"] is not None:
+            head += f", step error {100 * tr['step_error']:+.1f} %"
+        c = Table(title=head)
+        for col in ("op class / duration", "ops", "measured", "predicted", "ratio",
+                    "median |op error|"):
+            c.add_column(col, justify="left" if col.startswith("op class") else "right")
+        rows = [(k, v) for k, v in tr["by_class"].items()] + [
+            (d["bucket"], d) for d in tr["by_duration"]]
+        for label, d in rows:
+            c.add_row(label, str(d["ops"]), f"{d['measured_s'] * 1e3:.3f} ms",
+                      f"{d['predicted_s'] * 1e3:.3f} ms", f"{d['ratio']:.2f}x",
+                      f"{100 * d['median_abs_error']:.0f} %")
+        console.print(c)
+        for note in tr["notes"]:
+            console.print(f"  note: {note}", highlight=False)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--section", choices=("gemm", "attention", "traces"), action="append")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    sections = a.section or ["gemm", "attention", "traces"]
+    report = {}
+    if "gemm" in sections:
+        report["gemm"] = gemm_rows()
+    if "attention" in sections:
+        report["attention"] = attention_rows()
+    if "traces" in sections:
+        report["traces"] = trace_tables()
+    if a.json:
+        print(json.dumps(report, indent=1, default=str))
+    else:
+        render(report)
+
+
+if __name__ == "__main__":
+    main()
