@@ -125,10 +125,15 @@ class RooflineCompute:
         return max(t_flops, t_bytes) + self.launch_overhead() + self.memory_latency(node)
 
     def memory_latency(self, node: Node) -> float:
-        """A memory-bound GPU kernel's DRAM round trip (kernels.MEMORY_LATENCY_S); GEMM
-        and attention pipelines count their fill in their own steps."""
-        if not self.sms or node.op_class in TENSOR_CLASSES or not (node.bytes_read or
-                                                                     node.bytes_written):
+        """A fused memory-bound GPU kernel's DRAM round trip (kernels.MEMORY_LATENCY_S).
+        Fusion (XLA, Inductor, library kernels) keeps a chain's intermediates in
+        registers, so what a fused kernel reads was written kernels ago and comes from
+        DRAM; an eager op reads what the op before it just wrote, still in L2 (public
+        Kineto traces: eager kernels on tens of KB run at the kernel floor). GEMM and
+        attention pipelines count their fill in their own steps."""
+        if (not self.sms or node.op_class in TENSOR_CLASSES
+                or not (node.bytes_read or node.bytes_written)
+                or populations.population(node) == "eager"):
             return 0.0
         return kernels.MEMORY_LATENCY_S
 

@@ -61,9 +61,9 @@ SFU_EXP_PER_CLOCK_PER_SM = 16
 # = 17.2 GB/s per SM. Rule for other GPUs: the same per SM (bytes in flight are bounded by
 # the SM's thread and register budget, alike on sm80/sm90; DRAM latency is alike too).
 GENERATED_BYTES_PER_SM_S = 17.2e9
-# One DRAM round trip, on the critical path of every kernel that reads memory (its first
-# loads, its last stores draining) and absent from the floor of a kernel that does almost
-# nothing. By Little's law from the figure above: an SM full of unvectorized threads
+# One DRAM round trip, on the critical path of a fused kernel that reads memory (its first
+# loads, its last stores draining; compute.py memory_latency) and absent from the floor of
+# a kernel that does almost nothing. By Little's law from the figure above: an SM full of unvectorized threads
 # (2048 on sm80/sm90, one 4-byte load in flight each) sustaining 17.2 GB/s waits
 # 2048 x 4 B / 17.2 GB/s = 0.48 us per load. Rule for other GPUs: the same (HBM latency in
 # ns is alike across HBM2e/HBM3 parts).
