@@ -433,3 +433,24 @@ def test_summary_prints_a_report_and_tables_fold_off_a_terminal():
     cells = table.columns[0]._cells
     assert "collective" not in cells and cells.count("collective: all-reduce") == 1
     assert table.columns[1]._cells[-1] == "3.50 s"
+
+
+def test_composable_replicate_reduces_its_buckets_as_ddp():
+    import torch.nn as nn
+
+    import flint.torch as ft
+    from torch.distributed._composable.replicate import replicate
+
+    def parallelize(model, mesh):
+        replicate(model, process_group=mesh.get_group(), bucket_cap_mb=0.01)
+        return model
+
+    graph = ft.extract(lambda: nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)),
+                       (torch.empty(16, 64, device="meta"),), world_size=8, mesh={"dp": 8},
+                       parallelize=parallelize)
+    reduces = [n for n in graph.nodes if n.collective]
+    # gradients become ready last layer first: one bucket per layer at a 10 KiB cap
+    assert [n.collective.bytes_in for n in reduces] == [(256 * 64 + 64) * 4,
+                                                         (64 * 256 + 256) * 4]
+    assert all(n.op == "all-reduce" and n.collective.window for n in reduces)
+    assert not graph.meta["program_warnings"]

@@ -108,10 +108,14 @@ def extract(request: ExtractRequest, stage: Callable[[str], None] | None = None,
     stage = stage or (lambda text: None)
     t_start = time.perf_counter()
     with flint_warnings_on_stderr():
-        if request.framework == "torch" or request.is_stablehlo or request.is_hlo_dump:
-            from flint.frontends.steps import other_frontend_graph
+        if request.is_hlo_dump:
+            graph, timings = _dump_graph(request, stage)
+        elif request.is_stablehlo:
+            graph, timings = _stablehlo_graph(request, stage)
+        elif request.framework == "torch":
+            from flint.frontends.torch_steps import torch_graph
 
-            graph, timings = other_frontend_graph(request, stage)
+            graph, timings = torch_graph(request, stage)
         else:
             graph, timings = _jax_graph(request, stage)
         if "program_warnings" not in graph.meta:     # dumps and StableHLO
@@ -172,3 +176,29 @@ def _jax_graph(request: ExtractRequest, stage):
     if info.get("experts"):
         graph.meta["moe"] = {k: info[k] for k in ("experts", "top_k", "ep", "capacity_factor")}
     return graph, compiled.timings
+
+
+def _dump_graph(request: ExtractRequest, stage):
+    """An XLA dump's graph: the dump knows its device count and GPU, so only values the
+    request gives (not None) overrule them."""
+    from flint.frontends.hlo_dump import load_dump
+
+    t0 = time.perf_counter()
+    stage(f"reading the optimized HLO of {request.target}")
+    graph = load_dump(request.target, devices=request.devices, mesh=request.mesh or None,
+                      hardware=request.hardware, devices_per_host=request.devices_per_host)
+    return graph, {"hlo_dump_s": time.perf_counter() - t0}
+
+
+def _stablehlo_graph(request: ExtractRequest, stage):
+    from flint.cluster import parse_mesh
+    from flint.frontends.stablehlo import load_stablehlo
+
+    t0 = time.perf_counter()
+    devices, mesh = request.device_count, request.mesh
+    stage(f"compiling StableHLO {request.target} for {devices} devices")
+    graph = load_stablehlo(request.target, devices=devices,
+                           mesh=parse_mesh(mesh, devices) if mesh else None,
+                           hardware=request.target_hardware,
+                           devices_per_host=request.devices_per_host)
+    return graph, {"stablehlo_s": time.perf_counter() - t0}

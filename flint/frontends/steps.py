@@ -197,36 +197,3 @@ def example_args(module, args_fn: str, target: str, mesh=None, torch: bool = Fal
             raise FlintError(f"{args_fn}() failed: {type(e).__name__}: "
                              f"{' '.join(str(e).split())[:600]}") from None
     return tuple(args) if isinstance(args, (tuple, list)) else (args,)
-
-
-def other_frontend_graph(request, stage):
-    """(graph, timings) from the PyTorch front end (a zoo twin, a SCRIPT.py:FUNCTION
-    returning a flint.torch.TorchStep, or a step decorated with flint.capture), from a
-    StableHLO file or from an XLA dump."""
-    import time
-
-    from flint.cluster import parse_mesh
-
-    target, devices, mesh = request.target, request.device_count, request.mesh
-    devices_per_host = request.devices_per_host
-    t0 = time.perf_counter()
-    if request.is_hlo_dump:
-        from flint.frontends.hlo_dump import load_dump
-
-        stage(f"reading the optimized HLO of {target}")
-        # a dump knows its device count and GPU: only values the caller gave overrule them
-        graph = load_dump(target, devices=request.devices, mesh=mesh or None,
-                          hardware=request.hardware, devices_per_host=devices_per_host)
-        return graph, {"hlo_dump_s": time.perf_counter() - t0}
-    if request.is_stablehlo:
-        from flint.frontends.stablehlo import load_stablehlo
-
-        stage(f"compiling StableHLO {target} for {devices} devices")
-        graph = load_stablehlo(target, devices=devices,
-                               mesh=parse_mesh(mesh, devices) if mesh else None,
-                               hardware=request.target_hardware,
-                               devices_per_host=devices_per_host)
-        return graph, {"stablehlo_s": time.perf_counter() - t0}
-    from flint.frontends.torch_steps import torch_graph
-
-    return torch_graph(request, stage)

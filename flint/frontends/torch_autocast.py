@@ -169,7 +169,14 @@ def record_requests() -> None:
     original = cls.__init__
 
     def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
-        original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            original(self, device_type, dtype=dtype, enabled=enabled,
+                     cache_enabled=cache_enabled)
+        for w in caught:             # torch's own warnings, at the caller's line as before
+            warnings.warn(w.message, w.category, stacklevel=2)
         self._flint_enabled = bool(enabled)
 
     __init__._flint_records = True

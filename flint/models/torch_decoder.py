@@ -3,8 +3,8 @@
 Attention is SDPA's fused kernel (one aten node forward, one backward), as the JAX twin's
 is one flash-attention node; `attention="xla"` writes it as the JAX twin's unfused
 reference does (grouped-query matmuls over the full sequence, softmax in float32).
-Parameters are float32 and compute runs in bfloat16 under `torch.autocast("cuda")`, as it
-would on the GPU (Flint traces CUDA's autocast policy on its CPU fake tensors). Layers
+Parameters are float32 and compute runs in bfloat16 under autocast, traced with CUDA's
+cast policy as the GPU runs it (flint.frontends.torch_autocast). Layers
 recompute activations by the same policies as the JAX twin (`remat`).
 
 `parallelize(model, mesh, ...)` applies Megatron TP with DTensor (column-parallel
@@ -162,7 +162,9 @@ class Decoder(nn.Module):
             freqs = 500000.0 ** (-torch.arange(half, dtype=torch.float32, device=tokens.device) / half)
             ang = torch.arange(s, dtype=torch.float32, device=tokens.device)[:, None] * freqs[None]
             cos, sin = ang.cos(), ang.sin()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        # CPU autocast, so the twin also runs eagerly on this machine (flint validate's
+        # live CPU profile); under Flint's trace every autocast follows CUDA's cast policy
+        with torch.autocast("cpu", dtype=torch.bfloat16):
             for layer in self.layers:
                 x = _remat(layer, self.cfg.remat, x, cos, sin)
             x = self.final_norm(x)
