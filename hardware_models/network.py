@@ -55,6 +55,9 @@ class NetworkModel:
     protocol: str = "auto"
     latency_free: bool = False       # bandwidth terms only (to split a time in two)
     topology: Topology = field(init=False)
+    # what time() chose per collective node: (algorithm, seconds, ranks), for the overlap
+    # slowdown (interference.py) of the compute running beside it
+    priced: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "topology", topology_for(self.spec, self.cluster.devices))
@@ -131,11 +134,10 @@ class NetworkModel:
         options = self.options(node, comm)
         if not options:
             return 0.0
-        if self.algorithm != "auto":
-            if self.algorithm not in options:
-                return min(options.values())
-            return options[self.algorithm]
-        return min(options.values())
+        chosen = (self.algorithm if self.algorithm in options
+                  else min(sorted(options), key=options.get))
+        self.priced[priced_key(node)] = (chosen, options[chosen], self.placement(comm).size)
+        return options[chosen]
 
     def _options(self, kind: str, s: float, pl: Placement, top_k: int = 0,
                  skew: float = 1.0) -> dict[str, float]:
@@ -303,6 +305,12 @@ class NetworkModel:
         crosses = bool(len(pairs)) and bool(((pairs[:, 0] // domain) != (pairs[:, 1] // domain)).any())
         level = self.out() if crosses else (self.torus_link if self.topology.is_torus else self.up)
         return self.phase(s, 1, level, launch=launch)
+
+
+def priced_key(node: Node) -> tuple:
+    """How NetworkModel.priced names a collective node."""
+    c = node.collective
+    return (node.id, node.name, c.type if c else "", c.bytes_in if c else 0)
 
 
 def domain_skew(node: Node, per_domain: int) -> float:

@@ -386,6 +386,17 @@ def test_overlap_slows_compute_on_gpus(spec_path):
         1 / (1 - 2 * wire / (h100.hbm_bandwidth * h100.hbm_fraction)))
     tpu = default_cost_model(WorkloadGraph(cluster=Cluster(8, (("data", 8),))), "tpu-v5p")
     assert interference(tpu.spec, tpu.compute, tpu.network, gemm, ag) == 1.0
+    # once the network has priced a collective, its HBM share is its own traffic at the
+    # rate it ran, and a small one holds only the channels NCCL gives it (32 KiB each)
+    comm = _comm("[1,8]<=[8]", 8)
+    t = model.network.time(ag, comm)
+    local = 2 * 7 / 8 * 8e8 / t
+    assert model.overlap_slowdown(copy, ag) == pytest.approx(
+        1 / (1 - local / (h100.hbm_bandwidth * h100.hbm_fraction)))
+    tiny = Node(3, "ar", NodeKind.COLLECTIVE, "all-reduce", "collective",
+                collective=Collective("all-reduce", 0, 64 * 1024, 64 * 1024, "bf16"))
+    model.network.time(tiny, comm)
+    assert model.overlap_slowdown(gemm, tiny) == pytest.approx(1 / (1 - 2 / 132))
 
 
 def test_kernel_populations_bandwidth_and_grids():
