@@ -178,12 +178,16 @@ def _trace(step: TorchStep, world_size: int, mesh, ddp):
 
     t = time.perf_counter()
     try:
-        # One untraced step first, so the traced one is a steady-state step: optimizer
-        # state exists (no zeros_like initialization) as in every step after the first,
-        # and DDP's buckets are the ones it rebuilds after its first iteration.
-        with fake, tracker, _phases(optimizer, ddp.finish_backward), _quiet(), \
-                _compiled_regions_eager():
-            train_step(*inputs, *targets)
+        # One untraced step first (with an optimizer), so the traced one is a steady-state
+        # step: optimizer state exists (no zeros_like initialization) as in every step
+        # after the first, and DDP's buckets are the ones it rebuilds after its first
+        # iteration (without a warm-up: in reverse parameter order, as DDP starts).
+        if optimizer is not None:
+            ddp.warming_up = True
+            with fake, tracker, _phases(optimizer, ddp.finish_backward), _quiet(), \
+                    _compiled_regions_eager():
+                train_step(*inputs, *targets)
+            ddp.warming_up = False
         timings["warmup_s"] = time.perf_counter() - t
         t = time.perf_counter()
         with fake, tracker, _phases(optimizer, ddp.finish_backward), _quiet(), \

@@ -85,9 +85,10 @@ class _Reduction:
                 for b in self.buckets or []]
 
     # --- one iteration -----------------------------------------------------------------
-    def arm(self) -> None:
-        """At forward: this backward reduces (unless no_sync() is on)."""
-        if self.buckets is None and self.ready_order:
+    def arm(self, warming_up: bool) -> None:
+        """At forward: this backward reduces (unless no_sync() is on). The warm-up step
+        only learns the order in which gradients become ready."""
+        if self.buckets is None and not warming_up:
             self.buckets = self.steady_buckets()
         self.armed = torch.is_grad_enabled() and self.ddp.require_backward_grad_sync
         if self.buckets is not None:
@@ -191,6 +192,7 @@ class DataParallelTracing:
     def __init__(self):
         self.reductions: list[_Reduction] = []
         self._saved: dict = {}
+        self.warming_up = False      # set by the capture around its untraced warm-up step
 
     def __enter__(self):
         cls = DistributedDataParallel
@@ -223,7 +225,7 @@ class DataParallelTracing:
             if ddp._comm_hooks:
                 raise FlintError("DDP communication hooks are not modelled (Flint traces "
                                  "DDP's default all-reduce); remove register_comm_hook")
-            reduction.arm()
+            reduction.arm(tracing.warming_up)
             if ddp.require_forward_param_sync and ddp.forward_sync_buffers \
                     and torch.is_grad_enabled():
                 reduction.sync_buffers()
