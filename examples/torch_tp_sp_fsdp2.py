@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-VOCAB, DIM, HEADS, KV_HEADS, FFN, LAYERS, SEQ = 32768, 2048, 16, 4, 5632, 8, 4096
+VOCAB, DIM, HEADS, KV_HEADS, FFN, LAYERS, SEQ = 32768, 2048, 16, 8, 5632, 8, 4096
 SEQS_PER_REPLICA = 1
 
 
