@@ -111,7 +111,8 @@ def render_summary(s: dict, console: Console, timings: dict | None = None,
 def _training_text(t: dict) -> str:
     text = f"{t['seq_len']} tokens x {t['global_batch']} sequences"
     if t.get("batch_per_replica"):
-        text += f" ({t['batch_per_replica']} per data-parallel replica)"
+        text += f" ({t['batch_per_replica']} per data-parallel replica"
+        text += f" in {t['micro_batches']} micro-batches)" if t.get("micro_batches") else ")"
     return text
 
 
