@@ -243,6 +243,10 @@ def test_nanogpt_ddp_buckets_autocast_and_tied_weights(nanogpt_cuda):
     matmul = 2 * tokens * (layers * 12 * d * d + d * v)
     assert _gemm_flops(graph) == pytest.approx(3 * matmul, rel=0.02)
     assert _gemm_dtypes(graph) == {"bf16"}
+    # the batch the step trains on: every micro-step's sequences, on every rank
+    training = graph.meta["training"]
+    assert (training["seq_len"], training["micro_batches"]) == (s, accum)
+    assert training["global_batch"] == 8 * accum * b
     # DDP: one all-reduce per bucket, only on the last micro-step, over all ranks
     report = graph.meta["capture"]["ddp"][0]
     reduces = _collectives(graph, "all-reduce", ["dp"])

@@ -124,7 +124,7 @@ def capture(step: TorchStep, world_size: int, mesh=None,
         state = state_bytes(model, optimizer, example["inputs"] + example["targets"])
     captured = CapturedTorch(gm, cluster, _group_ranks(gm), timings=timings, state=state,
                              model_flops=step.model_flops)
-    captured.notes = _capture_notes(notes, model, example["inputs"])
+    captured.notes = _capture_notes(notes, model, example["inputs"], example["backward_calls"])
     return captured
 
 
@@ -176,6 +176,12 @@ def _trace(step: TorchStep, world_size: int, mesh, ddp):
             optimizer.zero_grad(set_to_none=True)
         return loss
 
+    backward_calls = [0]
+
+    def after_backward():
+        backward_calls[0] += 1
+        ddp.finish_backward()
+
     t = time.perf_counter()
     try:
         # One untraced step first (with an optimizer), so the traced one is a steady-state
@@ -184,13 +190,14 @@ def _trace(step: TorchStep, world_size: int, mesh, ddp):
         # iteration (without a warm-up: in reverse parameter order, as DDP starts).
         if optimizer is not None:
             ddp.warming_up = True
-            with fake, tracker, _phases(optimizer, ddp.finish_backward), _quiet(), \
+            with fake, tracker, _phases(optimizer, after_backward), _quiet(), \
                     _compiled_regions_eager():
                 train_step(*inputs, *targets)
             ddp.warming_up = False
+        backward_calls[0] = 0
         timings["warmup_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        with fake, tracker, _phases(optimizer, ddp.finish_backward), _quiet(), \
+        with fake, tracker, _phases(optimizer, after_backward), _quiet(), \
                 _compiled_regions_eager():
             gm = make_fx(train_step)(*inputs, *targets)
     except FlintError:
@@ -200,7 +207,9 @@ def _trace(step: TorchStep, world_size: int, mesh, ddp):
         raise FlintError(f"the training step failed to trace{where}: {type(e).__name__}: "
                          f"{_first_line(e)}") from None
     timings["trace_s"] = time.perf_counter() - t
-    return gm, model, optimizer, {"fake": fake, "inputs": inputs, "targets": targets}, timings
+    example = {"fake": fake, "inputs": inputs, "targets": targets,
+               "backward_calls": backward_calls[0]}
+    return gm, model, optimizer, example, timings
 
 
 def _shared_parameters(model) -> list[list[tuple]]:
@@ -223,9 +232,11 @@ def _retie(model, ties) -> None:
             module._parameters[name] = shared
 
 
-def _capture_notes(notes: dict, model, inputs) -> dict:
+def _capture_notes(notes: dict, model, inputs, backward_calls: int = 1) -> dict:
     """Facts of the capture for the report and the checks: autocast regions entered,
-    FSDP2 mixed precision, DDP buckets, the batch and sequence of one rank's inputs."""
+    FSDP2 mixed precision, DDP buckets, the batch and sequence of one rank's inputs, and
+    the micro-batches of the step (its backward calls: a step that accumulates gradients
+    over k micro-batches of these inputs trains on k times their batch)."""
     out = {"autocast": sorted(f"{d}:{t.replace('torch.', '')}"
                               for d, t in notes.get("autocast", ()))}
     low = {torch.bfloat16, torch.float16}
@@ -245,8 +256,9 @@ def _capture_notes(notes: dict, model, inputs) -> dict:
     if notes.get("ddp"):
         out["ddp"] = notes["ddp"]
     tokens = next((x for x in inputs if isinstance(x, torch.Tensor) and x.dim() >= 1), None)
+    out["micro_batches"] = max(backward_calls, 1)
     if tokens is not None:
-        out["batch_per_rank"] = int(tokens.shape[0])
+        out["batch_per_rank"] = int(tokens.shape[0]) * out["micro_batches"]
         if tokens.dim() == 2 and not tokens.is_floating_point():
             out["seq_len"] = int(tokens.shape[1])     # token ids: [batch, sequence]
     return out

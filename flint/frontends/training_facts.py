@@ -2,7 +2,8 @@
 (`graph.meta["training"]`): a step time means nothing without them.
 
 Flint's zoo records what it built; a user's torch step, the shape of one rank's token
-ids ([batch, sequence] integers) times the data-parallel ways; a user's JAX step, the
+ids ([batch, sequence] integers) times its micro-batches (the backward calls of a step
+that accumulates gradients) and the data-parallel ways; a user's JAX step, the
 shape of its batch-like integer argument ([global batch, sequence], or [micro-batches,
 global micro-batch, sequence] for gradient accumulation). Where no such input
 exists, the report says so rather than guess.
@@ -28,6 +29,10 @@ def record_training(graph) -> None:
         per_rank = capture["batch_per_rank"]
         meta["training"] = {"seq_len": capture["seq_len"], "batch_per_replica": per_rank,
                             "global_batch": per_rank * dp, "source": "one rank's token ids"}
+        if capture.get("micro_batches", 1) > 1:
+            meta["training"]["micro_batches"] = capture["micro_batches"]
+            meta["training"]["source"] += (f" x {capture['micro_batches']} micro-batches "
+                                           f"(backward calls)")
         return
     for name, shape, *_ in meta.get("arguments_sharding") or []:
         m = _INT_SHAPE.match(shape)
