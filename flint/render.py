@@ -213,7 +213,11 @@ def render_estimate(e: dict, console: Console) -> None:
         t.add_row("  temporaries at the peak", f"{fmt_bytes(mem['temporaries_peak_bytes'])} "
                   f"(at {mem['peak_node']})")
         if mem.get("xla_bytes") is not None:
-            t.add_row("  XLA buffer assignment (cross-check)", fmt_bytes(mem["xla_bytes"]))
+            t.add_row("  XLA buffer assignment", fmt_bytes(mem["xla_bytes"]))
+        if mem.get("torch_reserved_bytes") is not None:
+            t.add_row("  live tensors (allocated)", fmt_bytes(mem["peak_bytes"]))
+        if mem.get("verdict_source"):
+            t.add_row("  verdict from", f"{mem['verdict_source']}: {mem.get('verdict_reason', '')}")
     if e.get("topology"):
         t.add_row("topology", e["topology"])
     console.print(t)

@@ -10,8 +10,7 @@ PyTorch eager, every other node XLA's:
   them from eager PyTorch, one host launch each.
 - `generated`: XLA's fusion emitters. Loop (elementwise) fusions are unrolled and vectorized
   by XLA's loop emitter (up to 4 elements per thread, XLA `ComputeMaxUnrollFactor`), so
-  they stream too, unless an offset is dynamic (vectorized()). Reductions and transposes
-  are not: XLA's reduction emitter tiles a row reduction as
+  they stream too. Reductions, transposes and lone gathers/scatters are not (vectorized()): XLA's reduction emitter tiles a row reduction as
   16 elements per thread over up to 1024 threads per block and a column reduction as
   32 x 32 threads of 128 rows each (XLA gpu/reduction_utils.cc `GetReductionTiling`,
   `ReductionInfo::Create`), one scalar load per thread and step: each SM sustains the
@@ -100,16 +99,13 @@ def reduction_blocks(node) -> int | None:
 
 
 def vectorized(node) -> bool:
-    """Whether XLA emits the kernel with vector loads: its loop fusions, unless an offset
-    is known only at run time (dynamic-slice / dynamic-update-slice roots, gathers and
-    scatters: XLA cannot prove the alignment a vector access needs). Its input fusions
-    (reduction and transpose heroes, `fusion_kind` kInput) tile one element per thread
-    and step."""
+    """Whether XLA emits the kernel with vector loads: its loop fusions do. Its input
+    fusions (reduction, transpose and scatter heroes, `fusion_kind` kInput) tile one
+    element per thread and step, and a lone gather, scatter or dynamic-update-slice
+    addresses each element from data (an index or an offset known at run time)."""
     if node.op_class == OpClass.REDUCTION or node.meta.get("fusion_kind") == "kInput":
         return False
-    name = node.name.lower()
-    return not any(word in name for word in ("dynamic_slice", "dynamic_update_slice",
-                                             "gather", "scatter"))
+    return node.op not in ("gather", "scatter", "dynamic-update-slice", "dynamic-slice")
 
 
 def eager_vectorized(node) -> bool:

@@ -9,7 +9,8 @@ repeat counts, dependencies, collectives, communicators, loops, the cluster.
 Meta is allow-listed (a key not listed is dropped, so a new front end's keys cannot leak).
 Node meta kept, each only with a value of the expected type:
   phase (forward|backward|optimizer|unknown), task (pre|F|B|R|post|p2p), device, chunk,
-  microbatch, template, async, recorded_s, stream (fsdp-all-gather);
+  microbatch, template, async, recorded_s, stream (fsdp-all-gather), fusion_kind,
+  kernel_source, kernels, aten (an aten op name: a public vocabulary);
   layer, rewritten: `layer_<i>` keeps the layer index (a second label with the same index
   becomes `layer_<i>/<k>`), `optimizer` stays, any other label becomes `scope<k>`; one new
   label per distinct old one, so the groups the pipeline and placement passes form survive;
@@ -81,11 +82,18 @@ NODE_META = {"phase": _vocab("forward", "backward", "optimizer", "unknown"),
              "device": _int, "chunk": _int, "microbatch": _int, "template": _int,
              "async": lambda v: isinstance(v, bool), "recorded_s": _number,
              "stream": _vocab("fsdp-all-gather"),
+             # how the kernel is made (hardware_models/populations.py prices by them)
+             "fusion_kind": _vocab("kLoop", "kInput", "kOutput", "kCustom"),
+             "kernel_source": _vocab("library", "generated", "eager", "inductor"),
+             "kernels": _int,
+             "aten": lambda v: isinstance(v, str) and v.startswith("aten::")
+             and v[6:].replace("_", "").replace(".", "").isalnum(),
              # a fused attention call's shapes (numbers and flags only): the cost model
              # prices it by them
              "attention": lambda v: isinstance(v, dict) and all(
                  isinstance(x, (int, float, bool)) or x in ("bf16", "f16", "f32", "fp8",
-                                                            "flash2", "native")
+                                                            "flash2", "flash3", "cudnn",
+                                                            "native", "unfused")
                  for x in v.values())}
 
 

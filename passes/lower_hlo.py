@@ -38,14 +38,18 @@ class _Carried:
     init: tuple
 
 
-def lower_hlo(module: HloModule, cluster: Cluster) -> WorkloadGraph:
+def lower_hlo(module: HloModule, cluster: Cluster,
+              collapse_attention: bool = True) -> WorkloadGraph:
+    """`collapse_attention=False` keeps XLA's own attention ops (the program as compiled,
+    scores materialized: what its buffer assignment allocates)."""
     participants = module.num_partitions * module.replica_count
     if participants not in (1, cluster.devices):
         raise FlintError(f"HLO module {module.name!r} is partitioned for {participants} devices "
                          f"but the cluster has {cluster.devices}")
     from flint.passes.attention import CollapseAttention
 
-    return CollapseAttention().run(_Lowering(module, cluster).run())
+    graph = _Lowering(module, cluster).run()
+    return CollapseAttention().run(graph) if collapse_attention else graph
 
 
 _ALIASED_PARAM = re.compile(r":\s*\(\s*(\d+)\s*,")

@@ -409,7 +409,7 @@ def test_kernel_populations_bandwidth_and_grids():
 
     loop = Node(0, "loop_add_fusion", NodeKind.COMPUTE, "fusion", "elementwise",
                 bytes_read=1e9, bytes_written=1e9, meta={"fusion_kind": "kLoop"})
-    dus = dataclasses.replace(loop, name="loop_dynamic_update_slice_fusion")
+    dus = dataclasses.replace(loop, name="transpose_fusion", meta={"fusion_kind": "kInput"})
     rows = Node(1, "input_reduce_fusion", NodeKind.COMPUTE, "fusion", "reduction",
                 bytes_read=8192 * 768 * 2, operands=["bf16[8192,768]"], outputs=["f32[8192]"],
                 meta={"fusion_kind": "kInput"})
