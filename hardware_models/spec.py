@@ -42,7 +42,10 @@ FIELDS = {
 # (`--set torus=4x4x8` picks the slice; the spec's `system.torus` is the largest one).
 TEXT_FIELDS = ("fabric", "torus", "scale_up_link", "switch_reduction")
 SCALE_UP_LINKS = ("nvlink", "pci")
-SWITCH_REDUCTIONS = ("nvls", "none")   # NVLink SHARP in the NVSwitch, or no reduction
+SWITCH_REDUCTIONS = ("none", "nvls")   # no reduction, or NVLink SHARP in the NVSwitch
+# Word figures of the scale-up level: allowed values (the first is the default) and key.
+WORD_FIELDS = {"scale_up_link": SCALE_UP_LINKS, "switch_reduction": SWITCH_REDUCTIONS}
+WORD_KEYS = {"scale_up_link": "link", "switch_reduction": "switch_reduction"}
 # Latencies used when no public figure exists (documented modelling assumptions, replaced
 # by calibration): NCCL's base latency per step is a few microseconds on NVLink and
 # InfiniBand alike.
@@ -156,8 +159,8 @@ def spec_from_doc(doc: dict, where: str) -> HardwareSpec:
     spec = HardwareSpec(name=str(doc.get("name", Path(where).stem)), kind=str(doc.get("kind", "gpu")),
                         model=str(doc.get("model", "")), peak_flops=peaks,
                         fabric=str(system.get("fabric", "fat-tree")),
-                        scale_up_link=_scale_up_link(doc, where),
-                        switch_reduction=_switch_reduction(doc, where),
+                        scale_up_link=_scale_up_word(doc, where, "scale_up_link"),
+                        switch_reduction=_scale_up_word(doc, where, "switch_reduction"),
                         torus=str((system.get("torus") or {}).get("value", "")
                                   if isinstance(system.get("torus"), dict) else
                                   system.get("torus", "")),
@@ -171,21 +174,14 @@ def spec_from_doc(doc: dict, where: str) -> HardwareSpec:
     return spec
 
 
-def _scale_up_link(doc: dict, where: str) -> str:
+def _scale_up_word(doc: dict, where: str, key: str) -> str:
+    """A word figure of interconnect.scale_up (`link`, `switch_reduction`), checked."""
+    allowed = WORD_FIELDS[key]
     up = (doc.get("interconnect") or {}).get("scale_up") or {}
-    link = str(up.get("link", "nvlink")) if isinstance(up, dict) else "nvlink"
-    if link not in SCALE_UP_LINKS:
-        raise FlintError(f"{where}: interconnect.scale_up.link {link!r} is not one of "
-                         f"{', '.join(SCALE_UP_LINKS)}")
-    return link
-
-
-def _switch_reduction(doc: dict, where: str) -> str:
-    up = (doc.get("interconnect") or {}).get("scale_up") or {}
-    value = str(up.get("switch_reduction", "none")) if isinstance(up, dict) else "none"
-    if value not in SWITCH_REDUCTIONS:
-        raise FlintError(f"{where}: interconnect.scale_up.switch_reduction {value!r} is not "
-                         f"one of {', '.join(SWITCH_REDUCTIONS)}")
+    value = str(up.get(WORD_KEYS[key], allowed[0])) if isinstance(up, dict) else allowed[0]
+    if value not in allowed:
+        raise FlintError(f"{where}: interconnect.scale_up.{WORD_KEYS[key]} {value!r} is not "
+                         f"one of {', '.join(allowed)}")
     return value
 
 
@@ -208,15 +204,10 @@ def apply_overrides(spec: HardwareSpec, overrides) -> HardwareSpec:
             changes[key] = parse_figure(value, figure_at(FIELDS[key][1]), f"--set {key}")
         elif key == "fabric":
             changes[key] = value
-        elif key == "scale_up_link":
-            if value not in SCALE_UP_LINKS:
-                raise FlintError(f"--set scale_up_link: {value!r} is not one of "
-                                 f"{', '.join(SCALE_UP_LINKS)}")
-            changes[key] = value
-        elif key == "switch_reduction":
-            if value not in SWITCH_REDUCTIONS:
-                raise FlintError(f"--set switch_reduction: {value!r} is not one of "
-                                 f"{', '.join(SWITCH_REDUCTIONS)}")
+        elif key in WORD_FIELDS:
+            if value not in WORD_FIELDS[key]:
+                raise FlintError(f"--set {key}: {value!r} is not one of "
+                                 f"{', '.join(WORD_FIELDS[key])}")
             changes[key] = value
         elif key == "torus":
             changes["torus_slice"] = "x".join(map(str, parse_torus_shape(value)))
