@@ -25,6 +25,7 @@ published-table scripts and library callers):
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -37,6 +38,13 @@ from flint.run import TrainingRun
 # a first and a last layer.
 TEMPLATE_LAYERS = 3
 MOE_TEMPLATE_LAYERS = 2
+# Data-parallel replicas run the same per-device program; only their gradient reduction's
+# group differs. A stage program is compiled with at most COMPILED_DATA replicas on its
+# `data` axis (two, so the reduction exists) and re-targeted to the run's data-parallel
+# size by passes.rescale, so runs that differ only in data parallelism (device count,
+# pipeline depth) share one compile. FSDP, expert, context and tensor axes compile at their
+# real sizes (they change the per-device work).
+COMPILED_DATA = 2
 # Bumped whenever the zoo's workload changes so cached programs of older code are not
 # reused (3: vocab-parallel embedding and head, MLA's unpadded value head).
 WORKLOAD_VERSION = 3
@@ -55,7 +63,7 @@ def devices_per_host(run: TrainingRun) -> int:
     return run.devices_per_host or load_spec(run.hardware).devices_per_node
 
 
-def stage_program(run: TrainingRun) -> dict:
+def stage_program(run: TrainingRun, exact: bool = False) -> dict:
     """Everything one pipeline stage's extracted template depends on, and nothing else
     (pipeline depth, micro-batch count, schedule, ZeRO flavour, framework kernels, routing
     and hardware what-ifs only change the passes and the pricing)."""
@@ -67,16 +75,43 @@ def stage_program(run: TrainingRun) -> dict:
         # leading dense layers are priced as MoE layers (DeepSeek-V3's first 3: the same
         # active FFN work, plus their router and all-to-alls)
         cfg = cfg.with_(first_dense=0)
-    program = {"framework": "jax", "model": to_mapping(cfg), "devices": run.stage_devices,
-               "mesh": [list(a) for a in run.mesh()], "batch_per_replica": run.micro_batch,
+    mesh = compiled_mesh(run, exact)
+    devices = math.prod(s for _, s in mesh)
+    program = {"framework": "jax", "model": to_mapping(cfg), "devices": devices,
+               "mesh": [list(a) for a in mesh], "batch_per_replica": run.micro_batch,
                "remat": run.remat, "sequence_parallel": bool(run.sp), "scan": False,
                "seq_len": run.seq_len, "layers": min(layers, cfg.n_layers),
                "hardware": compile_target(run),
-               "devices_per_host": min(devices_per_host(run), run.stage_devices),
+               "devices_per_host": min(devices_per_host(run), devices),
                "workload_version": WORKLOAD_VERSION}
     if run.precision != "bf16":
         program["gemm_precision"] = run.precision
     return program
+
+
+def compiled_mesh(run: TrainingRun, exact: bool = False) -> tuple:
+    """The stage mesh the program compiles for: the run's, its `data` axis capped at
+    COMPILED_DATA unless `exact` or the run shards over FSDP groups (ZeRO-3: the shards'
+    sizes change the per-device program, compiled as they are)."""
+    if exact or run.zero == 3:
+        return run.mesh()
+    return tuple((n, min(s, COMPILED_DATA) if n == "data" else s) for n, s in run.mesh())
+
+
+def _retargeted(run: TrainingRun, template):
+    """The compiled stage program on the run's own stage mesh (passes.rescale). Raises
+    FlintError when a collective cannot be re-targeted (then the run's own mesh is
+    compiled instead)."""
+    if template.cluster.mesh == run.mesh():
+        return template
+    from dataclasses import replace
+
+    from flint.passes.rescale import Rescale
+
+    mesh = ",".join(f"{n}={s}" for n, s in run.mesh())
+    out = Rescale(devices=run.stage_devices, mesh=mesh).run(template)
+    hosts = min(devices_per_host(run), run.stage_devices)
+    return replace(out, cluster=replace(out.cluster, devices_per_host=hosts))
 
 
 @dataclass
@@ -213,12 +248,18 @@ def layered_graph(run: TrainingRun, cache) -> tuple:
     from flint.template_cache import program_key
 
     program = stage_program(run)
-    key = (program_key(program), run.routing, run.dispatcher, run.framework, run.zero)
+    key = (program_key(program), run.mesh(), run.devices_per_host, run.routing,
+           run.dispatcher, run.framework, run.zero)
     hit = _LAYERED.get(key)
     if hit is not None:
         return hit, False
     template, extracted = cache.get(program)
-    layered = _passes(run, template)
+    try:
+        stage = _retargeted(run, template)
+    except FlintError:          # a collective rescale cannot spread: compile the real mesh
+        template, compiled = cache.get(stage_program(run, exact=True))
+        stage, extracted = template, extracted or compiled
+    layered = _passes(run, stage)
     _LAYERED[key] = layered
     while len(_LAYERED) > _KEPT:
         _LAYERED.pop(next(iter(_LAYERED)))

@@ -91,9 +91,10 @@ class SearchSpace:
         for name in SETTINGS:
             if name in doc:
                 v = doc[name]
-                if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**63:
-                    raise FlintError(f"search space: {name} must be an integer >= 0, got "
-                                     f"{v!r}")
+                top = MAX_CONFIGURATIONS if name == "budget" else 2**63 - 1
+                if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= top:
+                    raise FlintError(f"search space: {name} must be an integer in 0..{top}, "
+                                     f"got {v!r}")
                 settings[name] = v
         for name in ("model", "devices"):
             if name not in axes:
@@ -145,6 +146,17 @@ def _checked(name: str, value):
         return {str(k): str(v) for k, v in value.items()}
     probe = {"model": "x", "seq_len": 1, "devices": 1, name: value}
     validated(RunSchema, probe, f"search space: {name}")
+    try:        # a model or a spec that does not exist is bad input, not a skipped point
+        if name == "model":
+            from flint.models.describe import resolve_model
+
+            resolve_model(dict(value) if isinstance(value, dict) else value)
+        elif name == "hardware":
+            from flint.frontends.targets import resolve_target
+
+            resolve_target(value)
+    except FlintError as e:
+        raise FlintError(f"search space: {name}: {e}") from None
     return value
 
 

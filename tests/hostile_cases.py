@@ -250,13 +250,13 @@ def _sweep_cases():
         "remat": {"remat": "bogus"}, "what_if scalar": {"what_if": [3]},
         "misspelt axis": {"microbatchs": [1]}, "fsdp word": {"fsdp": ["yes"]},
         "too many configurations": {"devices": list(range(8, 8008, 8)),
-                                    "microbatch": list(range(1, 200))},
+                                    "micro_batch": list(range(1, 200))},
         "empty axis": {"devices": []}, "negative seed": {"seed": -1},
         "framework": {"framework": "torch"}, "pipeline_split": {"pipeline_split": "random"},
         "bad what_if unit": {"what_if": [{"nic_bandwidth": "fast"}]},
-        "unknown model": {"model": "gpt-7"},
-        "tp not dividing heads": {"model": "tiny", "tp": [3]},
-        "virtual zero": {"virtual": [0]}, "budget too big": {"budget": 10**9},
+        "unknown model": {"model": "gpt-7"}, "unknown hardware": {"hardware": ["h100-sx"]},
+        "old axis name": {"virtual": [2]}, "vp zero": {"vp": [0]},
+        "budget too big": {"budget": 10**9}, "no devices": {"model": "tiny"},
     }
     for name, doc in docs.items():
         yield (f"sweep {name}", lambda d, x=doc: (d / "s.yaml").write_text(yaml.safe_dump(x)),

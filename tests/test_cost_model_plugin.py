@@ -43,14 +43,15 @@ def swept(tmp_path_factory):
     finds the program in the graph cache."""
     out = tmp_path_factory.mktemp("sweep")
     space = out.parent / "space.yaml"
-    space.write_text("model: tiny\ndevices: [8]\ntp: [2]\npp: [2]\nmicrobatch: [1]\n"
-                     "global_batch: 8\npipeline_split: time\nschedule: [1f1b, gpipe]\n")
+    space.write_text("model: tiny\nseq_len: 64\ndevices: [8]\ntp: [2]\npp: [2]\n"
+                     "micro_batch: [1]\nglobal_batch: 8\npipeline_split: time\n"
+                     "schedule: [1f1b, gpipe]\n")
     third = flint("sweep", str(space), "--out", str(out), "--cost-model", SPEC, "--json")
     assert third.returncode == 0, third.stderr
     builtin = flint("sweep", str(space), "--out", str(out), "--json")
     assert builtin.returncode == 0, builtin.stderr
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    (graph_file,) = (out / "graphs").glob("*.json")
+    (graph_file,) = (out / "templates").glob("*.json")
     return out, rows, graph_file
 
 

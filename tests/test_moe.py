@@ -183,15 +183,17 @@ def test_torch_twin_expert_parallel_all_to_all():
 def test_sweep_ep_axis_builds_expert_meshes():
     from flint.sweep_space import SearchSpace
 
-    configs, skipped = SearchSpace.from_dict({"model": "qwen3-30b-a3b", "devices": [8],
-                                              "ep": [1, 8], "tp": [1, 2],
-                                              "fsdp": [False]}).expand()
-    meshes = {c.mesh() for c in configs}
-    assert (("data", 1), ("expert", 8)) in meshes and (("data", 8),) in meshes
-    assert "ep" not in next(c for c in configs if c.ep == 1).to_json()   # dense keys kept
-    assert [s["reason"] for s in skipped] == ["ep=8 does not divide dp=4"]
-    with pytest.raises(FlintError, match="no experts"):
-        SearchSpace.from_dict({"model": "llama3-8b", "ep": [2]}).expand()
+    points, skipped = SearchSpace.from_dict({"model": "qwen3-30b-a3b", "seq_len": 4096,
+                                             "devices": [8], "ep": [1, 8],
+                                             "tp": [1, 2]}).expand()
+    meshes = {p.run.mesh() for p in points}
+    assert (("expert", 8),) in meshes and (("data", 8),) in meshes
+    assert [s["reason"] for s in skipped] == [
+        "ep: 8 expert-parallel ranks do not divide the 4 data-parallel ranks (EP is carved "
+        "out of data parallelism)"]
+    _, skipped = SearchSpace.from_dict({"model": "llama3-8b", "seq_len": 4096,
+                                        "devices": 8, "ep": [2]}).expand()
+    assert "has no experts" in skipped[0]["reason"]
 
 
 def test_cli_estimate_routing(ep_graph, tmp_path):

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import jax
+from flint.frontends.targets import import_jax_quietly
+
+import_jax_quietly()     # every model path starts JAX here: its CUDA-plugin probes stay quiet
+import jax  # noqa: E402
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
