@@ -40,13 +40,24 @@ def graphs(tmp_path_factory):
     return found
 
 
+def astra_collectives(graph, hardware=None, overrides=()):
+    """Flint's cost model with the collectives ASTRA-sim's analytical backend can run:
+    no in-switch reduction (NVLS) and multi-dimensional groups one dimension after the
+    other (hierarchical), where NCCL's own would run NVLS and one flat pipelined ring."""
+    from flint.hardware_models.cost_model import default_cost_model
+
+    return default_cost_model(graph, hardware, [*overrides, "switch_reduction=none"],
+                              algorithm="hierarchical")
+
+
 @pytest.fixture(scope="module")
 def exports(graphs, tmp_path_factory):
     """Exported (un-annotated, checked) once per graph and size."""
     root = tmp_path_factory.mktemp("astra_exports")
     done = {}
     for (name, n), g in graphs.items():
-        export_chakra(g, root / f"{name}.{n}", hardware="h100-sxm", annotate="none")
+        export_chakra(g, root / f"{name}.{n}", hardware="h100-sxm", annotate="none",
+                      cost_model=astra_collectives)
         done[(name, n)] = root / f"{name}.{n}"
     return done
 
