@@ -4,7 +4,8 @@ The zoo options (model dims, layers, sequence length, batch, remat, GEMM precisi
 sequence parallelism, scan) shape a model Flint builds. A user's own step
 (SCRIPT.py:FUNCTION, StableHLO, an XLA dump) is what its code says, so an option given
 for it would be silently ignored: each is refused by name instead. The torch twin of a
-zoo model honours all of them except those it has no equivalent for (FP8 GEMMs, lax.scan).
+zoo model honours all of them except those it has no equivalent for (FP8 GEMMs, lax.scan,
+the `dots` recompute policy).
 
 A Hugging Face config.json states the longest sequence the model accepts
 (`max_position_embeddings`: 131072 for Llama-3.2-1B), not the one it trains at, so a
@@ -57,6 +58,10 @@ def check_options(request) -> None:
         if request.scan:
             raise FlintError("--scan: the torch twin's layers are Python modules, traced "
                              "unrolled (torch has no lax.scan); drop --scan")
+        if request.remat == "dots":
+            raise FlintError("--remat dots: the torch twin runs none | full | selective "
+                             "(torch's selective activation checkpointing does not trace "
+                             "under make_fx); use --framework jax for dots")
     check_sequence_length(request.model, request.seq_len, request.dims)
 
 

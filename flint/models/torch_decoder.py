@@ -174,32 +174,16 @@ class Decoder(nn.Module):
 def _remat(layer, policy: str, x, cos, sin):
     """One decoder layer under an activation-recompute policy (flint.models.REMAT_POLICIES,
     as the JAX twin applies them with jax.checkpoint): `full` keeps only the layer's input
-    and re-runs the layer in the backward; `dots` keeps the GEMM and attention outputs and
-    re-runs the rest (torch's selective activation checkpointing); `selective` re-runs only
-    the attention core (Attention.forward); `none` keeps everything."""
+    and re-runs the layer in the backward; `selective` re-runs only the attention core
+    (Attention.forward); `none` keeps everything. (`dots`, torch's selective activation
+    checkpointing, does not trace under make_fx: TORCH_REMAT_POLICIES leaves it out.)"""
     if policy == "full":
         return checkpoint(layer, x, cos, sin, use_reentrant=False)
-    if policy == "dots":
-        from functools import partial
-
-        from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
-        return checkpoint(layer, x, cos, sin, use_reentrant=False,
-                          context_fn=partial(create_selective_checkpoint_contexts, _save_dots))
     return layer(x, cos, sin)
 
 
-# What `dots` keeps: the outputs of matmuls and of the fused attention kernels.
-_DOTS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention_for_cpu",
-         "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-         "_scaled_dot_product_cudnn_attention")
-
-
-def _save_dots(ctx, op, *args, **kwargs):
-    from torch.utils.checkpoint import CheckpointPolicy
-
-    name = getattr(op, "__name__", str(op)).split(".")[0]
-    return CheckpointPolicy.MUST_SAVE if name in _DOTS else CheckpointPolicy.PREFER_RECOMPUTE
+# The policies the torch twin runs (flint.models.REMAT_POLICIES less `dots`).
+TORCH_REMAT_POLICIES = ("none", "full", "selective")
 
 
 def config(name, dims: dict | None = None, **overrides) -> DecoderConfig:
@@ -325,12 +309,13 @@ def zoo_step(name: str, batch_per_replica: int = 1, seq_len: int | None = None,
              remat: str = "none", dims: dict | None = None):
     """The TorchStep of a zoo twin and its config (tokens are one rank's batch)."""
     from flint.frontends.torch_capture import TorchStep
-    from flint.models import REMAT_POLICIES
 
-    if remat not in REMAT_POLICIES:
+    if remat not in TORCH_REMAT_POLICIES:
         from flint.errors import FlintError
 
-        raise FlintError(f"unknown remat policy {remat!r}; use {' | '.join(REMAT_POLICIES)}")
+        raise FlintError(f"remat {remat!r}: the torch twin runs {' | '.join(TORCH_REMAT_POLICIES)}"
+                         f" (torch's selective activation checkpointing, `dots`, does not "
+                         f"trace under make_fx)")
     cfg = config(name, dims, seq_len=seq_len, n_layers=layers, remat=remat)
     tokens = torch.empty(batch_per_replica, cfg.seq_len, dtype=torch.long, device="meta")
     def par(model, mesh):
