@@ -113,7 +113,9 @@ def _training_text(t: dict) -> str:
     if t.get("batch_per_replica"):
         text += f" ({t['batch_per_replica']} per data-parallel replica"
         text += f" in {t['micro_batches']} micro-batches)" if t.get("micro_batches") else ")"
-    return text
+    facts = [f"remat {t['remat']}" if t.get("remat") else "",
+             f"{t['gemm_precision']} GEMMs" if t.get("gemm_precision") else ""]
+    return "; ".join([text] + [f for f in facts if f])
 
 
 def _render_buckets(s: dict, console: Console) -> None:
