@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from flint.errors import FlintError
 from flint.run import TrainingRun
+from flint.steady_state import extrapolate, steady_points
 
 # Unrolled layers per stage template: the first and last template layers stand for the
 # model's first and last (they overlap the embedding and the head), the interior ones for
@@ -176,8 +177,21 @@ def predict(run: TrainingRun, cost_model=None, what_if=(), cache=None,
     overrides = run_overrides(run) + list(what_if)
     load_spec(run.hardware, overrides)          # bad what-ifs fail before any work
     factory = resolve_cost_model(cost_model)
-    piped, memory, extracted = _pipelined(run, _cache(cache), overrides, factory)
-    e = estimate(piped, run.hardware, overrides, cost_model=factory, memory=memory)
+    store = _cache(cache)
+    # a long pipeline is priced from two short ones (flint.steady_state) unless the
+    # caller wants the whole timeline
+    points = None if timeline else steady_points(run.schedule, run.pp, run.microbatches)
+    estimates, memory, compiled = [], None, False
+    # the longer one first: past the warm-up the memory peak no longer grows (except
+    # GPipe's), so the shorter one borrows it instead of walking its buffers again
+    for m in sorted(points or (run.microbatches,), reverse=True):
+        own = memory is None or run.schedule == "gpipe"
+        piped, mine, extracted = _pipelined(run, store, overrides, factory, m, memory=own)
+        memory, compiled = (mine if own else memory), compiled or extracted
+        estimates.insert(0, estimate(piped, run.hardware, overrides, cost_model=factory,
+                                     memory=memory))
+    e = estimates[0] if points is None else extrapolate(*estimates, *points,
+                                                        run.microbatches, run.schedule)
     if not timeline:
         e.timeline = None
     tokens = run.tokens_per_step
@@ -194,8 +208,8 @@ def predict(run: TrainingRun, cost_model=None, what_if=(), cache=None,
         memory_bytes=e.memory_bytes, memory_capacity_bytes=e.memory_capacity_bytes,
         oom=e.oom, memory=e.memory, by_class_s=e.by_class_s, by_layer_s=e.by_layer_s,
         collectives_s=e.collectives_s, pipeline=e.pipeline,
-        facts=_facts(run, piped, what_if), program_key=program_key(stage_program(run)),
-        extracted=extracted, wall_s=time.perf_counter() - t0,
+        facts=_facts(run, piped, what_if, points), program_key=program_key(stage_program(run)),
+        extracted=compiled, wall_s=time.perf_counter() - t0,
         cost_model=cost_model_name(cost_model) or "",
         moe_routing=piped.meta.get("moe_routing"), estimate=e)
 
@@ -212,6 +226,14 @@ def run_overrides(run: TrainingRun) -> list[str]:
     if spec.scale_up_domain == spec.devices_per_node:
         out.append(f"scale_up_domain={run.devices_per_host}")
     return out
+
+
+def forget() -> None:
+    """Drop the graphs kept in this process (stage programs, layered and pipelined graphs);
+    the disk cache stays: the next predict is a warm run from disk."""
+    _LAYERED.clear()
+    _PIPELINED.clear()
+    _CACHES.clear()
 
 
 def _cache(cache):
@@ -304,30 +326,35 @@ def boundary_shape(run: TrainingRun, cfg) -> str:
 _PIPELINED: dict = {}
 
 
-def _pipelined(run: TrainingRun, cache, overrides, factory):
-    """(the step's graph over every stage and micro-batch, its memory, compiled now)."""
+def _pipelined(run: TrainingRun, cache, overrides, factory, microbatches: int,
+               memory: bool = True):
+    """(the step's graph over every stage and `microbatches` micro-batches, its memory
+    (None unless `memory`), whether the stage program was compiled now)."""
     from flint.hardware_models.memory import estimate_memory
     from flint.passes.pipeline import PipelineParallel
 
     layered, extracted = layered_graph(run, cache)
-    if run.pp == 1 and run.microbatches == 1:
-        return layered, estimate_memory(layered), extracted
+    if run.pp == 1 and microbatches == 1:
+        return layered, estimate_memory(layered) if memory else None, extracted
     split = run.pipeline_split if run.pp > 1 else "layers"
-    key = (id(layered), run.pp, run.microbatches, run.schedule, run.vp, split,
+    key = (id(layered), run.pp, microbatches, run.schedule, run.vp, split,
            (run.hardware, tuple(overrides), id(factory)) if split == "time" else None)
     hit = _PIPELINED.get(key)
     if hit is None or hit[0] is not layered:
-        piped = PipelineParallel(run.pp, run.microbatches, run.schedule, run.vp, split,
+        piped = PipelineParallel(run.pp, microbatches, run.schedule, run.vp, split,
                                  hardware=run.hardware if split == "time" else "",
                                  what_if=";".join(overrides) if split == "time" else "",
                                  cost_model=factory).run(layered)
-        hit = (layered, piped, estimate_memory(piped))
-        _PIPELINED.clear()              # one at a time: pipelined graphs are large
+        hit = [layered, piped, None]
+        while len(_PIPELINED) >= 2:     # the two of a steady-state pair: they are large
+            _PIPELINED.pop(next(iter(_PIPELINED)))
         _PIPELINED[key] = hit
-    return hit[1], hit[2], extracted
+    if memory and hit[2] is None:
+        hit[2] = estimate_memory(hit[1])
+    return hit[1], hit[2] if memory else None, extracted
 
 
-def _facts(run: TrainingRun, graph, what_if) -> dict:
+def _facts(run: TrainingRun, graph, what_if, points=None) -> dict:
     """The facts a prediction rests on, stated with it (flint predict prints them)."""
     from flint.hardware_models.composite import template_of
 
@@ -350,4 +377,5 @@ def _facts(run: TrainingRun, graph, what_if) -> dict:
             "micro_batch": run.micro_batch, "microbatches": run.microbatches,
             "tokens_per_step": run.tokens_per_step, "gemm_dtypes": dict(sorted(dtypes.items())),
             "collectives": sorted(collectives), "framework": run.framework,
-            "zero": run.zero, "what_if": list(what_if)}
+            "zero": run.zero, "what_if": list(what_if),
+            "pipeline_simulated_microbatches": list(points or (run.microbatches,))}

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from flint.graph import WorkloadGraph
+from flint.graph import NodeKind, WorkloadGraph
 from flint.hardware_models.composite import (composite_prices, composite_slowdown,
                                              network_times)
 from flint.hardware_models.cost_model import CostModel
@@ -86,6 +86,7 @@ def _per_device(graph: WorkloadGraph, tl: Timeline, durations: list[float]) -> d
     mean_busy = sum(ideal_busy) / devices
     return {"devices": devices, "compute_busy_s": busy, "communication_busy_s": comm,
             "pipelined_s": window, "bubble_s": bubble, "comm_wait_s": wait,
+            "ideal_window_s": ideal_window, "ideal_busy_s": mean_busy,
             "bubble_fraction": (sum(bubble) / devices / ideal_window if ideal_window
                                 else 0.0),
             "bubble_over_ideal": sum(bubble) / devices / mean_busy if mean_busy else 0.0,
@@ -126,11 +127,21 @@ def price_nodes(flat: WorkloadGraph, model) -> list[float]:
     priced once."""
     prices = composite_prices(flat, model)
     by_template: dict[int, float] = {}
+    by_transfer: dict[tuple, float] = {}
     durations = []
     for n in flat.nodes:
         composite = n.meta.get("composite")
         if composite is not None:
             durations.append(prices.time(composite))
+            continue
+        if n.kind in (NodeKind.SEND, NodeKind.RECV) and n.collective is not None:
+            # a pipeline's point-to-point transfers repeat per micro-batch: one price per
+            # pair of stages and size
+            c = n.collective
+            key = (n.kind, c.communicator, c.bytes_in, c.bytes_out, c.dtype)
+            if key not in by_transfer:
+                by_transfer[key] = model.node_time(n, flat)
+            durations.append(by_transfer[key])
             continue
         t = n.meta.get("template")
         if t is None:

@@ -7,6 +7,7 @@ A path to a YAML file (e.g. a calibrated model) works in place of a name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 
 from flint.errors import FlintError
@@ -110,6 +111,13 @@ def load_spec(name_or_path: str, overrides=()) -> HardwareSpec:
     if not path.is_file():
         raise FlintError(f"unknown hardware {name_or_path!r}; known: {', '.join(spec_names())}"
                          f" (or a path to a .yaml spec)")
+    return apply_overrides(_parsed(str(path), path.stat().st_mtime_ns), overrides)
+
+
+@lru_cache(maxsize=64)
+def _parsed(path: str, mtime_ns: int) -> HardwareSpec:
+    """A spec file read and checked once per version of the file (sweeps and plans load
+    the same spec thousands of times); the spec is frozen, so sharing it is safe."""
     import yaml
 
     try:
@@ -119,8 +127,8 @@ def load_spec(name_or_path: str, overrides=()) -> HardwareSpec:
     except (yaml.YAMLError, RecursionError) as e:
         first = (str(e) or "nested too deeply").splitlines()[0]
         raise FlintError(f"{path}: not valid YAML: {first}") from None
-    check_spec_doc(doc, str(path))
-    return apply_overrides(spec_from_doc(doc, str(path)), overrides)
+    check_spec_doc(doc, path)
+    return spec_from_doc(doc, path)
 
 
 def spec_from_doc(doc: dict, where: str) -> HardwareSpec:

@@ -108,6 +108,7 @@ class _Builder:
         self.gate: list[int] = []                        # RECVs the next node waits for
         self.deferred: list[tuple] | None = None         # sends held to a task's end
         self.sent: dict[tuple[int, int, int], int] = {}  # (template, mb, device) -> SEND
+        self.sizes: dict[int, tuple[int, str]] = {}      # template -> (p2p bytes, dtype)
         for n in graph.nodes:
             self.members.setdefault(self.group(n.id), []).append(n.id)
             dev = self.device(n.id)
@@ -247,7 +248,10 @@ class _Builder:
 
     def p2p(self, kind: NodeKind, old: Node, inputs, src: int, dst: int, mb: int,
             c: int, control=()) -> int:
-        nbytes = shapes_bytes(old.outputs)
+        sized = self.sizes.get(old.id)
+        if sized is None:               # per template node: the same for every micro-batch
+            sized = self.sizes[old.id] = (shapes_bytes(old.outputs), _dtype(old))
+        nbytes, dtype = sized
         comm = self.pairs.get((src, dst))
         if comm is None:
             comm = self.pairs[(src, dst)] = len(self.comms)
@@ -259,7 +263,7 @@ class _Builder:
                     bytes_read=nbytes if kind == NodeKind.SEND else 0,
                     bytes_written=nbytes if kind == NodeKind.RECV else 0,
                     outputs=list(old.outputs) if kind == NodeKind.RECV else [],
-                    collective=Collective(verb, comm, nbytes, nbytes, _dtype(old), None, True),
+                    collective=Collective(verb, comm, nbytes, nbytes, dtype, None, True),
                     meta={"device": dev, "chunk": c, "microbatch": mb, "task": "p2p",
                           "phase": old.meta.get("phase") or "unknown",
                           "layer": old.meta.get("layer")})

@@ -163,3 +163,22 @@ def test_models_and_hardware_list(tmp_path):
     assert code == 0 and report["specs"]["gb200-nvl72"]["compile_target"] == "b200"
     assert report["specs"]["mi300x"]["compile_target"] is None
     assert "h100-sxm" in report["compile_targets"]
+
+
+@pytest.mark.parametrize("fields", [dict(pp=2, vp=3, global_batch=12),
+                                    dict(pp=3, global_batch=11),
+                                    dict(pp=2, schedule="gpipe", global_batch=9)])
+def test_long_pipelines_extrapolate_the_steady_state(fields):
+    """A step of many micro-batches priced from two short ones (flint.steady_state)
+    matches the whole simulation (timeline=True simulates every micro-batch)."""
+    from flint.engine import predict
+
+    run = TrainingRun(model=LLAMA6, devices=fields["pp"] * 2, tp=2, **fields)
+    short, whole = predict(run), predict(run, timeline=True)
+    assert len(short.facts["pipeline_simulated_microbatches"]) == 2
+    assert whole.facts["pipeline_simulated_microbatches"] == [run.microbatches]
+    for name in ("step_time_s", "compute_busy_s", "memory_bytes", "mfu"):
+        print(f"{run.schedule} m={run.microbatches} {name}: {getattr(short, name):.6g} vs "
+              f"{getattr(whole, name):.6g}")
+        assert getattr(short, name) == pytest.approx(getattr(whole, name), rel=0.005), name
+    assert short.bubble_fraction == pytest.approx(whole.bubble_fraction, abs=0.005)

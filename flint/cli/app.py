@@ -26,15 +26,14 @@ HELP = "Flint: training step -> workload graph of a cluster of any size."
 # (name, function, the one-line summary `flint --help` shows; `flint NAME --help` shows the
 # function's whole docstring)
 COMMANDS = (
-    ("predict", predict, "Predict a training configuration's step (model, cluster, "
-                         "parallelism, batch)."),
+    ("predict", predict, "Predict one training configuration's step, memory, MFU."),
     ("extract", extract, "Compile a training step for N virtual devices -> workload graph."),
     ("estimate", estimate, "Predict a graph's step time (built-in or --cost-model)."),
     ("export", export, "Write a graph as Chakra ETs + ASTRA-sim inputs, JSON or Perfetto."),
     ("import", import_, "Read Chakra execution traces into a workload graph."),
     ("validate", validate, "Compare the prediction with a real profiler trace."),
     ("calibrate", calibrate, "Fit efficiencies to traces; write a calibrated spec YAML."),
-    ("sweep", sweep, "Sweep cluster size, parallelism, remat and hardware what-ifs."),
+    ("sweep", sweep, "Sweep training configurations (any run field) and what-ifs."),
     ("place", place_command, "Place operators on memory-limited devices (Baechi)."),
     ("rescale", rescale_command, "Re-target a graph to another cluster size."),
     ("anonymize", anonymize_command, "Strip names from a graph, keeping its step time."),
