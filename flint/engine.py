@@ -78,7 +78,9 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
         cfg = cfg.with_(first_dense=0)
     mesh = compiled_mesh(run, exact)
     devices = math.prod(s for _, s in mesh)
-    program = {"framework": "jax", "model": to_mapping(cfg), "devices": devices,
+    torch = run.framework.startswith("torch")
+    program = {"framework": "torch" if torch else "jax", "model": to_mapping(cfg),
+               "devices": devices,
                "mesh": [list(a) for a in mesh], "batch_per_replica": run.micro_batch,
                "remat": run.remat, "sequence_parallel": bool(run.sp), "scan": False,
                "seq_len": run.seq_len, "layers": min(layers, cfg.n_layers),
@@ -87,6 +89,10 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
                "workload_version": WORKLOAD_VERSION}
     if run.precision != "bf16":
         program["gemm_precision"] = run.precision
+    if run.attention != "flash":
+        program["attention"] = run.attention
+    if torch:       # torch.compile's Inductor fuses pointwise chains; eager runs each op
+        program["fuse"] = run.framework == "torch-compile"
     return program
 
 
@@ -271,7 +277,7 @@ def layered_graph(run: TrainingRun, cache) -> tuple:
 
     program = stage_program(run)
     key = (program_key(program), run.mesh(), run.devices_per_host, run.routing,
-           run.dispatcher, run.framework, run.zero)
+           run.dispatcher, run.framework, run.zero, run.overlap_grad_reduce)
     hit = _LAYERED.get(key)
     if hit is not None:
         return hit, False
@@ -305,7 +311,8 @@ def _passes(run: TrainingRun, template):
                            deduplicate=run.dispatcher != "alltoall").run(graph)
     graph = KernelPopulation(run.framework).run(graph)
     if graph.meta.get("layer_template") is None and cfg.n_layers > 1:
-        graph = LayerTemplate(cfg.n_layers, boundary=boundary_shape(run, cfg)).run(graph)
+        graph = LayerTemplate(cfg.n_layers, boundary=boundary_shape(run, cfg),
+                              overlap_reduction=run.overlap_grad_reduce).run(graph)
     if run.zero in (1, 2):
         graph = DistributedOptimizer().run(graph)
     # the whole model's flops for one micro-batch of the stage's data-parallel group, per

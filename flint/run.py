@@ -36,9 +36,16 @@ SPLITS = ("time", "layers")
 PRECISIONS = ("bf16", "fp8", "mxfp8")
 ZERO_STAGES = (0, 1, 2, 3)
 DISPATCHERS = ("alltoall", "deepep")
-# How the run's kernels are made (hardware_models prices each population): Megatron-Core
-# with Transformer Engine's fused library kernels, or XLA's compiler fusions.
-FRAMEWORKS = ("megatron", "xla")
+# How the run's kernels are made (passes.kernel_population; hardware_models prices each
+# population): Megatron-Core with Transformer Engine's fused library kernels, XLA's
+# compiler fusions, PyTorch eager (one kernel per aten op) or torch.compile (Inductor's
+# fusions). The PyTorch frameworks run the torch front end's own graphs (FSDP2, DTensor TP,
+# DDP-style data parallelism), the others the JAX zoo's.
+FRAMEWORKS = ("megatron", "xla", "torch-eager", "torch-compile")
+# The attention core: one fused kernel (FlashAttention / cuDNN, the kernel the spec's GPU
+# generation runs), or unfused (S x S scores written to and read from HBM, softmax as its
+# own kernel: Megatron-LM before flash attention, 2021-2022).
+ATTENTION = ("flash", "unfused")
 
 _Degree = Annotated[PositiveInt, Field(le=MAX_DEVICES)]
 
@@ -67,6 +74,8 @@ class RunSchema(Strict):
     remat: Literal[REMAT_POLICIES] = "selective"
     precision: Literal[PRECISIONS] = "bf16"
     framework: Literal[FRAMEWORKS] = "megatron"
+    attention: Literal[ATTENTION] = "flash"
+    overlap_grad_reduce: Bool = True
     routing: Str = "balanced"
 
 
@@ -100,6 +109,11 @@ class TrainingRun:
     remat: str = "selective"
     precision: str = "bf16"
     framework: str = "megatron"
+    # attention core kernel; the data-parallel gradient reduction overlapped with the
+    # backward bucket by bucket (Megatron's --overlap-grad-reduce, DDP, FSDP) or run after
+    # the whole backward (Megatron-LM 2021's local DDP, DeepSpeed's pipeline engine)
+    attention: str = "flash"
+    overlap_grad_reduce: bool = True
     routing: str = "balanced"
 
     def __post_init__(self):

@@ -13,6 +13,7 @@ def check_run(run) -> None:
 
     import_jax_quietly()        # the model zoo imports JAX: no CUDA-plugin noise first
     _cluster(run)
+    _framework(run)
     _batch(run)
     cfg = _model(run)
     _pipeline(run, cfg)
@@ -42,6 +43,27 @@ def _cluster(run) -> None:
     if run.devices_per_host and run.devices % min(run.devices_per_host, run.devices):
         raise FlintError(f"devices_per_host: {run.devices} devices do not fill hosts of "
                          f"{run.devices_per_host}")
+
+
+def _framework(run) -> None:
+    """What the PyTorch twin (flint/models/torch_decoder.py) cannot run, by field."""
+    if not run.framework.startswith("torch"):
+        return
+    name = run.framework
+    if run.cp > 1:
+        raise FlintError(f"cp: {name} runs the torch twin, which has no context "
+                         f"parallelism (framework megatron or xla has)")
+    if run.precision != "bf16":
+        raise FlintError(f"precision: {name} runs bf16 GEMMs under autocast; FP8 recipes "
+                         f"are Transformer Engine's (framework megatron)")
+    if run.attention != "flash":
+        raise FlintError(f"attention: {name} runs SDPA's fused attention")
+    if run.remat == "dots":
+        raise FlintError(f"remat: {name} runs none | selective | full (torch's selective "
+                         f"activation checkpointing does not trace under make_fx)")
+    if run.zero in (1, 2):
+        raise FlintError(f"zero: {name} runs DDP-style data parallelism (zero 0) or FSDP2 "
+                         f"(zero 3), not zero {run.zero}")
 
 
 def _batch(run) -> None:

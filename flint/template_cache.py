@@ -33,13 +33,15 @@ def extract_program(program: dict) -> WorkloadGraph:
     gemm_precision, devices_per_host; other keys (workload_version) only key the cache."""
     from flint.frontends.request import ExtractRequest, extract
 
+    torch = program["framework"] == "torch"
     request = ExtractRequest(
-        devices=program["devices"], mesh=",".join(f"{n}={s}" for n, s in program["mesh"]),
-        hardware=program["hardware"], model=program["model"], scan=program["scan"],
+        framework=program["framework"], fuse=bool(program.get("fuse", True)),
+        scan=None if torch else program["scan"], devices=program["devices"], mesh=",".join(f"{n}={s}" for n, s in program["mesh"]),
+        hardware=program["hardware"], model=program["model"],
         layers=program["layers"] or None, seq_len=program["seq_len"] or None,
         batch_per_replica=program["batch_per_replica"], remat=program["remat"],
         sequence_parallel=program["sequence_parallel"],
-        gemm_precision=program.get("gemm_precision"),
+        gemm_precision=program.get("gemm_precision"), attention=program.get("attention"),
         devices_per_host=program.get("devices_per_host"))
     # the engine chose every sharding: the argument-sharding notes `flint extract` prints
     # for a user's own step (replicated embeddings under pure data parallelism) are noise

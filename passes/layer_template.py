@@ -58,6 +58,9 @@ class LayerTemplate:
     # gradient buckets: consecutive blocks' reductions merge while their bytes stay within
     # this (XLA's combiner threshold, Megatron's or DDP's bucket size); 0: one per block
     bucket_bytes: int = field(default=0, metadata={"unit": "bytes"})
+    # False: every bucket is reduced after the whole backward (Megatron-LM 2021's local
+    # DDP, DeepSpeed's pipeline engine) instead of while the next blocks' backward runs
+    overlap_reduction: bool = True
     name: ClassVar[str] = "layer-template"
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
@@ -89,8 +92,8 @@ class LayerTemplate:
         layer_share = sum(owned.values()) / max(len(owned), 1) / template_params
         memory = _block_memory(flat, tasks, blocks, indices)
         out = _Writer(flat, tasks, blocks, layers, indices, template, work, memory,
-                      self.boundary, self.bucket_bytes).write(layer_share,
-                                                              rest / template_params)
+                      self.boundary, self.bucket_bytes,
+                      self.overlap_reduction).write(layer_share, rest / template_params)
         if "model_flops_per_device" in out.meta:
             out.meta["model_flops_per_device"] *= flops_ratio
         out.check()
@@ -213,12 +216,12 @@ def _block_memory(flat: WorkloadGraph, tasks, blocks, indices) -> dict:
 
 class _Writer:
     def __init__(self, flat, tasks, blocks, layers: int, indices, template, work, memory,
-                 boundary: str, bucket_bytes: int):
+                 boundary: str, bucket_bytes: int, overlap: bool = True):
         self.g, self.tasks, self.blocks, self.layers = flat, tasks, blocks, layers
         self.a, self.b = indices[0], indices[1]
         self.indices = indices
         self.template, self.work, self.memory = template, work, memory
-        self.boundary, self.bucket_bytes = boundary, bucket_bytes
+        self.boundary, self.bucket_bytes, self.overlap = boundary, bucket_bytes, overlap
         self.owned_reductions = _reductions_by_layer(flat, tasks, blocks)
         # R blocks with compute of their own (the template's blocks carry their names)
         self.r_blocks = {n.meta["block"] for n in template.nodes
@@ -306,6 +309,8 @@ class _Writer:
             owner = self.owner(j)
             buckets.add(j, interior(self.indices)[0] if owner == LAYER else owner, g, names[j])
         b_embed = self.add("bwd.embed", "backward", FIRST, f"B:{FIRST}", 1.0, [g, f_embed])
+        if not self.overlap:        # every bucket waits for the end of the backward
+            buckets.after = [b_embed]
         buckets.issue()
         buckets.add("rest", FIRST, b_embed, FIRST)
         buckets.add("rest", None, b_embed, "rest")
@@ -335,6 +340,8 @@ class _Buckets:
         self.open: list = []
         self.closed: list = []
         self.done: dict = {}
+        self.after: list = []       # nodes every bucket waits for (no overlap)
+        self.holding = not writer.overlap
 
     def add(self, key, owner, producer: int, label: str) -> None:
         unit = (key, owner, producer, label)
@@ -354,13 +361,15 @@ class _Buckets:
                 for n, w in self.w.owned_reductions.get(owner, ())]
 
     def issue(self) -> None:
+        if self.holding and not self.after:
+            return              # reduce nothing until the backward is done
         for bucket in self.closed:
             self._emit(bucket)
         self.closed = []
 
     def _emit(self, units) -> None:
         w = self.w
-        inputs = sorted({producer for _, _, producer, _ in units})
+        inputs = sorted({producer for _, _, producer, _ in units} | set(self.after))
         merged: dict = {}
         for c, weight in self.collectives(units):
             key = (c.type, c.communicator, c.dtype, c.reduction, c.is_async)

@@ -38,6 +38,8 @@ def extract(
     dims_pos: Optional[str] = typer.Option(None, "--positional", help="model: rope | learned"),
     gemm_precision: Optional[str] = typer.Option(None, help="zoo: GEMM operands bf16 | fp8 "
                                                  "| mxfp8"),
+    attention: Optional[str] = typer.Option(None, help="zoo: attention core flash | unfused "
+                                            "(S x S scores through memory)"),
     scan: Optional[bool] = typer.Option(None, "--scan/--unroll", help="zoo: layers in "
                                         "lax.scan or not (default: JAX scans; torch unrolls)"),
     layers: Optional[int] = typer.Option(None, help="zoo: override the layer count"),
@@ -78,7 +80,8 @@ def extract(
         model=model_config or model, framework=framework, devices_per_host=devices_per_host,
         scan=scan, layers=layers, seq_len=seq_len, batch_per_replica=batch_per_replica,
         remat=remat, sequence_parallel=sequence_parallel, dims=dims,
-        gemm_precision=gemm_precision, args_fn=args_fn, fuse=fuse, passes=passes)
+        gemm_precision=gemm_precision, attention=attention, args_fn=args_fn, fuse=fuse,
+        passes=passes)
     run(lambda: _extract(request, out, as_json, dump_dir, with_estimate, set_, verbose))
 
 

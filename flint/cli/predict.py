@@ -46,7 +46,11 @@ def predict(
     remat: Optional[str] = typer.Option(None, help="none | selective | full | dots"),
     precision: Optional[str] = typer.Option(None, help="GEMM precision: bf16 | fp8 | mxfp8"),
     framework: Optional[str] = typer.Option(None, help="who makes the kernels: megatron | "
-                                            "xla"),
+                                            "xla | torch-eager | torch-compile"),
+    attention: Optional[str] = typer.Option(None, help="attention core: flash | unfused"),
+    overlap_grad_reduce: Optional[bool] = typer.Option(
+        None, "--overlap-grad-reduce/--no-overlap-grad-reduce",
+        help="reduce gradients bucket by bucket during the backward (default) or after it"),
     routing: Optional[str] = typer.Option(None, help="MoE tokens per expert: balanced | "
                                           "zipf:S | imbalance:F | histogram:..."),
     set_: list[str] = typer.Option([], "--set", help="hardware what-if, e.g. "
@@ -66,7 +70,8 @@ def predict(
                  schedule=schedule, pipeline_split=pipeline_split, ep=ep,
                  dispatcher=dispatcher, zero=zero, hsdp=hsdp, micro_batch=micro_batch,
                  global_batch=global_batch, remat=remat, precision=precision,
-                 framework=framework, routing=routing)
+                 framework=framework, attention=attention,
+                 overlap_grad_reduce=overlap_grad_reduce, routing=routing)
 
     def go():
         from flint.engine import predict as run_predict

@@ -26,6 +26,7 @@ def given_zoo_options(request) -> list[str]:
              ("--batch-per-replica", request.batch_per_replica != 1),
              ("--remat", request.remat is not None),
              ("--gemm-precision", request.gemm_precision is not None),
+             ("--attention", request.attention is not None),
              ("--sequence-parallel", bool(request.sequence_parallel)),
              ("--scan/--unroll", request.scan is not None)]
     dims = [f"--{_DIM_FLAGS.get(k, k)}" for k in sorted(request.dims or {})]
@@ -49,7 +50,13 @@ def check_options(request) -> None:
                              f"the built-in --model; {request.target} is {what}, which runs "
                              f"as its code says (drop the option, or set it in the code)")
         return
+    if request.attention is not None and request.attention not in ("flash", "unfused"):
+        raise FlintError(f"--attention {request.attention!r}: use flash | unfused")
     if request.framework == "torch":
+        if request.attention == "unfused":
+            raise FlintError("--attention unfused: the torch twin runs SDPA's fused "
+                             "attention; unfused attention is in the JAX zoo "
+                             "(--framework jax)")
         precision = request.gemm_precision
         if precision is not None and precision not in TORCH_GEMM_PRECISIONS:
             raise FlintError(f"--gemm-precision {precision}: the torch twin runs bf16 GEMMs "

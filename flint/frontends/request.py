@@ -45,6 +45,9 @@ class ExtractRequest:
     sequence_parallel: bool = False
     dims: dict = field(default_factory=dict)    # model dimension overrides (layers, hidden..)
     gemm_precision: str | None = None
+    # attention core: flash (one fused kernel) | unfused (S x S scores through memory,
+    # Megatron-LM's 2021 fused softmax); None: flash
+    attention: str | None = None
     # script option: the function of the script giving the step's example arguments
     args_fn: str = "example_args"
     # torch option: fuse pointwise chains as torch.compile would

@@ -9,6 +9,9 @@ from pathlib import Path
 
 from flint.errors import FlintError
 
+# ExtractRequest.attention -> the zoo decoder's attention option (flint.models.decoder)
+ZOO_ATTENTION = {"flash": "flash", "unfused": "xla"}
+
 
 def default_zoo_mesh(devices: int, model: str | None = None) -> str:
     """8-way tensor parallelism inside an 8-GPU host and FSDP across hosts; FSDP shards
@@ -78,7 +81,8 @@ def captured_step(request):
         scan = True if request.scan is None else request.scan
         w = build(model, mesh_t, request.batch_per_replica, request.seq_len, scan, remat,
                   sequence_parallel, request.layers, dims=request.dims or None,
-                  gemm_precision=request.gemm_precision)
+                  gemm_precision=request.gemm_precision,
+                  attention=ZOO_ATTENTION.get(request.attention or "flash"))
         step = capture(w.step, devices=devices, mesh=dict(mesh_t), hardware=hardware,
                        in_specs=w.in_specs, out_specs=w.out_specs,
                        donate_argnums=w.donate_argnums, devices_per_host=devices_per_host)
