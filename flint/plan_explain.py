@@ -27,8 +27,10 @@ def layout(row: dict) -> str:
 def components(row: dict) -> dict:
     """Seconds of the row's step per component (they add up to the step)."""
     step = row["step_time_s"]
-    bubble = row["bubble_fraction"] * step
-    exposed = row["exposed_communication_s"]
+    # the engine may report a slightly negative bubble (a pipeline extrapolated from its
+    # steady state): no component is below zero
+    bubble = max(row["bubble_fraction"], 0.0) * step
+    exposed = max(row["exposed_communication_s"], 0.0)
     compute = max(step - bubble - exposed, 0.0)
     by = row.get("by_class_s") or {}
     total = sum(by.values()) or 1.0
@@ -140,8 +142,6 @@ def render(doc: dict, console, top: int) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from flint.prediction_report import wide
-
     console = wide(console)
     req = doc["request"]
     model = req["model"] if isinstance(req["model"], str) else "custom model"
@@ -176,6 +176,19 @@ def render(doc: dict, console, top: int) -> None:
             pts = ", ".join(f"{_x(by_key[k], axis)} -> {seconds(by_key[k]['step_time_s'])}"
                             for k in keys)
             console.print(escape(f"Pareto front, step time vs {unit}: {pts}"), highlight=False)
+
+
+TABLE_WIDTH = 150
+
+
+def wide(console):
+    """Off a terminal (a log, a pipe) the plan's tables get TABLE_WIDTH columns, so the
+    layouts and numbers are not cut."""
+    from rich.console import Console
+
+    if not console.is_terminal and console.width < TABLE_WIDTH:
+        return Console(width=TABLE_WIDTH, file=console.file)
+    return console
 
 
 def _x(row: dict, axis: str) -> str:

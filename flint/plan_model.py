@@ -4,7 +4,7 @@ model reads), so tens of thousands of layouts are ranked in about a second and o
 best few are compiled and priced by flint.engine.predict.
 
     facts = ModelFacts.of(model_config(request))
-    est = analytic(candidate, request, facts, load_spec(request.hardware, what_if))
+    est = analytic(candidate, request, facts, Machine(load_spec(request.hardware, what_if)))
     est.step_s, est.memory_bytes, est.memory_floor_bytes, est.parts
 
 Every constant is a spec figure (peak FLOP/s per dtype, the GEMM, attention and HBM
@@ -134,65 +134,83 @@ class Estimate:
     parts: dict                # seconds per component (the why of the closed form)
 
 
-def _figure(spec, name: str) -> float:
-    from flint.hardware_models.kernels import figure
+class Machine:
+    """The spec's figures the closed form reads, looked up once (a plan evaluates the
+    closed form for tens of thousands of layouts)."""
 
-    return figure(spec, name)
+    def __init__(self, spec):
+        from flint.hardware_models.kernels import figure
+        from flint.hardware_models.nccl import HOP_LATENCY_US
+        from flint.hardware_models.network import DEFAULT_BUS_EFFICIENCY
+
+        self.spec = spec
+        self.rate = {"bf16": spec.peak("bf16") * figure(spec, "gemm_fraction")}
+        if "fp8" in spec.peak_flops:
+            self.rate["fp8"] = spec.peak("fp8") * figure(spec, "gemm_fraction")
+        self.attention = spec.peak("bf16") * figure(spec, "attention_fraction_native")
+        self.hbm = spec.hbm_bandwidth * figure(spec, "hbm_fraction")
+        self.kernel_floor = figure(spec, "kernel_floor")
+        self.up = (spec.scale_up_bandwidth or spec.nic_bandwidth) * \
+            DEFAULT_BUS_EFFICIENCY["scale_up"]
+        self.nic = (spec.nic_bandwidth or spec.scale_up_bandwidth) * \
+            DEFAULT_BUS_EFFICIENCY["scale_out"]
+        self.hop_up = HOP_LATENCY_US["nvlink"]["ring"]["Simple"] * 1e-6
+        self.hop_net = HOP_LATENCY_US["net"]["ring"]["Simple"] * 1e-6
+        self._links: dict = {}
+
+    def gemm_rate(self, precision: str) -> float:
+        return self.rate["bf16" if precision == "bf16" else "fp8"]
+
+    def link(self, size: int, stride: int) -> tuple[float, float, bool]:
+        """(bus bandwidth B/s per rank, per-step latency s, crosses the network) of a
+        group of `size` ranks `stride` devices apart (Megatron's rank order: tp
+        innermost): the NVLink's inside the domain, else the NICs of the group's members
+        in one domain (NCCL runs a ring per NIC), the spine's oversubscription past a
+        leaf."""
+        hit = self._links.get((size, stride))
+        if hit is None:
+            spec, span = self.spec, size * stride
+            if span <= spec.scale_up_domain:
+                hit = (self.up, self.hop_up, False)
+            else:
+                nic = self.nic
+                if spec.leaf_group and span > spec.leaf_group:
+                    nic /= max(spec.oversubscription, 1.0)
+                per_domain = max(1, min(size, spec.scale_up_domain // max(stride, 1)))
+                hit = (min(self.up, per_domain * nic), self.hop_net, True)
+            self._links[(size, stride)] = hit
+        return hit
+
+    def ring(self, size: int, stride: int, nbytes: float, passes: float = 1.0) -> float:
+        """`passes` ring all-gathers/reduce-scatters of `nbytes` (the gathered size)."""
+        if size <= 1 or nbytes <= 0:
+            return 0.0
+        bw, hop, _ = self.link(size, stride)
+        return passes * ((size - 1) / size * nbytes / bw + (size - 1) * hop)
+
+    def all_to_all(self, size: int, stride: int, nbytes: float) -> float:
+        """One all-to-all of `nbytes` per rank: the share leaving the NVLink domain goes
+        through the rank's own NIC, the rest over NVLink."""
+        if size <= 1:
+            return 0.0
+        up_bw, hop, crosses = self.link(size, stride)
+        if not crosses:
+            return (size - 1) / size * nbytes / up_bw + hop
+        domain = self.spec.scale_up_domain
+        inside = max(1, min(size, domain // max(stride, 1)))
+        nic_bw, _, _ = self.link(domain * 2, domain)
+        return max((size - inside) / size * nbytes / nic_bw,
+                   (inside - 1) / size * nbytes / up_bw) + hop
 
 
-def group_link(spec, size: int, stride: int) -> tuple[float, float, bool]:
-    """(bus bandwidth B/s per rank, per-step latency s, crosses the network) of a group of
-    `size` ranks `stride` devices apart (Megatron's rank order: tp innermost)."""
-    from flint.hardware_models.network import DEFAULT_BUS_EFFICIENCY
-    from flint.hardware_models.nccl import HOP_LATENCY_US
-
-    up = (spec.scale_up_bandwidth or spec.nic_bandwidth) * DEFAULT_BUS_EFFICIENCY["scale_up"]
-    span = size * stride
-    if span <= spec.scale_up_domain:
-        return up, HOP_LATENCY_US["nvlink"]["ring"]["Simple"] * 1e-6, False
-    nic = (spec.nic_bandwidth or spec.scale_up_bandwidth) * DEFAULT_BUS_EFFICIENCY["scale_out"]
-    if spec.leaf_group and span > spec.leaf_group:
-        nic /= max(spec.oversubscription, 1.0)
-    per_domain = max(1, min(size, spec.scale_up_domain // max(stride, 1)))
-    return min(up, per_domain * nic), HOP_LATENCY_US["net"]["ring"]["Simple"] * 1e-6, True
-
-
-def ring_time(spec, size: int, stride: int, nbytes: float, passes: float = 1.0) -> float:
-    """`passes` ring all-gathers/reduce-scatters of `nbytes` (the gathered size)."""
-    if size <= 1 or nbytes <= 0:
-        return 0.0
-    bw, hop, _ = group_link(spec, size, stride)
-    return passes * ((size - 1) / size * nbytes / bw + (size - 1) * hop)
-
-
-def all_to_all_time(spec, size: int, stride: int, nbytes: float) -> float:
-    """One all-to-all of `nbytes` per rank: the share leaving the NVLink domain goes
-    through the rank's own NIC, the rest over NVLink."""
-    if size <= 1:
-        return 0.0
-    up_bw, hop, crosses = group_link(spec, size, stride)
-    if not crosses:
-        return (size - 1) / size * nbytes / up_bw + hop
-    inside = max(1, min(size, spec.scale_up_domain // max(stride, 1)))
-    nic_bw, _, _ = group_link(spec, spec.scale_up_domain * 2, spec.scale_up_domain)
-    return max((size - inside) / size * nbytes / nic_bw, (inside - 1) / size * nbytes / up_bw) + hop
-
-
-def analytic(c, request, facts: ModelFacts, spec) -> Estimate:
-    """The closed-form step time and memory of candidate `c` (a plan_space.Candidate)."""
-    tp, cp, pp, vp, ep, mb = c.tp, c.cp, c.pp, c.vp, c.ep, c.micro_batch
-    dp = c.dp
-    m = request.global_batch // (dp * mb)
+def _stage_micro(c, request, facts: ModelFacts, machine: Machine) -> tuple:
+    """One micro-batch on one device of one stage: (GEMM s, attention s, memory-bound s,
+    the kernels' floor s, TP s, CP s, EP s, one activation's bytes)."""
+    tp, cp, pp, ep, mb = c.tp, c.cp, c.pp, c.ep, c.micro_batch
     sp = tp > 1
     tokens = mb * request.seq_len                  # one micro-batch of one data rank
     tok_dev = tokens / cp                          # its tokens on one context rank
     layers_stage = facts.layers / pp
-
-    # --- compute per micro-batch, one stage of one device -------------------------------
-    peak = spec.peak("fp8" if c.precision != "bf16" else "bf16")
-    gemm_rate = peak * _figure(spec, "gemm_fraction")
-    attn_rate = spec.peak("bf16") * _figure(spec, "attention_fraction_native")
-    hbm = spec.hbm_bandwidth * _figure(spec, "hbm_fraction")
     flops = facts.flops_per_token * tokens / (tp * cp * pp)
     attn_model = facts.attention_flops_per_token * tokens / (tp * cp * pp)
     gemm = flops - attn_model
@@ -203,33 +221,51 @@ def analytic(c, request, facts: ModelFacts, spec) -> Estimate:
         gemm, attn = gemm + gemm / 3, attn + attn_fwd
     elif c.remat == "selective":
         attn += attn_fwd
-    t_gemm, t_attn = gemm / gemm_rate, attn / attn_rate
+    t_gemm, t_attn = gemm / machine.gemm_rate(c.precision), attn / machine.attention
     ew = facts.elementwise_per_token()
     per_token = ew["h"] / (tp if sp else 1) + ew["split"] / tp
     passes = 1 + BACKWARD_OVER_FORWARD + (1 if c.remat in ("full", "dots") else 0)
     ew_bytes = per_token * tok_dev * layers_stage * BF16 * passes
     ew_bytes += tok_dev * facts.vocab / tp * FP32 * CROSS_ENTROPY_PASSES / pp
-    t_mem = ew_bytes / hbm
-    floor = KERNELS_PER_LAYER * (4 / 3 if c.remat == "full" else 1) * layers_stage * \
-        _figure(spec, "kernel_floor")
-    compute = max(t_gemm + t_attn + t_mem, floor)
-
-    # --- communication on the compute stream ---------------------------------------------
+    t_mem = ew_bytes / machine.hbm
+    min_compute = KERNELS_PER_LAYER * (4 / 3 if c.remat == "full" else 1) * layers_stage * \
+        machine.kernel_floor
     act = tok_dev * facts.d_model * BF16           # one activation [tokens, hidden]
     recompute = 1 if c.remat == "full" else 0
-    t_tp = ring_time(spec, tp, 1, act, (8 + 4 * recompute) * layers_stage)
+    t_tp = machine.ring(tp, 1, act, (8 + 4 * recompute) * layers_stage)
     kv = tok_dev * facts.kv_dim / tp * BF16 * cp   # gathered keys/values of one layer
-    t_cp = ring_time(spec, cp, tp, kv, (2 + recompute) * layers_stage)
+    t_cp = machine.ring(cp, tp, kv, (2 + recompute) * layers_stage)
     t_ep = 0.0
     if ep > 1 and facts.moe_layers:
         routed = tok_dev / (tp if sp else 1) * facts.top_k * facts.d_model * BF16
-        t_ep = all_to_all_time(spec, ep, tp * cp, routed) * (4 + 2 * recompute) * \
+        t_ep = machine.all_to_all(ep, tp * cp, routed) * (4 + 2 * recompute) * \
             facts.moe_layers / pp
+    return t_gemm, t_attn, t_mem, min_compute, t_tp, t_cp, t_ep, act
+
+
+def analytic(c, request, facts: ModelFacts, machine: Machine, memo: dict | None = None) \
+        -> Estimate:
+    """The closed-form step time and memory of candidate `c` (a plan_space.Candidate).
+    `memo`: a dict kept across the candidates of one request (their per-micro-batch
+    stage costs repeat)."""
+    tp, cp, pp, vp, ep, mb = c.tp, c.cp, c.pp, c.vp, c.ep, c.micro_batch
+    dp = c.dp
+    m = request.global_batch // (dp * mb)
+    sp = tp > 1
+    tok_dev = mb * request.seq_len / cp            # a micro-batch's tokens on one rank
+    layers_stage = facts.layers / pp
+    key = (tp, cp, ep, mb, c.remat, c.precision, pp)
+    stage = memo.get(key) if memo is not None else None
+    if stage is None:
+        stage = _stage_micro(c, request, facts, machine)
+        if memo is not None:
+            memo[key] = stage
+    t_gemm, t_attn, t_mem, min_compute, t_tp, t_cp, t_ep, act = stage
     p2p = 0.0
     if pp > 1:
-        bw, hop, _ = group_link(spec, 2, c.devices // pp)
+        bw, hop, _ = machine.link(2, c.devices // pp)
         p2p = 2 * vp * (act / (tp if sp else 1) / bw + hop)
-    micro = compute + t_tp + t_cp + t_ep + p2p
+    micro = max(t_gemm + t_attn + t_mem, min_compute) + t_tp + t_cp + t_ep + p2p
 
     # --- pipeline -----------------------------------------------------------------------
     chunks = pp * vp
@@ -245,18 +281,18 @@ def analytic(c, request, facts: ModelFacts, spec) -> Estimate:
     shard = (c.hsdp or rest) if c.zero == 3 else 1
     stride = tp * cp * ep
     if c.zero == 3:
-        per_mb = ring_time(spec, shard, stride, params_dev * BF16, 3)
+        per_mb = machine.ring(shard, stride, params_dev * BF16, 3)
         exposed = m * max(0.0, per_mb - micro)
         replicas = rest // shard
-        exposed += ring_time(spec, replicas, stride * shard, params_dev / shard * BF16, 2)
+        exposed += machine.ring(replicas, stride * shard, params_dev / shard * BF16, 2)
         state_over = shard
     else:
-        grads = ring_time(spec, rest, stride, params_dev * BF16,
+        grads = machine.ring(rest, stride, params_dev * BF16,
                           2 if c.zero == 0 else 1)
-        gather = ring_time(spec, rest, stride, params_dev * BF16) if c.zero else 0.0
+        gather = machine.ring(rest, stride, params_dev * BF16) if c.zero else 0.0
         exposed = max(0.0, grads - micro * 2 / 3) + max(0.0, gather - micro / 3)
         state_over = dp if c.zero else 1
-    t_opt = params_dev / state_over * ADAM_STREAM_BYTES / hbm
+    t_opt = params_dev / state_over * ADAM_STREAM_BYTES / machine.hbm
     step = pipe + exposed + t_opt
 
     # --- memory ---------------------------------------------------------------------------
@@ -278,7 +314,7 @@ def analytic(c, request, facts: ModelFacts, spec) -> Estimate:
     logits = tok_dev * facts.vocab / tp * FP32 * 2
     memory = weights + grads_b + optimizer + acts + logits
     floor = weights + grads_b + optimizer + layer_in * layers_stage * in_flight * tok_dev * BF16
-    parts = {"kernel_floor_s": max(floor - t_gemm - t_attn - t_mem, 0.0) * m,
+    parts = {"kernel_floor_s": max(min_compute - t_gemm - t_attn - t_mem, 0.0) * m,
              "gemm_s": t_gemm * m, "attention_s": t_attn * m, "memory_bound_s": t_mem * m,
              "tp_s": t_tp * m, "cp_s": t_cp * m, "ep_s": t_ep * m, "p2p_s": p2p * m,
              "bubble_s": pipe - m * micro, "dp_exposed_s": exposed, "optimizer_s": t_opt}

@@ -29,12 +29,13 @@ from pathlib import Path
 from typing import Callable
 
 from flint.errors import FlintError
-from flint.plan_model import ModelFacts, analytic
+from flint.plan_model import Machine, ModelFacts, analytic
 from flint.plan_price import LAYOUT, price, price_group, row_key
 from flint.plan_space import Candidate, PlanRequest, enumerate_space, model_config
 
 REMAT_ORDER = {"none": 0, "selective": 1, "dots": 2, "full": 3}
 DEFAULT_COMPILE_S = 15.0      # a stage program's compile before one is seen (5-20 s)
+COLD_PROBES = 64              # unseen programs looked up for a cached one once compiles are spent
 
 
 @dataclass(frozen=True)
@@ -161,14 +162,15 @@ def rank(request: PlanRequest, spec=None):
     spec = spec or load_spec(request.hardware, list(request.what_if))
     facts = ModelFacts.of(model_config(request))
     capacity = spec.hbm_capacity
-    ranked, pruned = [], 0
+    machine = Machine(spec)
+    ranked, pruned, memo = [], 0, {}
     for c in space.candidates:
-        est = analytic(c, request, facts, spec)
+        est = analytic(c, request, facts, machine, memo)
         if est.memory_floor_bytes > capacity:
             pruned += 1
             continue
         ranked.append(_Ranked(c, est, c.program_signature(request, spec.devices_per_node)))
-    ranked.sort(key=lambda r: (r.estimate.step_s, r.candidate.devices, _layout_order(r.candidate)))
+    ranked.sort(key=lambda r: (r.estimate.step_s, r.candidate))
     counts = {**space.counts, "invalid_reasons": dict(sorted(space.rejected.items())),
               "pruned_memory": pruned, "ranked": len(ranked),
               "programs": len({r.signature for r in ranked})}
@@ -207,11 +209,9 @@ class Search:
         self.t0 = t0
         self.capacity = capacity
         remaining = list(ranked)
-        skipped_memory: set = set()
         reason = ""
         while True:
-            picks, reason = self._next(remaining, skipped_memory, workers if executor == "ray"
-                                       else 1)
+            picks, reason = self._next(remaining, workers if executor == "ray" else 1)
             if not picks:
                 break
             if executor == "ray":
@@ -219,9 +219,13 @@ class Search:
             else:
                 self._price_one(picks[0])
             remaining = [r for r in remaining if r.candidate not in self.rows]
-        return reason, len(skipped_memory)
+        return reason, sum(not self._fits(r) for r in remaining)
 
-    def _next(self, remaining: list, skipped_memory: set, round_size: int):
+    def _fits(self, r) -> bool:
+        return self.corrections.memory_bytes(r.candidate, r.signature, r.estimate) \
+            <= self.capacity
+
+    def _next(self, remaining: list, round_size: int):
         """The next candidates to price and, when there are none, why the search stops."""
         b = self.budget
         priced = len(self.rows)
@@ -234,27 +238,36 @@ class Search:
                    if r["status"] == "ok" and not r["oom"]]
         best = min(fitting, default=None)
         order = sorted(remaining, key=lambda r: (
-            self.corrections.step(r.candidate, r.signature, r.estimate), r.candidate.devices,
-            _layout_order(r.candidate)))
-        picks, programs = [], set(self.new_programs)
-        for r in order:
+            self.corrections.step(r.candidate, r.signature, r.estimate), r.candidate))
+        fit = [r for r in order if self._fits(r)]
+        if not fit and best is None:
+            # nothing is estimated to fit: price the layouts needing the least memory,
+            # so the plan shows how far the best attempt is from fitting
+            if priced >= b.min_priced:
+                return [], "no layout is estimated to fit in memory"
+            fit = sorted(order, key=lambda r: (self.corrections.memory_bytes(
+                r.candidate, r.signature, r.estimate), _layout_order(r.candidate)))
+        picks, programs, probes = [], set(self.new_programs), 0
+        for r in fit:
             if len(picks) >= min(round_size, b.candidates - priced):
                 break
             corrected = self.corrections.step(r.candidate, r.signature, r.estimate)
-            fits = self.corrections.memory_bytes(r.candidate, r.signature, r.estimate) \
-                <= self.capacity
-            if not fits and (best is not None or priced >= b.min_priced):
-                skipped_memory.add(r.candidate)
-                continue
             if best is not None and len(fitting) + len(picks) >= b.min_priced and \
                     corrected > best * (1 + b.margin):
                 if not picks:
                     return [], (f"no unpriced layout within {b.margin:.0%} of the best "
                                 f"(closed form, corrected)")
                 break
+            spent = len(programs) >= b.programs
+            if spent and r.signature not in self.warm:
+                # only cached programs are left to price: look for them among the next
+                # COLD_PROBES unseen programs at most (each look builds a run)
+                probes += 1
+                if probes > COLD_PROBES:
+                    break
             warm = self._is_warm(r)
             if not warm and r.signature not in programs:
-                if len(programs) >= b.programs:
+                if spent:
                     continue
                 if b.seconds and elapsed + self._compile_estimate() > b.seconds and self.rows:
                     continue
@@ -406,7 +419,7 @@ def search(request: PlanRequest, budget: Budget = Budget(), out=None, cache=None
         skipped += skipped_here
         rows += list(s.rows.values())
         reasons.append(why if len(request.devices) == 1 else f"{devices} devices: {why}")
-        counts_per[devices] = {"ranked": len(mine), "priced": len(s.rows),
+        counts_per[str(devices)] = {"ranked": len(mine), "priced": len(s.rows),
                                "compiled": len(s.new_programs)}
     rows.sort(key=rank_key)
     priced = {tuple(r[k] for k in LAYOUT) for r in rows}

@@ -178,8 +178,7 @@ def render_sensitivity(rows: list, console) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from flint.plan_explain import seconds
-    from flint.prediction_report import wide
+    from flint.plan_explain import seconds, wide
 
     table = Table(title="co-design sensitivity (best step time, parallelism re-planned at "
                         "each point)", title_justify="left")

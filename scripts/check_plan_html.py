@@ -36,7 +36,7 @@ def browser() -> str | None:
     return None
 
 
-def run_browser(page: Path, screenshot: Path, width: int = 1280, height: int = 4200) -> list:
+def run_browser(page: Path, screenshot: Path, width: int = 1280, height: int = 3000) -> list:
     """Screenshot `page`; returns the console lines the browser logged. Network is cut
     (every host resolves to nothing), so a page that fetches anything logs an error."""
     exe = browser()

@@ -51,3 +51,16 @@ def maxtext_archive():
     if not path.exists():
         pytest.skip("shared MaxText archive not present")
     return path
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance for the session (starting one takes ~15 s): the executors
+    (flint.sweep_ray) use a running instance and leave it running."""
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()

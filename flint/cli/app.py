@@ -16,6 +16,7 @@ from flint.cli.hardware import hardware
 from flint.cli.import_chakra import import_
 from flint.cli.models import models
 from flint.cli.place import place_command
+from flint.cli.plan import plan
 from flint.cli.predict import predict
 from flint.cli.replay import replay_command
 from flint.cli.rescale import rescale_command
@@ -34,6 +35,7 @@ COMMANDS = (
     ("validate", validate, "Compare the prediction with a real profiler trace."),
     ("calibrate", calibrate, "Fit efficiencies to traces; write a calibrated spec YAML."),
     ("sweep", sweep, "Sweep training configurations (any run field) and what-ifs."),
+    ("plan", plan, "Find the fastest layout of a model on a cluster; hardware co-design."),
     ("place", place_command, "Place operators on memory-limited devices (Baechi)."),
     ("rescale", rescale_command, "Re-target a graph to another cluster size."),
     ("anonymize", anonymize_command, "Strip names from a graph, keeping its step time."),
