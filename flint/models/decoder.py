@@ -10,6 +10,7 @@ Few-Shot Learners", Table 2.1), with GPT-2's vocabulary, norms and learned posit
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from flint.frontends.targets import import_jax_quietly
@@ -187,13 +188,39 @@ def _attention(x, p, cfg: DecoderConfig, attn_spec=None, kv_spec=None):
         out = attention(q.reshape(b, s, h, hd), k, v, causal=True, spec=attn_spec)
         out = checkpoint_name(out, "attention_core")
         return _mm(out.reshape(b, s, h * hd), p["wo"], cfg)
+    # Megatron's unfused core keeps each rank's heads whole (all of the sequence). Without
+    # pinning the heads to the tensor-parallel axis, XLA may shard the S x S scores over
+    # the sequence instead under sequence parallelism (all-to-alls of the scores and
+    # all-gathered projection weights): not what Megatron-LM runs.
+    heads_spec = None
+    if attn_spec is not None and kv % _axis_size(attn_spec[2]) == 0:
+        batch, _, tp = tuple(attn_spec)[:3]
+        heads_spec = P(*tuple(attn_spec)[:3], None, None)
+        kv_heads = P(batch, None, tp, None)        # keys/values: the whole sequence
+        q = jax.lax.with_sharding_constraint(q, heads_spec)
+        k, v = (jax.lax.with_sharding_constraint(t, kv_heads) for t in (k, v))
     scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k, preferred_element_type=jnp.float32)
     scores = scores / jnp.sqrt(jnp.float32(hd))
     causal = jnp.tril(jnp.ones((s, s), dtype=bool))
     scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(cd)
-    out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v).reshape(b, s, h * hd)
-    return _mm(out, p["wo"], cfg)
+    # named as the flash core is: `selective` remat recomputes the S x S probabilities in
+    # the backward instead of keeping them (Korthikanti et al. 2022's selective recompute
+    # of QK^T, softmax and AV)
+    probs = checkpoint_name(jax.nn.softmax(scores, axis=-1).astype(cd), "attention_core")
+    out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
+    if heads_spec is not None:
+        out = jax.lax.with_sharding_constraint(out, heads_spec)
+    return _mm(out.reshape(b, s, h * hd), p["wo"], cfg)
+
+
+def _axis_size(axes) -> int:
+    """Devices along a PartitionSpec entry of the current mesh (1 without a mesh)."""
+    from flint.models.attention import _has_mesh
+
+    if axes is None or not _has_mesh():
+        return 1
+    mesh = jax.sharding.get_abstract_mesh()
+    return math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
 
 
 def _mlp(x, p, cfg: DecoderConfig, hidden_spec=None):
