@@ -48,7 +48,7 @@ MOE_TEMPLATE_LAYERS = 2
 COMPILED_DATA = 2
 # Bumped whenever the zoo's workload changes so cached programs of older code are not
 # reused (3: vocab-parallel embedding and head, MLA's unpadded value head).
-WORKLOAD_VERSION = 3
+WORKLOAD_VERSION = 5
 
 
 def compile_target(run: TrainingRun) -> str:
@@ -277,7 +277,8 @@ def layered_graph(run: TrainingRun, cache) -> tuple:
 
     program = stage_program(run)
     key = (program_key(program), run.mesh(), run.devices_per_host, run.routing,
-           run.dispatcher, run.framework, run.zero, run.overlap_grad_reduce)
+           run.dispatcher, run.framework, run.zero, run.overlap_grad_reduce,
+           run.tp_comm_overlap)
     hit = _LAYERED.get(key)
     if hit is not None:
         return hit, False
@@ -310,6 +311,10 @@ def _passes(run: TrainingRun, template):
                            capacity_factor=cfg.capacity_factor or 1.0, top_k=cfg.top_k,
                            deduplicate=run.dispatcher != "alltoall").run(graph)
     graph = KernelPopulation(run.framework).run(graph)
+    if run.tp_comm_overlap:
+        from flint.passes.tp_comm_overlap import TpCommOverlap
+
+        graph = TpCommOverlap().run(graph)
     if graph.meta.get("layer_template") is None and cfg.n_layers > 1:
         graph = LayerTemplate(cfg.n_layers, boundary=boundary_shape(run, cfg),
                               overlap_reduction=run.overlap_grad_reduce).run(graph)

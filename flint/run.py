@@ -76,6 +76,7 @@ class RunSchema(Strict):
     framework: Literal[FRAMEWORKS] = "megatron"
     attention: Literal[ATTENTION] = "flash"
     overlap_grad_reduce: Bool = True
+    tp_comm_overlap: Optional[Bool] = None
     routing: Str = "balanced"
 
 
@@ -114,6 +115,12 @@ class TrainingRun:
     # the whole backward (Megatron-LM 2021's local DDP, DeepSpeed's pipeline engine)
     attention: str = "flash"
     overlap_grad_reduce: bool = True
+    # TP all-gathers / reduce-scatters pipelined in chunks with their GEMMs
+    # (passes.tp_comm_overlap; Megatron-Core --tp-comm-overlap). None: the framework's
+    # default, on for megatron with tp > 1 and sequence parallelism (the NeMo /
+    # Megatron-Bridge performance recipes enable it), off otherwise (XLA's collective
+    # matmul and PyTorch's AsyncTP are opt-in)
+    tp_comm_overlap: Optional[bool] = None
     routing: str = "balanced"
 
     def __post_init__(self):
@@ -125,6 +132,9 @@ class TrainingRun:
             object.__setattr__(self, "model", tuple(sorted(self.model.items())))
         if self.sp is None:
             object.__setattr__(self, "sp", self.tp > 1)
+        if self.tp_comm_overlap is None:
+            object.__setattr__(self, "tp_comm_overlap", bool(
+                self.framework == "megatron" and self.tp > 1 and self.sp))
         if self.schedule is None:
             object.__setattr__(self, "schedule", "interleaved" if self.vp > 1 else "1f1b")
         if not self.global_batch:

@@ -26,6 +26,9 @@ def _cluster(run) -> None:
     if run.devices % per:
         raise FlintError(f"devices: {run.devices} do not split into tp {run.tp} x cp {run.cp} "
                          f"x pp {run.pp} ({run.devices} is not a multiple of {per})")
+    if run.tp_comm_overlap and not (run.tp > 1 and run.sp):
+        raise FlintError("tp_comm_overlap: TP communication overlap pipelines the sequence-"
+                         "parallel all-gathers and reduce-scatters: it needs tp > 1 and sp")
     if run.sp and run.tp == 1:
         raise FlintError("sp: sequence parallelism shards activations over the tensor-parallel "
                          "ranks and needs tp > 1")

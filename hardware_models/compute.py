@@ -72,15 +72,21 @@ class RooflineCompute:
             if node.op_class == OpClass.ATTENTION:
                 return self._attention_time(node, peak)
             rate = peak * self.figure("gemm_fraction")
-            shape = kernels.gemm_shape(node.flops, node.outputs[0] if node.outputs else "")
+            # one chunk of a GEMM split for communication overlap (passes.tp_comm_overlap):
+            # Transformer Engine runs the chunks on rotating streams (its num_max_streams)
+            # so together they fill the GPU as the whole GEMM does: 1/split of its time
+            split = int(node.meta.get("gemm_split") or 1)
+            output = node.meta.get("gemm_output") or (node.outputs[0] if node.outputs
+                                                      else "")
+            shape = kernels.gemm_shape(node.flops * split, output)
             if shape is None:
                 return node.flops / rate
             if self.spec.kind == "tpu":
                 return kernels.tpu_matmul_time(shape, rate,
-                                               self.spec.matrix_unit or kernels.TPU_MXU)
+                                               self.spec.matrix_unit or kernels.TPU_MXU) / split
             simt = tensor_dtype(node, self.spec.kind, self.allow_tf32) in ("f32", "f64")
             return kernels.gemm_time(shape, rate, self.sms, self.persistent and not simt,
-                                     kernels.TILE_K_SIMT if simt else kernels.TILE_K)
+                                     kernels.TILE_K_SIMT if simt else kernels.TILE_K) / split
         work = node.flops + TRANSCENDENTAL_FLOPS * node.transcendentals
         if not work:
             return 0.0

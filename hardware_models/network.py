@@ -130,7 +130,10 @@ class NetworkModel:
             # tensor, so the base launch latency (~7-8 us) is left out of each rather than
             # charged per tensor (an under-count of one launch per boundary and microbatch).
             # An XLA collective-permute is its own launch.
-            return self._point_to_point(comm, size, launch=c.type == "collective-permute")
+            # (a ring step of TP communication overlap runs inside userbuffers' own
+            # kernels or copy engines, passes.tp_comm_overlap: no launch of its own)
+            return self._point_to_point(comm, size, launch=c.type == "collective-permute"
+                                        and not node.meta.get("tp_comm_overlap"))
         options = self.options(node, comm)
         if not options:
             return 0.0

@@ -34,14 +34,17 @@ def registry() -> dict[str, type]:
     from flint.passes.distributed_optimizer import DistributedOptimizer
     from flint.passes.expand_loops import ExpandLoops
     from flint.passes.fuse import FusePointwise
+    from flint.passes.kernel_population import KernelPopulation
     from flint.passes.layer_template import LayerTemplate
     from flint.passes.pipeline import PipelineParallel
     from flint.passes.place import Place
     from flint.passes.rescale import Rescale
+    from flint.passes.tp_comm_overlap import TpCommOverlap
 
     return {cls.name: cls for cls in (Anonymize, CollapseAttention, DistributedOptimizer,
-                                      ExpandLoops, FusePointwise, LayerTemplate,
-                                      PipelineParallel, Place, Rescale)}
+                                      ExpandLoops, FusePointwise, KernelPopulation,
+                                      LayerTemplate, PipelineParallel, Place, Rescale,
+                                      TpCommOverlap)}
 
 
 _ITEM = re.compile(r"\s*([\w\-]+)\s*(?:\{([^}]*)\})?\s*(?:,|$)")

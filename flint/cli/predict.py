@@ -48,6 +48,9 @@ def predict(
     framework: Optional[str] = typer.Option(None, help="who makes the kernels: megatron | "
                                             "xla | torch-eager | torch-compile"),
     attention: Optional[str] = typer.Option(None, help="attention core: flash | unfused"),
+    tp_comm_overlap: Optional[bool] = typer.Option(
+        None, "--tp-comm-overlap/--no-tp-comm-overlap",
+        help="TP collectives pipelined with their GEMMs (default: on for megatron with TP+SP)"),
     overlap_grad_reduce: Optional[bool] = typer.Option(
         None, "--overlap-grad-reduce/--no-overlap-grad-reduce",
         help="reduce gradients bucket by bucket during the backward (default) or after it"),
@@ -71,7 +74,8 @@ def predict(
                  dispatcher=dispatcher, zero=zero, hsdp=hsdp, micro_batch=micro_batch,
                  global_batch=global_batch, remat=remat, precision=precision,
                  framework=framework, attention=attention,
-                 overlap_grad_reduce=overlap_grad_reduce, routing=routing)
+                 overlap_grad_reduce=overlap_grad_reduce, tp_comm_overlap=tp_comm_overlap,
+                 routing=routing)
 
     def go():
         from flint.engine import predict as run_predict

@@ -254,6 +254,19 @@ def forward(params, tokens, cfg: DecoderConfig, act_spec=None, attn_spec=None, k
     def constrain(x):
         return x if act_spec is None else jax.lax.with_sharding_constraint(x, act_spec)
 
+    # Megatron's tensor parallelism with sequence parallelism: a column-parallel linear
+    # all-gathers its (normed) input over the sequence and multiplies it by its own
+    # weight shard; a row-parallel linear's partial outputs are reduce-scattered back to
+    # sequence shards before the residual add. Constraining both ends keeps XLA's SPMD
+    # partitioner from the alternative it may find cheaper (all-gathering the weights
+    # into every rank, as it does for FP8 operands), which is not what Megatron runs.
+    gathered = None if attn_spec is None else P(*tuple(attn_spec)[:2], None)
+
+    def gather(x):
+        if gathered is None or act_spec is None:
+            return x
+        return _sp_gather(x, gathered, act_spec)
+
     with jax.named_scope("embed"):
         x = _embed(params["embed"], tokens, cd, attn_spec)
         if cfg.pos == "learned":
@@ -265,7 +278,8 @@ def forward(params, tokens, cfg: DecoderConfig, act_spec=None, attn_spec=None, k
         if cfg.kv_lora:
             from flint.models.moe import mla_attention as attend
         with jax.named_scope("attention"):
-            x = x + attend(_norm(x, p["attn_norm"], cfg.norm), p, cfg, attn_spec, kv_spec)
+            x = constrain(x + attend(gather(_norm(x, p["attn_norm"], cfg.norm)), p, cfg,
+                                     attn_spec, kv_spec))
         if "router" in p:
             from flint.models.moe import moe_mlp
 
@@ -273,7 +287,7 @@ def forward(params, tokens, cfg: DecoderConfig, act_spec=None, attn_spec=None, k
                 x = x + moe_mlp(_norm(x, p["mlp_norm"], cfg.norm), p, cfg, experts)
             return constrain(x)
         with jax.named_scope("mlp"):
-            x = x + _mlp(_norm(x, p["mlp_norm"], cfg.norm), p, cfg, hidden_spec)
+            x = x + _mlp(gather(_norm(x, p["mlp_norm"], cfg.norm)), p, cfg, hidden_spec)
         return constrain(x)
 
     if cfg.remat == "full":
@@ -302,6 +316,25 @@ def forward(params, tokens, cfg: DecoderConfig, act_spec=None, attn_spec=None, k
         # states are gathered, never the [hidden, vocab] weight)
         return logits if attn_spec is None else jax.lax.with_sharding_constraint(
             logits, P(*tuple(attn_spec)[:3]))
+
+
+def _sp_gather(x, gathered, sharded):
+    """`x` all-gathered to `gathered` in the forward; its gradient constrained back to
+    `sharded`, so that the partial input gradients of the column-parallel GEMMs are
+    reduce-scattered (Megatron's backward of its sequence-parallel all-gather), not
+    all-reduced into a gradient every rank holds whole."""
+    @jax.custom_vjp
+    def f(t):
+        return jax.lax.with_sharding_constraint(t, gathered)
+
+    def fwd(t):
+        return f(t), None
+
+    def bwd(_, g):
+        return (jax.lax.with_sharding_constraint(g, sharded),)
+
+    f.defvjp(fwd, bwd)
+    return f(x)
 
 
 def _embed(table, tokens, cd, attn_spec):

@@ -49,10 +49,12 @@ def _fp8_matmul(x, w, kind):
 def _fp8_forward(x, w, kind):
     xq, sx = _quantize_fp8(x, kind, axis=-1)
     wq, sw = _quantize_fp8(w, kind, axis=0)
-    y = jnp.matmul(xq, wq, preferred_element_type=jnp.float32)
+    # the GEMM writes the compute dtype (cuBLASLt FP8 GEMMs accumulate in f32 and write
+    # bf16, as Transformer Engine asks), so a row-parallel partial sum is reduced in bf16
+    y = jnp.matmul(xq, wq, preferred_element_type=x.dtype)
     if kind == "fp8":
-        y = y * (sx * sw)
-    return y.astype(x.dtype), (xq, sx, wq, sw)
+        y = y * (sx * sw).astype(x.dtype)
+    return y, (xq, sx, wq, sw)
 
 
 def _fp8_fwd(x, w, kind):
@@ -69,10 +71,10 @@ def _fp8_bwd(kind, res, dy):
     d32 = dy.astype(jnp.float32)
     sd = jnp.max(jnp.abs(d32)) / 57344.0 + 1e-12          # E5M2 max normal is 57344
     dq = (d32 / sd).astype(jnp.float8_e5m2)
-    dx = jnp.matmul(dq, wq.T, preferred_element_type=jnp.float32) * (sd * sw)
+    dx = jnp.matmul(dq, wq.T, preferred_element_type=dy.dtype) * (sd * sw).astype(dy.dtype)
     lead = "".join(chr(ord("a") + i) for i in range(dy.ndim - 1))
     dw = jnp.einsum(f"{lead}k,{lead}n->kn", xq, dq, preferred_element_type=jnp.float32)
-    return dx.astype(dy.dtype), (dw * (sx * sd)).astype(dy.dtype)   # both operands were bf16
+    return dx, (dw * (sx * sd)).astype(dy.dtype)   # both operands were bf16
 
 
 _fp8_matmul.defvjp(_fp8_fwd, _fp8_bwd)
