@@ -318,6 +318,8 @@ def _passes(run: TrainingRun, template):
     if graph.meta.get("layer_template") is None and cfg.n_layers > 1:
         graph = LayerTemplate(cfg.n_layers, boundary=boundary_shape(run, cfg),
                               overlap_reduction=run.overlap_grad_reduce).run(graph)
+        if run.framework == "megatron":
+            _megatron_activations(graph, cfg, run)
     if run.zero in (1, 2):
         graph = DistributedOptimizer().run(graph)
     # the whole model's flops for one micro-batch of the stage's data-parallel group, per
@@ -325,6 +327,18 @@ def _passes(run: TrainingRun, template):
     graph.meta["model_flops_per_device"] = model_flops(
         cfg, run.micro_batch * run.dp * run.seq_len) / run.stage_devices
     return graph
+
+
+def _megatron_activations(graph, cfg, run: TrainingRun) -> None:
+    """Each layer keeps what Megatron-Core + Transformer Engine keep for the backward
+    (flint.models.activations), not what XLA's program left live."""
+    from flint.models.activations import megatron_layer_bytes
+
+    per_layer = megatron_layer_bytes(cfg, run)
+    for n in graph.nodes:
+        if n.name.startswith("fwd.layer_") and "composite" in n.meta:
+            n.meta["saved_bytes"] = per_layer
+    graph.meta["activation_memory"] = "Megatron-Core + Transformer Engine (Korthikanti et al.)"
 
 
 def boundary_shape(run: TrainingRun, cfg) -> str:
