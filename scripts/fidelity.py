@@ -1,0 +1,231 @@
+"""Fidelity that transfers: predicted vs published step time per family, before and after
+the families' framework semantics, a leave-one-family-out table of those semantics, and
+the rank correlation over BLOOM's topology sweep.
+
+    python scripts/fidelity.py                        # both table files, every family
+    python scripts/fidelity.py --file more --families 'BigScience'
+    python scripts/fidelity.py --cached-only --json fidelity.json   # bounded rerun
+
+Rows: ../shared/tables/published.md (scripts/fidelity_published.py: the dense rows
+compare_published rebuilds, plus Korthikanti's full-recompute baselines) and
+../shared/tables/more-published.md (scripts/more_published.py: BLOOM-176B, InternEvo 7B,
+MT-NLG 530B). Each row is a flint.run.TrainingRun priced by flint.engine.predict; how its
+framework runs is its family's (scripts/fidelity_families.py), never a per-row choice.
+Compiled stage programs are cached under --cache ($FLINT_CACHE style); runs that differ
+only in data-parallel size share one. Progress lines go to stderr, tables to stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fidelity_families import MECHANISMS, applicable, available, variant_fields  # noqa: E402
+from fidelity_lofo import (holdout_sets, holdout_table, mechanism_table,  # noqa: E402
+                           mech_id, variant_name, without)
+from fidelity_stats import family_table, spearman  # noqa: E402
+from published_rows import REPO  # noqa: E402
+
+
+def load_cases(which: str) -> list:
+    from fidelity_published import published_cases
+    from more_published import more_cases
+
+    out = []
+    if which in ("published", "both"):
+        out += published_cases()
+    if which in ("more", "both"):
+        out += more_cases()
+    return out
+
+
+def planned_variants(case) -> list[list]:
+    """before, after, and after without each of the row's mechanisms."""
+    mine = applicable(case)
+    out = [[], mine] + [without(case, m) for m in mine]
+    return out
+
+
+class Runner:
+    """Prices (case, mechanisms) once per distinct run and what-ifs."""
+
+    def __init__(self, cache: Path, cached_only: bool = False, quiet: bool = False):
+        from flint.template_cache import TemplateCache
+
+        self.store = TemplateCache(cache)
+        self.cached_only, self.quiet = cached_only, quiet
+        self.memo: dict = {}
+        self.skipped = 0
+
+    def build(self, case, mechs):
+        from flint.errors import FlintError
+        from flint.run import TrainingRun
+
+        try:
+            return TrainingRun(**variant_fields(case, mechs)), ""
+        except FlintError as err:
+            return None, str(err)
+
+    def run_all(self, jobs: list) -> None:
+        """jobs: (case, mechanisms). Cheapest programs first, one program's runs together."""
+        from flint.engine import stage_program
+        from flint.template_cache import program_key
+
+        todo = []
+        for case, mechs in jobs:
+            name = variant_name(case, mechs)
+            if name in case.predicted:
+                continue
+            run, why = self.build(case, mechs)
+            if run is None:
+                case.predicted[name] = {"error": why}
+                if name == "after" and not case.reason:
+                    case.reason = f"Flint could not build it: {why}"
+                continue
+            key = (run.key(), case.what_if)
+            case.runs[name] = "|".join((run.key(),) + tuple(case.what_if))
+            program = stage_program(run)
+            todo.append((_size(run), program_key(program), key, case, name, run, program))
+        todo.sort(key=lambda t: t[:3])
+        fresh = len({t[2] for t in todo} - set(self.memo))
+        done = 0
+        for _, _, key, case, name, run, program in todo:
+            if key not in self.memo:
+                if self.cached_only and not self.store.has(program):
+                    self.skipped += 1
+                    continue
+                done += 1
+                self.memo[key] = self._predict(run, case, name, done, fresh)
+            case.predicted[name] = self.memo[key]
+
+    def _predict(self, run, case, name, i, n) -> dict:
+        from flint.engine import predict
+        from flint.errors import FlintError
+
+        t0 = time.perf_counter()
+        try:
+            p = predict(run, cache=self.store, what_if=case.what_if)
+        except FlintError as err:
+            res = {"error": str(err)}
+            if not self.quiet:
+                print(f"[{i}/{n}] {case.label[:48]} {name}: {err}", file=sys.stderr, flush=True)
+            return res
+        res = {"step_s": p.step_time_s, "mfu": p.mfu, "exposed_s": p.exposed_communication_s,
+               "bubble": p.bubble_fraction, "oom": p.oom, "compiled": p.extracted}
+        if not self.quiet:
+            err = p.step_time_s / case.published_step_s - 1 if case.published_step_s else 0
+            print(f"[{i}/{n}] {case.label[:48]:48s} {name[:14]:14s} {p.step_time_s:9.3f} s "
+                  f"({err * 100:+6.1f}%) {'compiled' if p.extracted else 'cached  '} "
+                  f"{time.perf_counter() - t0:5.1f} s", file=sys.stderr, flush=True)
+        return res
+
+
+def _size(run) -> float:
+    from flint.models.decoder import param_count
+
+    return param_count(run.model_config()) / run.pp / run.tp
+
+
+def bloom_spearman(cases, variant: str = "after") -> dict:
+    """Rank correlation of predicted vs measured step over BLOOM's rows: all of them, the
+    384-GPU cluster, and within each model shape (the topology choices alone)."""
+    rows = [c for c in cases if c.section == "1" and c.file == "more-published"
+            and c.predicted.get(variant, {}).get("step_s")]
+
+    def rho(group):
+        return spearman([c.predicted[variant]["step_s"] for c in group],
+                        [c.published_step_s for c in group])
+
+    out = {"all": (len(rows), rho(rows))}
+    full = [c for c in rows if c.fields.get("devices") == 384]
+    out["384 GPUs"] = (len(full), rho(full))
+    for g in sorted({c.group for c in full}):
+        mine = [c for c in full if c.group == g]
+        if len(mine) >= 4:
+            out[f"384 GPUs, {g}"] = (len(mine), rho(mine))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--file", choices=("published", "more", "both"), default="both")
+    ap.add_argument("--families", default="", help="regex on the family name")
+    ap.add_argument("--rows", default="", help="regex on the row label")
+    ap.add_argument("--cache", default=str(REPO / "build" / "fidelity"),
+                    help="stage-program cache directory")
+    ap.add_argument("--cached-only", action="store_true", help="only runs whose stage "
+                    "program is already in --cache (a bounded-time rerun)")
+    ap.add_argument("--no-lofo", action="store_true", help="before/after only")
+    ap.add_argument("--json", dest="json_out", default=None, help="also write JSON here")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines")
+    ap.add_argument("--include-blocked", action="store_true", help="also apply the "
+                    "mechanisms the engine cannot price faithfully yet (diagnostics)")
+    args = ap.parse_args(argv)
+    import fidelity_families
+
+    fidelity_families.INCLUDE_BLOCKED = args.include_blocked
+    try:
+        fam_rx, row_rx = re.compile(args.families), re.compile(args.rows)
+    except re.error as err:
+        print(f"fidelity: bad regex: {err}", file=sys.stderr)
+        return 2
+    from flint.frontends.targets import prepare_environment
+
+    prepare_environment()
+    cases = [c for c in load_cases(args.file)
+             if fam_rx.search(c.family) and row_rx.search(c.label)]
+    if not cases:
+        print("fidelity: no rows match --file/--families/--rows", file=sys.stderr)
+        return 2
+    Path(args.cache).mkdir(parents=True, exist_ok=True)
+    runner = Runner(Path(args.cache), args.cached_only, args.quiet)
+    built = [c for c in cases if not c.reason]
+    runner.run_all([(c, v) for c in built for v in (
+        [[], applicable(c)] if args.no_lofo else planned_variants(c))])
+    report = {"mechanisms": [{"id": mech_id(m), "name": m.name, "eras": list(m.eras),
+                              "assign": dict(m.assign), "source": m.source,
+                              "developed_on": m.developed_on, "available": available(m),
+                              "blocked": m.blocked}
+                             for m in MECHANISMS]}
+    for file in ("published", "more-published"):
+        mine = [c for c in cases if c.file == file]
+        if mine:
+            text, doc = family_table(mine, f"\n== {file}.md: step time, predicted vs "
+                                           f"published, per family ==")
+            print(text)
+            report[file] = doc
+    if not args.no_lofo:
+        sets = holdout_sets(cases)
+        runner.run_all([(c, [m for m in applicable(c) if m in sets[c.family]])
+                        for c in cases if not c.reason and c.family in sets])
+        text, report["lofo_mechanisms"] = mechanism_table(cases)
+        print(text)
+        text, report["lofo_holdout"] = holdout_table(cases, sets)
+        print(text)
+    rho = {v: bloom_spearman(cases, v) for v in ("before", "after")}
+    if rho["after"]["all"][0]:
+        print("\nBLOOM-176B sweep: Spearman rank correlation of predicted vs measured step")
+        for k in rho["after"]:
+            b, a = rho["before"].get(k, (0, None)), rho["after"][k]
+            fmt = lambda x: "-" if x is None else f"{x:+.3f}"  # noqa: E731
+            print(f"  {k:28s} {a[0]:3d} rows: before {fmt(b[1])}, after {fmt(a[1])}")
+        report["bloom_spearman"] = {v: {k: {"rows": n, "rho": r} for k, (n, r) in d.items()}
+                                    for v, d in rho.items()}
+    skipped = [c for c in cases if c.reason]
+    print(f"\nnot rebuildable: {len(skipped)} of {len(cases)} rows (reasons in --json); "
+          f"runs left out by --cached-only: {runner.skipped}")
+    if args.json_out:
+        from flint.io import write_atomic
+
+        report["cases"] = [c.to_json() for c in cases]
+        write_atomic(args.json_out, json.dumps(report, indent=1, sort_keys=True,
+                                               default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

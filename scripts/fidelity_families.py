@@ -1,0 +1,206 @@
+"""Families of published rows and the framework semantics each one runs, as TrainingRun
+fields: the part of scripts/fidelity.py that says *how* a row's framework behaves.
+
+A family is (source section x framework x GPU), e.g. "published 1a Megatron-Bridge x
+Megatron-Core+TE x H100". Each family belongs to an era (ERAS): the framework lineage the
+section's prose names. What a row states (model, devices, TP/PP/DP, micro-batch, recompute,
+ZeRO stage, precision, the cluster's network) goes into its own fields; how its framework
+runs (attention kernel, sequence parallelism, when gradients are reduced, how stages are
+split, TP communication overlap) comes from its era, once, through MECHANISMS: each a named
+assignment of run fields with the public source it rests on, never chosen per row.
+
+"before": every family as Flint priced runs before issue 27 (framework megatron, or xla on
+a TPU; flash attention; gradient reduction overlapped with the backward; stages balanced by
+predicted time; no TP communication overlap). "after": before plus every mechanism of the
+row's era. Precision: fp16 rows run bf16 GEMMs (A100 and H100 list the same fp16 and bf16
+tensor rates: A100 datasheet 312 TFLOP/s dense each, H100 SXM 989).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+
+# era -> (framework in words, what the source states about it)
+ERAS = {
+    "megatron-core": ("Megatron-Core+TE", "NeMo 24.07-25.07 / Megatron-Bridge 25.09+ / "
+                      "Megatron-LM examples / MLPerf v5.1 NeMo: Transformer Engine kernels, "
+                      "flash (cuDNN) attention, distributed optimizer with overlapped grad "
+                      "reduce and param gather, TP communication overlap in the perf recipes"),
+    "automodel": ("PyTorch FSDP2+TE", "NeMo AutoModel: FSDP2 with Transformer Engine kernels"),
+    "maxtext": ("MaxText/XLA", "MaxText on JAX: XLA's fusions (framework xla)"),
+    "pathways": ("PaLM/Pathways XLA", "PaLM on TPU v4 through Pathways"),
+    "megatron-lm-2022": ("Megatron-LM 2022", "Korthikanti et al. 2022 (arXiv 2205.05198): "
+                         "TP + sequence parallelism + selective recompute, no flash attention"),
+    "megatron-deepspeed-2022": ("Megatron-DeepSpeed 2022", "BigScience tr11 (Feb-Mar 2022): "
+                                "Megatron TP inside DeepSpeed's pipeline engine, ZeRO-1"),
+    "megatron-deepspeed-2021": ("Megatron-DeepSpeed 2021", "MT-NLG (arXiv 2201.11990): "
+                                "Megatron tensor slicing, DeepSpeed pipeline and data "
+                                "parallelism"),
+    "internevo": ("InternEvo", "InternEvo 7B: PyTorch, flash-attn, Megatron TP without SP "
+                  "('mtp'), hybrid ZeRO-1"),
+}
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """A named assignment of run fields for the eras it names, with its public source."""
+
+    name: str
+    assign: tuple                 # ((field, value), ...)
+    eras: tuple
+    source: str
+    developed_on: str             # the family whose evidence first motivated it
+    needs: str = ""               # a TrainingRun field that must exist ("" = always)
+    blocked: str = ""             # why the engine cannot price it faithfully yet
+
+
+MECHANISMS = (
+    Mechanism("unfused attention before FlashAttention", (("attention", "unfused"),),
+              ("megatron-lm-2022", "megatron-deepspeed-2022", "megatron-deepspeed-2021"),
+              "FlashAttention (Dao et al., arXiv 2205.14135) appeared 2022-05, after MT-NLG "
+              "(2021) and BLOOM's 2022-02 sweep; Megatron-LM/DeepSpeed of that time write "
+              "the S x S scores and run the fused scale-mask-softmax kernel on them "
+              "(megatron/model/fused_softmax.py); published.md section 4: 'Flash attention "
+              "was not used'",
+              "published 4 Korthikanti 2022 x Megatron-LM 2022 x A100"),
+    Mechanism("no sequence parallelism before Megatron-LM 2022-05", (("sp", False),),
+              ("megatron-deepspeed-2022", "megatron-deepspeed-2021", "internevo"),
+              "sequence parallelism is Korthikanti et al. 2022 (arXiv 2205.05198, 2022-05); "
+              "InternEvo's tensor mode 'mtp' is 'pure megatron tensor parallel without "
+              "sequence parallel' (InternLM/InternEvo configs/7B_sft.py)",
+              "more 2 InternEvo train_performance x InternEvo x A100"),
+    Mechanism("grad reduce after the pipeline flush (DeepSpeed PipelineEngine)",
+              (("overlap_grad_reduce", False),),
+              ("megatron-deepspeed-2022", "megatron-deepspeed-2021"),
+              "DeepSpeed deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceTiedGrads, "
+              "ReduceGrads and OptimizerStep are issued after the last BackwardPass; the "
+              "engine disables the per-backward all-reduce ('We schedule the all-reduces')",
+              "more 1 BigScience tr11 x Megatron-DeepSpeed 2022 x A100",
+              blocked="with pp > 1, passes.layer_template makes every bucket's reduction "
+              "wait for the embedding's backward (stage 0), and passes.pipeline turns those "
+              "cross-stage edges into p2p transfers: BLOOM TP4 PP12 DP2, 24 micro-batches: "
+              "2658 send/recv nodes instead of 1085, step +28% for 0.4 s of reductions"),
+    Mechanism("stages split by layer count", (("pipeline_split", "layers"),),
+              ("megatron-lm-2022", "megatron-deepspeed-2022", "megatron-deepspeed-2021"),
+              "Megatron-DeepSpeed GPTModelPipe: PipelineModule(partition_method="
+              "'type:transformer') (BLOOM later 'type:transformer|embedding', an embedding "
+              "counted as a block); Megatron-LM 2022 gives each stage num_layers // pp "
+              "layers (--account-for-embedding-in-pipeline-split came in 2024)",
+              "more 1 BigScience tr11 x Megatron-DeepSpeed 2022 x A100"),
+    Mechanism("TP communication overlap in Megatron-Core recipes",
+              (("tp_comm_overlap", None),), ("megatron-core",),
+              "Megatron-Core --tp-comm-overlap (Transformer Engine userbuffers, 2023+), on in "
+              "the NeMo/Megatron-Bridge performance recipes (e.g. Llama3-70B H100 'TP-comm "
+              "overlap via userbuffers', published.md caveats); the run's framework default",
+              "held-out Megatron-Core 2024 x H100 (issue 27)", needs="tp_comm_overlap"),
+    Mechanism("DeepSpeed's default ZeRO stage 0", (("zero", 0),),
+              ("megatron-deepspeed-2021",),
+              "DeepSpeed zero_optimization.stage defaults to 0; the MT-NLG source states no "
+              "ZeRO stage (its 530B fits without one: ~16 B x 1.9B params per GPU)",
+              "more 3 MT-NLG x Megatron-DeepSpeed 2021 x A100"),
+    Mechanism("framework kernels per family (vs all-megatron)", (), (),
+              "not assignable: every rebuildable family's non-GEMM kernels are library "
+              "kernels (Megatron's fused softmax/bias-GeLU, apex and flash-attn norms, "
+              "Transformer Engine), i.e. framework megatron; the torch twin that prices "
+              "eager kernels refuses zero 1 (InternEvo's hybrid ZeRO) and cp > 1 "
+              "(AutoModel's Llama3-70B row)", "-"),
+)
+
+
+def run_fields() -> set:
+    from flint.run import TrainingRun
+
+    return {f.name for f in fields(TrainingRun)}
+
+
+INCLUDE_BLOCKED = False         # scripts/fidelity.py --include-blocked
+
+
+def available(m: Mechanism) -> bool:
+    return bool(m.assign) and (not m.needs or m.needs in run_fields()) and (
+        INCLUDE_BLOCKED or not m.blocked)
+
+
+def before_fields(case) -> dict:
+    """How Flint priced every row before issue 27."""
+    out = {"framework": "xla" if case.era in ("maxtext", "pathways") else "megatron",
+           "attention": "flash", "overlap_grad_reduce": True, "pipeline_split": "time"}
+    if "tp_comm_overlap" in run_fields():
+        out["tp_comm_overlap"] = False
+    return out
+
+
+def applicable(case) -> list:
+    return [m for m in MECHANISMS if available(m) and case.era in m.eras]
+
+
+def variant_fields(case, mechanisms) -> dict:
+    """The run fields of `case` under the before assignment plus `mechanisms`."""
+    out = dict(before_fields(case))
+    for m in mechanisms:
+        out.update(dict(m.assign))
+    out.update(case.fields)         # what the row states always wins
+    return out
+
+
+@dataclass
+class Case:
+    """One published row: its family, the fields it states, the what-ifs of its cluster."""
+
+    label: str
+    file: str                   # "published" | "more-published"
+    section: str
+    family: str
+    era: str
+    fields: dict = field(default_factory=dict)
+    what_if: tuple = ()
+    published_step_s: float = 0.0
+    reason: str = ""            # why it cannot be rebuilt ("" = rebuildable)
+    group: str = ""             # BLOOM sweep: the model's dims (rank correlation groups)
+    predicted: dict = field(default_factory=dict)   # variant -> result
+    runs: dict = field(default_factory=dict)        # variant -> the run's key
+
+    def to_json(self) -> dict:
+        d = dict(self.__dict__)
+        d["what_if"] = list(self.what_if)
+        return d
+
+
+def family_name(file: str, section: str, source: str, era: str, gpu: str) -> str:
+    return f"{'published' if file == 'published' else 'more'} {section} {source} x " \
+           f"{ERAS[era][0]} x {gpu}"
+
+
+# published.md: section -> (source in words, era)
+PUBLISHED_SECTIONS = {
+    "1a": ("Megatron-Bridge", "megatron-core"), "1b": ("NeMo 24.07", "megatron-core"),
+    "1c": ("NeMo docs 24.09-25.07", "megatron-core"),
+    "1d": ("NeMo long-sequence", "megatron-core"),
+    "1f": ("Megatron-LM examples", "megatron-core"),
+    "1g": ("DeepSeek-V3 ladder", "megatron-core"), "1h": ("NeMo AutoModel", "automodel"),
+    "2a": ("MaxText configs", "maxtext"), "2b": ("MaxText README", "maxtext"),
+    "2c": ("MaxText tiering", "maxtext"), "2d": ("tpu-recipes", "maxtext"),
+    "2e": ("MaxText A3", "maxtext"), "4": ("Korthikanti 2022", "megatron-lm-2022"),
+    "5": ("PaLM Table 3", "pathways"), "6b": ("MLPerf LoRA", "megatron-core"),
+    "6c": ("MLPerf v5.1", "megatron-core"),
+}
+# accelerator names as the tables spell them, most specific first
+GPUS = (("gb300", "GB300"), ("gb200", "GB200"), ("b300", "B300"), ("b200", "B200"),
+        ("h200", "H200"), ("h100", "H100"), ("a100", "A100"), ("v100", "V100"),
+        ("v6e", "TPU v6e"), ("v5p", "TPU v5p"), ("v5e", "TPU v5e"), ("v4", "TPU v4"),
+        ("tpu v3", "TPU v3"))
+# accelerators a section states in its prose rather than its rows
+SECTION_GPU = {"1f": "H100", "1g": "GB200", "1h": "H100", "2e": "H100", "4": "A100"}
+
+
+def gpu_of(record: dict, section: str, block: int = 0) -> str:
+    if section == "1d":         # prose: the first table ran on DGX-H100, the second on B200
+        return ("H100", "B200")[min(block, 1)]
+    if section in SECTION_GPU:
+        return SECTION_GPU[section]
+    for col in ("system", "hw", "tpu", "accelerators", "hardware", "model"):
+        text = str(record.get(col) or "").lower()
+        for token, name in GPUS:
+            if re.search(rf"(?<![a-z0-9]){re.escape(token)}(?![0-9])", text):
+                return name
+    return "unstated"

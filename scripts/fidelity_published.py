@@ -1,0 +1,64 @@
+"""The rows of ../shared/tables/published.md as fidelity cases: the configuration
+compare_published.training_run states for each dense row (its docstring lists the
+assumptions where a row is silent), its family, and why a row cannot be rebuilt.
+
+Section 4 (Korthikanti et al. 2022) publishes two iteration times per configuration: with
+sequence parallelism and selective recompute (the row compare_published rebuilds) and
+the baseline with full recompute and no sequence parallelism; the baseline is a second
+case of the same row here ("... full-recompute").
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from fidelity_families import PUBLISHED_SECTIONS, Case, family_name, gpu_of
+from published_rows import TABLE, first_number, rows_of, tables
+
+# the fields a run derives or a family's semantics set (never a row's statement)
+DERIVED = ("sp", "schedule", "tp_comm_overlap", "attention", "overlap_grad_reduce",
+           "pipeline_split", "framework")
+
+
+def published_cases(path: Path = TABLE) -> list[Case]:
+    from compare_published import training_run
+
+    from flint.errors import FlintError
+
+    out: list[Case] = []
+    blocks: dict[str, int] = {}
+    for heading, records in tables(path):
+        section = heading.split(".")[0].split(" ")[0]
+        block = blocks.get(section, 0)
+        blocks[section] = block + 1
+        source, era = PUBLISHED_SECTIONS.get(section, (heading[:24], "megatron-core"))
+        for record, row in zip(records, rows_of(heading, records)):
+            family = family_name("published", section, source, era,
+                                 gpu_of(record, section, block))
+            case = Case(row.label, "published", section, family, era,
+                        published_step_s=row.published_step_s, reason=row.reason)
+            if row.moe and not row.reason.startswith("MoE"):
+                case.reason = row.reason
+            elif row.moe:
+                case.reason = "MoE model (scripts/published_moe.py rebuilds these rows)"
+            if not case.reason:
+                try:
+                    run = training_run(row)
+                except FlintError as err:
+                    case.reason = str(err)
+                else:
+                    case.fields = {k: v for k, v in run.to_json().items() if k not in DERIVED}
+            out.append(case)
+            if section == "4" and not case.reason:
+                out.append(_full_recompute(case, record))
+    return out
+
+
+def _full_recompute(selective: Case, record: dict) -> Case:
+    """Korthikanti's baseline of the same configuration: full recompute, no SP."""
+    case = Case(f"{selective.label} full-recompute", "published", "4", selective.family,
+                selective.era, published_step_s=first_number(
+                    record.get("iter_s_full_recompute")) or 0.0)
+    case.fields = dict(selective.fields, remat="full", sp=False)
+    if not case.published_step_s:
+        case.reason = "no full-recompute iteration time"
+    return case

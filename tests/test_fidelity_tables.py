@@ -1,0 +1,133 @@
+"""scripts/fidelity.py without compiling: the rows of both shared table files, the family
+each belongs to, the run fields its framework semantics give, and the rank correlation."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+
+
+@pytest.fixture(scope="module")
+def more():
+    from more_published import MORE_TABLE, more_cases
+
+    if not MORE_TABLE.is_file():
+        pytest.skip("shared more-published table not present")
+    return {c.label.split(" ")[0]: c for c in more_cases()}
+
+
+@pytest.fixture(scope="module")
+def published():
+    from published_rows import TABLE
+
+    from fidelity_published import published_cases
+
+    if not TABLE.is_file():
+        pytest.skip("shared published table not present")
+    return published_cases()
+
+
+def test_bloom_rows_state_their_dims_and_cluster(more):
+    prod = more["1-P1"]           # the first production line (iteration 12695)
+    assert prod.published_step_s == 105.22
+    assert prod.what_if == ("nic_bandwidth=50Gb/s",)
+    f = prod.fields
+    assert (f["devices"], f["tp"], f["pp"], f["micro_batch"], f["global_batch"]) == \
+        (384, 4, 12, 2, 2048)
+    assert (f["remat"], f["zero"], f["model"]["heads"], f["model"]["vocab"]) == \
+        ("full", 1, 112, 250880)
+    # 02-20 rows state no NHEADS: the author's "all NHEADS=64 (above too)"
+    assert more["1-L476"].fields["model"]["heads"] == 64
+    assert more["1-L476"].fields["model"]["layers"] == 80      # "80 (inferred)"
+    assert more["1-L476"].fields["global_batch"] == 2040
+
+
+def test_rows_without_a_time_are_listed_with_the_reason(more):
+    assert "OOM" in more["1-L793"].reason
+    assert "CUDA_LAUNCH_BLOCKING" in more["1-L450"].reason
+    assert "inconsistent" in more["1-L669"].reason and "inconsistent" in more["1-L670"].reason
+    assert more["1-L648"].reason.startswith("DP 8 x TP 8 x PP 10")
+    assert not more["1-L608"].reason and more["1-L608"].published_step_s == 134.02
+
+
+def test_internevo_and_mt_nlg_rows(more):
+    first = more["2#1"]                         # tp1 zero1=-1, 8 GPUs, 2 x 4 micro-batches
+    assert first.fields["global_batch"] == 8 * 2 * 4 and first.fields["remat"] == "none"
+    assert first.fields["zero"] == 1 and first.what_if == ("nic_bandwidth=50Gb/s",)
+    tp2 = next(c for k, c in more.items() if k.startswith("2#") and c.fields["tp"] == 2)
+    assert tp2.fields["global_batch"] == tp2.fields["devices"] // 2 * 4 * 4
+    ckpt = next(c for k, c in more.items() if "ckpt" in c.label)
+    assert ckpt.fields["remat"] == "full"
+    mt = more["3#1"]
+    assert (mt.fields["tp"], mt.fields["pp"], mt.fields["global_batch"]) == (8, 35, 1920)
+    assert mt.fields["model"]["vocab"] == 50272 and mt.what_if == ()
+
+
+def test_families_name_source_framework_and_gpu(published, more):
+    fams = {c.family for c in published}
+    assert "published 1a Megatron-Bridge x Megatron-Core+TE x H100" in fams
+    assert "published 4 Korthikanti 2022 x Megatron-LM 2022 x A100" in fams
+    assert "published 2d tpu-recipes x MaxText/XLA x TPU v6e" in fams
+    assert "published 1h NeMo AutoModel x PyTorch FSDP2+TE x H100" in fams
+    assert more["1-P1"].family == "more 1 BigScience tr11 x Megatron-DeepSpeed 2022 x A100"
+    assert more["2#1"].family == "more 2 InternEvo train_performance x InternEvo x A100"
+    korthikanti = [c for c in published if c.section == "4" and not c.reason]
+    full = [c for c in korthikanti if c.label.endswith("full-recompute")]
+    assert len(full) == len(korthikanti) // 2 == 4
+    assert full[0].fields["remat"] == "full" and full[0].fields["sp"] is False
+    assert sum(not c.reason for c in published) >= 127
+
+
+def test_before_and_after_run_fields(published, more):
+    from fidelity_families import applicable, before_fields, variant_fields
+
+    from flint.run import TrainingRun
+
+    bloom = more["1-P1"]
+    before = TrainingRun(**variant_fields(bloom, []))
+    after = TrainingRun(**variant_fields(bloom, applicable(bloom)))
+    assert (before.attention, before.sp, before.pipeline_split) == ("flash", True, "time")
+    assert (after.attention, after.sp, after.pipeline_split) == ("unfused", False, "layers")
+    assert after.remat == "full" and after.zero == 1         # stated, in both
+    nemo = next(c for c in published if c.family.startswith("published 1a") and not c.reason)
+    assert variant_fields(nemo, [])["framework"] == "megatron"
+    assert before_fields(nemo)["attention"] == "flash"
+    assert not any(m.assign and dict(m.assign).get("attention") for m in applicable(nemo))
+    intern = more["2#1"]
+    assert [m.name for m in applicable(intern)] == [
+        "no sequence parallelism before Megatron-LM 2022-05"]
+
+
+def test_rank_correlation_averages_ties():
+    from fidelity_stats import median, ranks, spearman
+
+    assert ranks([3, 1, 2, 2]) == [4.0, 1.0, 2.5, 2.5]
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 45]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [9, 7, 5, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(4.5 / (4.5 * 5) ** 0.5)
+    assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
+    assert median([3, 1, 2]) == 2 and median([4, 1, 2, 3]) == 2.5 and median([]) is None
+
+
+def test_documented_command_bounded_by_cached_only(more, tmp_path, capsys):
+    """`scripts/fidelity.py --cached-only` on an empty cache prices nothing and says so;
+    a bad regex is one line and exit 2."""
+    import json
+
+    import fidelity
+
+    out = tmp_path / "fidelity.json"
+    code = fidelity.main(["--file", "more", "--families", "MT-NLG", "--cached-only",
+                          "--cache", str(tmp_path / "cache"), "--quiet", "--json", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "runs left out by --cached-only: " in text and "MT-NLG" in text
+    doc = json.loads(out.read_text())
+    assert [c["label"][:3] for c in doc["cases"]] == ["3#1", "3#2", "3#3"]
+    assert {m["id"] for m in doc["mechanisms"]} >= {"M1", "M2", "M3", "M4"}
+    assert fidelity.main(["--families", "(", "--quiet"]) == 2
+    assert "bad regex" in capsys.readouterr().err
