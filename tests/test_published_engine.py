@@ -37,8 +37,8 @@ def _flags(run) -> list[str]:
     doc = run.to_json()
     flags = []
     for key, value in doc.items():
-        if key == "sp":
-            flags.append("--sp" if value else "--no-sp")
+        if isinstance(value, bool):
+            flags.append(f"--{'' if value else 'no-'}{key.replace('_', '-')}")
         else:
             flags += [f"--{key.replace('_', '-')}", str(value)]
     return flags
