@@ -203,6 +203,7 @@ def predict(run: TrainingRun, cost_model=None, what_if=(), cache=None,
     tokens = run.tokens_per_step
     step = e.step_time_s
     from flint.template_cache import program_key
+    from flint.what_if_effects import what_if_effects
 
     return Prediction(
         run=run, what_if=what_if, step_time_s=step,
@@ -214,7 +215,9 @@ def predict(run: TrainingRun, cost_model=None, what_if=(), cache=None,
         memory_bytes=e.memory_bytes, memory_capacity_bytes=e.memory_capacity_bytes,
         oom=e.oom, memory=e.memory, by_class_s=e.by_class_s, by_layer_s=e.by_layer_s,
         collectives_s=e.collectives_s, pipeline=e.pipeline,
-        facts=_facts(run, piped, what_if, points), program_key=program_key(stage_program(run)),
+        facts={**_facts(run, piped, what_if, points), "what_if_effects": what_if_effects(
+            piped, run.hardware, what_if, run_overrides(run), factory, e.memory_bytes)},
+        program_key=program_key(stage_program(run)),
         extracted=compiled, wall_s=time.perf_counter() - t0,
         cost_model=cost_model_name(cost_model) or "",
         moe_routing=piped.meta.get("moe_routing"), estimate=e)
@@ -321,7 +324,7 @@ def _passes(run: TrainingRun, template):
         if run.framework == "megatron":
             _megatron_activations(graph, cfg, run)
     if run.zero in (1, 2):
-        graph = DistributedOptimizer().run(graph)
+        graph = DistributedOptimizer(shard_gradients=run.zero == 2).run(graph)
     # the whole model's flops for one micro-batch of the stage's data-parallel group, per
     # device of the stage (the pipeline pass turns it into per device of the cluster)
     graph.meta["model_flops_per_device"] = model_flops(
@@ -370,7 +373,8 @@ def _pipelined(run: TrainingRun, cache, overrides, factory, microbatches: int,
         piped = PipelineParallel(run.pp, microbatches, run.schedule, run.vp, split,
                                  hardware=run.hardware if split == "time" else "",
                                  what_if=";".join(overrides) if split == "time" else "",
-                                 cost_model=factory).run(layered)
+                                 cost_model=factory,
+                                 reduce_every_microbatch=run.zero == 2).run(layered)
         hit = [layered, piped, None]
         while len(_PIPELINED) >= 2:     # the two of a steady-state pair: they are large
             _PIPELINED.pop(next(iter(_PIPELINED)))

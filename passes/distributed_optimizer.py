@@ -15,7 +15,8 @@ Memory, as Megatron-Core's distributed-optimizer guide counts it for bf16 parame
 fp32 gradients: 6 + 12/d bytes per parameter (d: the data-parallel size) instead of 18.
 The extracted step holds f32 parameters (4 B) and Adam's two f32 moments (8 B): the
 parameter arguments stand for the fp32 main-gradient buffer (4 B), the gathered bf16
-parameters are the all-gathers' outputs (2 B), and the moments become the rank's shard of
+parameters are a buffer of their own kept for the whole step (2 B, an argument per
+bucket: `params/<layer>/bf16`), and the moments become the rank's shard of
 fp32 main parameters and moments: x 12/8 / d, with d the group of the buckets that
 reduce those parameters, by their share of the parameters (a MoE model's experts reduce
 over the expert-data-parallel group, its dense weights over the whole data-parallel
@@ -47,6 +48,9 @@ _DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "f64": 8}
 
 @dataclass(frozen=True)
 class DistributedOptimizer:
+    # ZeRO-2: the gradients are sharded too, so the fp32 gradient buffer (the parameter
+    # arguments stand for it) holds only this rank's 1/d of what the buckets reduce
+    shard_gradients: bool = False
     name: ClassVar[str] = "distributed-optimizer"
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
@@ -68,7 +72,7 @@ class DistributedOptimizer:
             group = graph.communicators[c.communicator].size
             params = c.bytes_in * PARAMETER_BYTES // _DTYPE_BYTES.get(c.dtype, 4)
             gathers.append(Node(j, f"param-all-gather.{n.name}", NodeKind.COLLECTIVE,
-                                "all-gather", "collective", [], outputs=[f"bf16[{params // 2}]"],
+                                "all-gather", "collective", [], outputs=[],
                                 collective=Collective("all-gather", c.communicator,
                                                       params // group, params, "bf16",
                                                       None, True),
@@ -99,14 +103,27 @@ class DistributedOptimizer:
                 node.meta = dict(n.meta, composite=dict(
                     composite, scale=composite["scale"] / group_of[n.meta.get("layer", "")]))
             nodes.append(node)
-        out = replace(graph, nodes=nodes,
-                      meta=dict(graph.meta, distributed_optimizer=len(buckets),
-                                arguments=_sharded_state(graph, buckets)))
+        arguments = _sharded_state(graph, buckets, self.shard_gradients)
+        # the bf16 parameters the all-gathers write: a buffer Megatron keeps for the whole
+        # step (forward and backward read it), one per bucket, with the bucket's layer
+        copies = [[f"params/{g.meta['layer']}/bf16" if g.meta.get("layer") else
+                   "params/bf16", g.collective.bytes_out] for g in gathers]
+        # the step's outputs that update those arguments in place shrink with them
+        aliased = set(graph.meta.get("aliased_arguments", ()))
+        shrunk = sum(old[1] - new[1] for k, (old, new) in
+                     enumerate(zip(graph.meta.get("arguments", ()), arguments))
+                     if k in aliased)
+        meta = dict(graph.meta, distributed_optimizer=len(buckets),
+                    arguments=arguments + copies)
+        if "output_bytes" in meta:
+            meta["output_bytes"] = max(float(meta["output_bytes"]) - shrunk, 0.0)
+        out = replace(graph, nodes=nodes, meta=meta)
         out.check()
         return out
 
 
-def _sharded_state(graph: WorkloadGraph, buckets: list[Node]) -> list:
+def _sharded_state(graph: WorkloadGraph, buckets: list[Node],
+                   shard_gradients: bool = False) -> list:
     """meta["arguments"] with every optimizer-state argument at this rank's share. The
     moments (8 B per parameter) stand for the parameters; the buckets' gradients (bytes /
     dtype size) say which share of them is reduced over which group d (per step, not per
@@ -126,9 +143,10 @@ def _sharded_state(graph: WorkloadGraph, buckets: list[Node]) -> list:
     covered = sum(x for x, _ in shares)
     if covered > 1.0:                    # rounding, or more reduced than the moments say
         shares, covered = [(x / covered, d) for x, d in shares], 1.0
-    factor = STATE_RATIO * (sum(x / d for x, d in shares) + (1.0 - covered))
-    return [[name, int(round(nbytes * factor))
-             if argument_category(str(name)) == "optimizer_state" else nbytes]
+    sharded = sum(x / d for x, d in shares) + (1.0 - covered)   # share of a parameter
+    factors = {"optimizer_state": STATE_RATIO * sharded,
+               "parameters": sharded if shard_gradients else 1.0}
+    return [[name, int(round(nbytes * factors.get(argument_category(str(name)), 1.0)))]
             for name, nbytes in graph.meta.get("arguments", ())]
 
 

@@ -43,6 +43,10 @@ class PipelineParallel:
     split: str = "layers"
     hardware: str = ""          # for split=time: whose predicted times balance the stages
     what_if: str = ""           # ... with these what-ifs ("nic_bandwidth=800Gb/s;...")
+    # the gradient reduction (R work) after every micro-batch's backward instead of once
+    # per step: ZeRO-2 keeps only its shard of the gradients, so it must reduce-scatter
+    # them before the next micro-batch adds to them (DeepSpeed stage 2)
+    reduce_every_microbatch: bool = False
     max_nodes: int = 3_000_000
     name: ClassVar[str] = "pipeline"
     # for split=time: a cost model (factory or CostModel, hardware_models.pluggable)
@@ -154,7 +158,8 @@ class _Builder:
 
     def runs(self, template: int, mb: int) -> bool:
         """R work runs once, with the last microbatch."""
-        return self.tasks[template] != "R" or mb == self.last
+        return (self.tasks[template] != "R" or mb == self.last
+                or self.cfg.reduce_every_microbatch)
 
     def ready(self, phase: str, mb: int, c: int) -> bool:
         for t in self.members.get((phase, c), ()):
@@ -194,7 +199,7 @@ class _Builder:
         its own for per-microbatch work, the last one once per step, 0 for once-per-step
         nodes (they have one copy)."""
         if self.tasks[i] == "R":
-            return self.last
+            return mb if self.cfg.reduce_every_microbatch and phase in "FB" else self.last
         if self.tasks[i] not in "FB":
             return 0
         return mb if phase in "FB" else self.last
