@@ -73,6 +73,16 @@ def render_prediction(p: dict, console: Console) -> None:
     console.print(c)
     console.print("collectives: " + "; ".join(facts["collectives"]) if facts["collectives"]
                   else "collectives: none", highlight=False, soft_wrap=True)
+    render_what_if_effects(facts.get("what_if_effects") or [], console)
+
+
+def render_what_if_effects(effects: list[dict], console: Console) -> None:
+    """One line per what-if: applied, or what it did not change and why."""
+    from flint.what_if_effects import describe
+
+    for e in effects:
+        console.print(f"what-if {describe(e)}", highlight=False, markup=False,
+                      soft_wrap=True)
 
 
 def _share(x: float, step: float) -> str:

@@ -78,9 +78,17 @@ def _estimate(graph, hardware_name, overrides, algorithm, trace, as_json, plot=N
     report = result.to_json()
     if "moe_routing" in graph.meta:
         report["moe_routing"] = graph.meta["moe_routing"]
+    if overrides:
+        from flint.what_if_effects import what_if_effects
+
+        report["what_if_effects"] = what_if_effects(graph, hardware_name, overrides, (),
+                                                    cost_model, result.memory_bytes, algorithm)
 
     def render(rep, console):
+        from flint.prediction_report import render_what_if_effects
+
         render_estimate(rep, console)
+        render_what_if_effects(rep.get("what_if_effects") or [], console)
         r = rep.get("moe_routing")
         if r:
             console.print(f"MoE routing {r['distribution']}: hottest expert "
