@@ -124,6 +124,11 @@ class TrainingRun:
     routing: str = "balanced"
 
     def __post_init__(self):
+        if isinstance(self.hardware, str) and not self.hardware.endswith((".yaml", ".yml")):
+            from flint.frontends.targets import ALIASES
+
+            name = self.hardware.lower()        # one spelling per spec: `h100` is h100-sxm
+            object.__setattr__(self, "hardware", ALIASES.get(name, name))
         if not self.seq_len:
             object.__setattr__(self, "seq_len", stated_seq_len(self.model_spec()))
         doc = self.to_json()
@@ -208,6 +213,7 @@ class TrainingRun:
                 raise FlintError(f"{where}: {name}: missing (--{name})")
         if not doc.get("seq_len"):
             doc = dict(doc, seq_len=stated_seq_len(doc["model"], where))
+        _suggest(doc, where)
         validated(RunSchema, doc, where)        # types and ranges, one line on failure
         values = {f.name: doc[f.name] for f in fields(cls) if f.name in doc}
         try:
@@ -286,3 +292,35 @@ def run_document(path: str | None, flags: dict) -> dict:
             raise FlintError(f"{path}: a run file holds a mapping of TrainingRun fields")
     doc.update({k: v for k, v in flags.items() if v is not None})
     return doc
+
+
+def _suggest(doc: dict, where: str) -> None:
+    """A misspelt word field (an enum, a model preset, a hardware spec) named with the
+    nearest known word."""
+    import typing
+
+    known: dict = {}
+    for name, info in RunSchema.model_fields.items():
+        hint = info.annotation
+        for arg in ((hint,) if typing.get_origin(hint) is Literal
+                    else typing.get_args(hint) or (hint,)):
+            if typing.get_origin(arg) is Literal:
+                words = []
+                for v in typing.get_args(arg):      # Literal[TUPLE] holds the tuple
+                    words.extend(v if isinstance(v, tuple) else (v,))
+                known[name] = [str(v) for v in words]
+    value = doc.get("model")
+    if isinstance(value, str) and not value.endswith((".yaml", ".yml", ".json")):
+        from flint.models.describe import known_models
+
+        known["model"] = list(known_models())
+    value = doc.get("hardware")
+    if isinstance(value, str) and not value.endswith((".yaml", ".yml")):
+        from flint.frontends.targets import ALIASES
+        from flint.hardware_models.spec import spec_names
+
+        known["hardware"] = spec_names() + list(ALIASES)
+    for name, words in known.items():
+        value = doc.get(name)
+        if isinstance(value, str) and value not in words and value.lower() not in words:
+            raise FlintError(f"{where}: {name}: unknown {value!r}{did_you_mean(value, words)}")
