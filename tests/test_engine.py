@@ -36,7 +36,7 @@ def test_run_derives_its_layout_and_round_trips():
     ({"pp": 4, "vp": 3, "global_batch": 8}, "vp: pp 4 x vp 3 = 12 model chunks do not fill"),
     ({"micro_batch": 3, "global_batch": 16}, "global_batch: 16 sequences are not a multiple"),
     ({"hardware": "mi300x"}, "names no compile target"),
-    ({"hardware": "h100-sxn"}, "unknown hardware"),
+    ({"hardware": "h100-sxn"}, "hardware: unknown .h100-sxn. .did you mean .h100-sxm"),
     ({"tpp": 2}, "unknown field 'tpp'.*did you mean 'tp'"),
     ({"model": "llama9"}, "unknown model"),
     ({"seq_len": None, "model": "llama3-8b"}, "seq_len: give the training sequence length"),
