@@ -133,7 +133,8 @@ def counts_line(counts: dict) -> str:
     return (f"candidates: {counts['raw']:,} before pruning, {counts['valid']:,} pass the "
             f"divisibility rules, {counts['ranked']:,} clear the memory floor "
             f"({counts['programs']:,} stage programs); {counts['priced']} priced with "
-            f"predict ({counts['compiled']} stage programs compiled, "
+            f"predict ({counts.get('programs_priced', 0)} stage programs, "
+            f"{counts['compiled']} compiled now, "
             f"{counts.get('skipped_memory', 0):,} passed over as out of memory)")
 
 

@@ -8,13 +8,13 @@
    inputs, all that any policy must hold) prunes the layouts that cannot fit.
 3. The closed form ranks the survivors. Candidates are then priced with
    flint.engine.predict best-first. After each priced candidate the closed form is
-   corrected by what predict said: its step time by the ratio predict/closed form of the
-   nearest priced layout (the same stage program, else the same tensor/context/expert
-   degrees, remat and precision, else all priced), its activation memory likewise
-   (weights and optimizer state are exact counts; what is left is scaled); layouts the
-   corrected memory puts over the device's capacity are passed over.
-4. Pricing stops at the budget (`candidates` priced, `seconds` of wall time, `programs`
-   compiled that were not in the cache) or when no remaining layout's corrected estimate
+   corrected by what predict said (Corrections: a program's own ratio predict / closed
+   form where it was priced, else the smallest ratio seen; the activation memory by the
+   nearest priced layout's ratio); layouts the corrected memory puts over the device's
+   capacity are passed over.
+4. Pricing stops at the budget (`candidates` priced, `seconds` of wall time, distinct
+   stage `programs` priced: compiled or cached alike, so the same command takes the same
+   path whatever the cache holds) or when no remaining layout's corrected estimate
    is within `margin` of the best priced step time (after at least `min_priced`).
 Ties break on fewer devices, then less memory, then the layout's fields in order, so a
 plan is the same every time. The local executor prices one candidate at a time; `ray`
@@ -29,20 +29,21 @@ from pathlib import Path
 from typing import Callable
 
 from flint.errors import FlintError
+from flint.plan_corrections import Corrections
 from flint.plan_model import Machine, ModelFacts, analytic
 from flint.plan_price import LAYOUT, price, price_group, row_key
 from flint.plan_space import Candidate, PlanRequest, enumerate_space, model_config
 
 REMAT_ORDER = {"none": 0, "selective": 1, "dots": 2, "full": 3}
 DEFAULT_COMPILE_S = 15.0      # a stage program's compile before one is seen (5-20 s)
-COLD_PROBES = 64              # unseen programs looked up for a cached one once compiles are spent
 
 
 @dataclass(frozen=True)
 class Budget:
     candidates: int = 24       # at most this many priced with predict
     seconds: float = 0.0       # 0: no wall-time bound
-    programs: int = 8          # stage programs compiled now (not in the cache)
+    programs: int = 8          # distinct stage programs priced (compiled or cached alike,
+                               # so a warm plan takes the cold plan's path)
     margin: float = 0.10       # stop when nothing left is within this of the best
     min_priced: int = 5        # price at least this many (the top-k and a runner-up)
 
@@ -57,6 +58,7 @@ class PlanResult:
     analytic_best: list = field(default_factory=list)   # unpriced leaders of the closed form
     corrections: dict = field(default_factory=dict)
     learned: object = field(default=None, repr=False)   # the Corrections (seeds what-ifs)
+    programs: frozenset = frozenset()                    # stage programs it priced
 
     @property
     def fitting(self) -> list:
@@ -85,65 +87,6 @@ def _layout_order(d) -> tuple:
     get = d.get if isinstance(d, dict) else lambda k: getattr(d, k)
     return (get("tp"), get("cp"), get("pp"), get("vp"), get("ep"), get("zero"), get("hsdp"),
             get("micro_batch"), REMAT_ORDER.get(get("remat"), 9), get("precision"))
-
-
-class Corrections:
-    """What predict said of priced layouts, applied to the closed form of the others.
-
-    Step time: a layout whose stage program was priced takes that program's ratio
-    predict / closed form (of the same pipeline shape if priced, else the program's
-    median); any other layout takes the smallest ratio seen so far: an optimistic
-    estimate, so a layout the closed form misjudges is not passed over on another
-    program's evidence (branch and bound: stop only when even the optimistic estimate
-    is beyond the margin). Memory: the activations' ratio of the nearest priced layout
-    (same program and pipeline shape, same program, same remat and micro-batch and
-    pipeline kind, same remat, all), weights and optimizer state being exact counts."""
-
-    def __init__(self):
-        self.time: dict = {}
-        self.memory: dict = {}
-
-    @staticmethod
-    def time_levels(c: Candidate, signature) -> list:
-        return [("program", signature, c.pp, c.vp), ("program", signature)]
-
-    @staticmethod
-    def memory_levels(c: Candidate, signature) -> list:
-        return [("program", signature, c.pp, c.vp), ("program", signature),
-                ("remat", c.remat, c.micro_batch, c.pp > 1, c.vp > 1), ("remat", c.remat),
-                ("all",)]
-
-    def learn(self, c: Candidate, signature, est, row) -> None:
-        if row.get("status") != "ok" or est.step_s <= 0:
-            return
-        t = row["step_time_s"] / est.step_s
-        static = est.memory_bytes - est.activations_bytes
-        acts = max(est.activations_bytes, 1.0)
-        mem = max(row["memory_bytes"] - static, 0.0) / acts
-        for level in self.time_levels(c, signature) + [("all",)]:
-            self.time.setdefault(level, []).append(t)
-        for level in self.memory_levels(c, signature):
-            self.memory.setdefault(level, []).append(mem)
-
-    def step(self, c, signature, est) -> float:
-        for level in self.time_levels(c, signature):
-            if level in self.time:
-                return est.step_s * statistics.median(self.time[level])
-        seen = self.time.get(("all",))
-        return est.step_s * (min(seen) if seen else 1.0)
-
-    def memory_bytes(self, c, signature, est) -> float:
-        acts = est.activations_bytes
-        for level in self.memory_levels(c, signature):
-            if level in self.memory:
-                return est.memory_bytes - acts + acts * statistics.median(self.memory[level])
-        return est.memory_bytes
-
-    def summary(self) -> dict:
-        t, m = self.time.get(("all",)), self.memory.get(("all",))
-        return {"step_time_ratio_median": statistics.median(t) if t else None,
-                "step_time_ratio_range": [min(t), max(t)] if t else None,
-                "activation_memory_ratio_median": statistics.median(m) if m else None}
 
 
 @dataclass
@@ -181,7 +124,8 @@ class Search:
     """One plan's pricing loop (flint.plan_search.search wraps it)."""
 
     def __init__(self, request, budget: Budget, out=None, cache=None, cost_model=None,
-                 on_event: Callable | None = None, corrections: Corrections | None = None):
+                 on_event: Callable | None = None, corrections: Corrections | None = None,
+                 free_programs=()):
         self.request, self.budget, self.cost_model = request, budget, cost_model
         self.out = Path(out) if out else None
         self.cache = cache
@@ -191,7 +135,9 @@ class Search:
         self.done = self._load_done()
         self.compile_s: list = []
         self.price_s: list = []
-        self.new_programs: set = set()
+        self.compiled: set = set()        # programs compiled now
+        self.programs: set = set()        # programs of the priced candidates
+        self.free: set = set(free_programs or ())   # programs the budget does not count
         self.warm: dict = {}
 
     def _load_done(self) -> dict:
@@ -247,7 +193,7 @@ class Search:
                 return [], "no layout is estimated to fit in memory"
             fit = sorted(order, key=lambda r: (self.corrections.memory_bytes(
                 r.candidate, r.signature, r.estimate), _layout_order(r.candidate)))
-        picks, programs, probes = [], set(self.new_programs), 0
+        picks, programs = [], set(self.programs)
         for r in fit:
             if len(picks) >= min(round_size, b.candidates - priced):
                 break
@@ -258,23 +204,16 @@ class Search:
                     return [], (f"no unpriced layout within {b.margin:.0%} of the best "
                                 f"(closed form, corrected)")
                 break
-            spent = len(programs) >= b.programs
-            if spent and r.signature not in self.warm:
-                # only cached programs are left to price: look for them among the next
-                # COLD_PROBES unseen programs at most (each look builds a run)
-                probes += 1
-                if probes > COLD_PROBES:
-                    break
-            warm = self._is_warm(r)
-            if not warm and r.signature not in programs:
-                if spent:
+            if r.signature not in programs and r.signature not in self.free:
+                if len(programs - self.free) >= b.programs:
                     continue
-                if b.seconds and elapsed + self._compile_estimate() > b.seconds and self.rows:
+                if b.seconds and self.rows and not self._is_warm(r) and \
+                        elapsed + self._compile_estimate() > b.seconds:
                     continue
                 programs.add(r.signature)
             picks.append(r)
         if not picks:
-            return [], ("stage-program budget spent" if len(programs) >= b.programs
+            return [], ("stage-program budget spent" if len(programs - self.free) >= b.programs
                         else "no candidate left to price")
         return picks, ""
 
@@ -306,9 +245,10 @@ class Search:
                              "memory_floor_bytes": est.memory_floor_bytes}}
 
     def _record(self, r, row: dict, fresh: bool) -> None:
+        self.programs.add(r.signature)
         if row.get("extracted"):
             self.compile_s.append(row["time_s"])
-            self.new_programs.add(r.signature)
+            self.compiled.add(r.signature)
         elif fresh:
             self.price_s.append(row["time_s"])
         self.warm[r.signature] = True
@@ -329,7 +269,7 @@ class Search:
         if b.seconds:
             left = min(left, max(b.seconds - elapsed, 0.0))
         return {"priced": len(self.rows), "total": b.candidates, "elapsed_s": elapsed,
-                "left_s": left, "compiled": len(self.new_programs), "row": row}
+                "left_s": left, "compiled": len(self.compiled), "row": row}
 
     def _price_one(self, r) -> None:
         job = self._job(r)
@@ -388,10 +328,12 @@ class Search:
 def search(request: PlanRequest, budget: Budget = Budget(), out=None, cache=None,
            cost_model=None, executor: str = "local", workers: int = 2,
            on_event: Callable | None = None, corrections: Corrections | None = None,
-           spec=None) -> PlanResult:
+           spec=None, free_programs=()) -> PlanResult:
     """Plan `request`: rank every layout, price the best, return the priced rows best
     first. Several device counts are planned one after another with the budget split
-    between them (at least `min_priced` each) and the corrections shared."""
+    between them (at least `min_priced` each) and the corrections shared.
+    `free_programs`: stage-program signatures the program budget does not count (a
+    co-design point's: the baseline's)."""
     if executor not in ("local", "ray"):
         raise FlintError(f"unknown executor {executor!r}; use local or ray")
     t0 = time.perf_counter()
@@ -402,7 +344,7 @@ def search(request: PlanRequest, budget: Budget = Budget(), out=None, cache=None
     on_event("ranked", counts)
     shared = corrections or Corrections()
     counts_per = {}
-    rows, reasons, skipped = [], [], 0
+    rows, reasons, skipped, used = [], [], 0, set()
     per_count = max(budget.candidates // len(request.devices), budget.min_priced)
     for devices in request.devices:
         mine = [r for r in ranked if r.candidate.devices == devices]
@@ -414,13 +356,15 @@ def search(request: PlanRequest, budget: Budget = Budget(), out=None, cache=None
         part = replace(budget, candidates=per_count,
                        seconds=max(budget.seconds - (time.perf_counter() - t0), 1.0)
                        if budget.seconds else 0.0)
-        s = Search(request, part, out, cache, cost_model, on_event, shared)
+        s = Search(request, part, out, cache, cost_model, on_event, shared,
+                   set(free_programs) | used)
         why, skipped_here = s.run(mine, capacity, executor, workers)
         skipped += skipped_here
         rows += list(s.rows.values())
+        used |= s.programs
         reasons.append(why if len(request.devices) == 1 else f"{devices} devices: {why}")
         counts_per[str(devices)] = {"ranked": len(mine), "priced": len(s.rows),
-                               "compiled": len(s.new_programs)}
+                               "compiled": len(s.compiled), "programs": len(s.programs)}
     rows.sort(key=rank_key)
     priced = {tuple(r[k] for k in LAYOUT) for r in rows}
     leaders = [{**{k: getattr(r.candidate, k) for k in LAYOUT},
@@ -428,10 +372,11 @@ def search(request: PlanRequest, budget: Budget = Budget(), out=None, cache=None
                 "corrected_step_s": shared.step(r.candidate, r.signature, r.estimate)}
                for r in ranked if tuple(getattr(r.candidate, k) for k in LAYOUT) not in priced][:5]
     counts.update({"priced": len(rows), "skipped_memory": skipped,
+                   "programs_priced": len(used),
                    "compiled": sum(v["compiled"] for v in counts_per.values()),
                    "per_device_count": counts_per})
     return PlanResult(request, rows, counts, "; ".join(reasons), time.perf_counter() - t0,
-                      leaders, shared.summary(), shared)
+                      leaders, shared.summary(), shared, frozenset(used))
 
 
 def _nothing_fits(counts: dict) -> str:

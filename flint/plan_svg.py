@@ -182,7 +182,8 @@ def tornado(rows: list, name: str, w: int = 620) -> str:
                 continue
             x0, x1 = sorted((mid, mid + c * scale))
             color = PALETTE["low"] if c < 0 else PALETTE["high"]
-            body.append(f'<rect x="{_num(x0)}" y="{y + (j % 2) * 9}" width="{_num(max(x1 - x0, 1))}"'
+            width = _num(max(x1 - x0, 1))
+            body.append(f'<rect x="{_num(x0)}" y="{y + (j % 2) * 9}" width="{width}"'
                         f' height="8" fill="{color}"><title>{escape(plabel)}: '
                         f'{100 * c:+.1f}%</title></rect>')
     return svg(body, w, h, name)

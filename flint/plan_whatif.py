@@ -78,8 +78,8 @@ def knob_points(spec, items, devices: int, factors=DEFAULT_FACTORS) -> list[Poin
         if knob not in KNOBS:
             from flint.schema import did_you_mean
 
-            raise FlintError(f"--what-if {knob!r}: not a co-design knob"
-                             f"{did_you_mean(knob, list(KNOBS)) or ' (knobs: ' + ', '.join(KNOBS) + ')'}")
+            hint = did_you_mean(knob, list(KNOBS)) or f" (knobs: {', '.join(KNOBS)})"
+            raise FlintError(f"--what-if {knob!r}: not a co-design knob{hint}")
         base = baseline_value(knob, spec, devices)
         if eq:
             for text in filter(None, (v.strip() for v in values.split(","))):
@@ -116,20 +116,21 @@ def point_request(request, p: Point):
 
 def codesign(request, points: list, budget, point_budget=None, on_event=None, **search_kw):
     """The baseline plan and one plan per point (`point_budget`: each point's, default a
-    smaller one: at most 12 priced and 2 new stage programs)."""
+    smaller one: at most 8 priced, the baseline's stage programs and 2 more)."""
     from flint.plan_search import search
 
     on_event = on_event or (lambda kind, info: None)
     base = search(request, budget, on_event=on_event, **search_kw)
     seed = base.learned
-    point_budget = point_budget or replace(budget, candidates=min(budget.candidates, 12),
+    point_budget = point_budget or replace(budget, candidates=min(budget.candidates, 8),
                                            programs=min(budget.programs, 2), min_priced=3)
     results = []
     for i, p in enumerate(points):
         on_event("point", {"index": i, "total": len(points), "point": p})
         try:
             res = search(point_request(request, p), point_budget, on_event=on_event,
-                         corrections=copy.deepcopy(seed) if seed else None, **search_kw)
+                         corrections=copy.deepcopy(seed) if seed else None,
+                         free_programs=base.programs, **search_kw)
         except FlintError as e:       # e.g. nothing fits at half the HBM: a result too
             res = e
         results.append((p, res))

@@ -138,7 +138,8 @@ def summary(records: list) -> None:
         win = f"{r['winner_step_s']:.3f}s" if r.get("winner_step_s") else "-"
         faster = (f"{100 * r['winner_faster']:+.0f}%" if r.get("winner_faster") is not None
                   else "-")
-        print(f"{r['label'][:52]:52s} {r['layout'][:38]:38s} {rank:>8s} {step_only:>8s} {closed:>7s} "
+        print(f"{r['label'][:52]:52s} {r['layout'][:38]:38s} {rank:>8s} {step_only:>8s} "
+              f"{closed:>7s} "
               f"{pub:>9s} {win:>8s} {faster:>7s}  {r.get('winner', '-')}"
               + (f"  [outside: {r['outside_space']}]" if r["outside_space"] else ""))
     ranked = [r for r in records if r.get("rank")]

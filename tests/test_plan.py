@@ -275,7 +275,7 @@ def test_readme_plan_commands_run(tmp_path, monkeypatch):
         code, stdout, stderr = run_cli(argv)
         assert code == 0, (command, stderr)
         doc = json.loads(stdout)
-        assert doc["counts"]["ranked"] > 0 and doc["counts"]["compiled"] == 0, command
+        assert doc["counts"]["ranked"] > 0 and doc["counts"]["priced"] == 0, command
         if "--what-if" in command:
             assert {r["knob"] for r in doc["sensitivity"]} == {"nic_bandwidth",
                                                                "scale_up_domain"}
@@ -290,7 +290,7 @@ def test_readme_plan_python_runs():
     small = (code.replace('"llama3-70b"', '"tiny"').replace("(1024,)", "(8,)")
              .replace("seq_len=8192", "seq_len=64").replace("global_batch=1024",
                                                             "global_batch=16")
-             .replace("Budget(candidates=24)", "Budget(candidates=2, programs=2)"))
+             .replace("Budget(candidates=24)", "Budget(candidates=2, programs=1)"))
     assert small != code and "search(PlanRequest(" in small
     scope: dict = {}
     exec(compile(small, "README.md", "exec"), scope)

@@ -116,8 +116,8 @@ def plan(
     top: int = typer.Option(10, help="rows of the ranked table"),
     budget: Optional[str] = typer.Option(None, help="candidates to price (e.g. 40) or wall "
                                          "time (e.g. 300s); default 24 candidates"),
-    programs: int = typer.Option(8, help="stage programs the plan may compile (cached ones "
-                                 "are free)"),
+    programs: int = typer.Option(8, help="distinct stage programs the plan may price "
+                                 "(compiled or cached alike)"),
     margin: float = typer.Option(0.10, help="stop when no unpriced layout is estimated "
                                  "within this fraction of the best"),
     out: Optional[str] = typer.Option(None, "--out", help="output directory: results.jsonl "
@@ -226,7 +226,7 @@ def _plan(request, budget, out, cache, factory, cost_model_name, executor, worke
     except KeyboardInterrupt:
         if out:
             err.print(f"kept the priced candidates in {out}/results.jsonl; the same command "
-                      f"resumes", markup=False, highlight=False)
+                      f"resumes", markup=False, highlight=False, soft_wrap=True)
         raise
     doc = plan_report(result, top)
     if study is not None:
@@ -288,13 +288,14 @@ def _progress():
             progress.console.print(
                 f"{state['prefix']}{info['raw']:,} candidates, {info['valid']:,} valid, "
                 f"{info['ranked']:,} clear the memory floor; ranking done, pricing the best",
-                markup=False, highlight=False)
+                markup=False, highlight=False, soft_wrap=True)
             return
         if kind == "point":
             p = info["point"]
             state["prefix"] = f"[{p.knob}={p.text}] "
             progress.console.print(f"what-if {info['index'] + 1}/{info['total']}: "
-                                   f"{p.knob}={p.text}", markup=False, highlight=False)
+                                   f"{p.knob}={p.text}", markup=False, highlight=False,
+                                   soft_wrap=True)
             return
         if state["task"] is None:
             state["task"] = progress.add_task("pricing", total=info["total"], info="")
@@ -314,6 +315,6 @@ def _progress():
             progress.console.print(f"{state['prefix']}[{info['priced']}/{info['total']}] "
                                    f"{layout(r)}: {what}"
                                    + (" (compiled)" if r.get("extracted") else ""),
-                                   markup=False, highlight=False)
+                                   markup=False, highlight=False, soft_wrap=True)
 
     return progress, on_event
