@@ -42,6 +42,12 @@ def render_prediction(p: dict, console: Console) -> None:
     t.add_row("throughput", f"{p['tokens_per_s']:,.0f} tokens/s "
               f"({p['tokens_per_s_per_device']:,.0f} tokens/s/device)")
     t.add_row("MFU / HFU", f"{_pct(p['mfu'])} / {_pct(p['hfu'])}")
+    if p["mfu"] > p["hfu"]:
+        # model flops follow PaLM (Chowdhery et al. 2022, app. B) and Megatron-LM
+        # (Narayanan et al. 2021): the causal S x S product counted whole, as published
+        # MFUs count it; hardware flops are what the kernels run
+        t.add_row("  why MFU > HFU", "MFU counts causal attention whole (PaLM, Megatron-LM); "
+                  "the attention kernels skip its masked half")
     t.add_row("compute stream busy", fmt_seconds(p["compute_busy_s"]) + _share(
         p["compute_busy_s"], step))
     t.add_row("exposed communication", fmt_seconds(p["exposed_communication_s"]) + _share(

@@ -182,21 +182,24 @@ def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
     durations = as_run(tl)
     step = tl.step_time
     busy: dict[str, float] = defaultdict(float)
-    by_class: dict[str, float] = defaultdict(float)
-    by_layer: dict[str, float] = defaultdict(float)
-    colls: dict[str, float] = defaultdict(float)
-    for node, d, s, d0 in zip(flat.nodes, durations, tl.stream, alone):
+    # the splits by op class, layer and collective type, per device: a pipeline reports
+    # its busiest device's, the device its compute and communication busy times are of
+    by_class: dict = defaultdict(lambda: defaultdict(float))
+    by_layer: dict = defaultdict(lambda: defaultdict(float))
+    colls: dict = defaultdict(lambda: defaultdict(float))
+    for node, d, s, d0, dev in zip(flat.nodes, durations, tl.stream, alone, tl.device):
         busy[s] += d
         composite = node.meta.get("composite")
         if composite is not None:       # a layer block: its template's op classes
             stretch = d / d0 if d0 else 0.0
             for cls, t in prices.classes(composite).items():
-                by_class[cls] += t * stretch
+                by_class[dev][cls] += t * stretch
         else:
-            by_class[node.op_class] += d
-        by_layer[node.meta.get("layer") or "(none)"] += d
+            by_class[dev][node.op_class] += d
+        by_layer[dev][node.meta.get("layer") or "(none)"] += d
         if node.collective is not None:
-            colls[node.collective.type] += d
+            colls[dev][node.collective.type] += d
+    worst = 0
     peak = model.spec.peak("bf16")
     flops = graph.total_flops() + sum(float(n.meta["composite"].get("flops", 0.0)) * n.repeat
                                       for n in graph.nodes if "composite" in n.meta)
@@ -229,5 +232,6 @@ def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
         oom=(memory.verdict_bytes or memory.peak_bytes) > model.spec.hbm_capacity,
         memory=memory.to_json(),
         topology=topology.describe() if topology is not None else "",
-        by_class_s=dict(sorted(by_class.items())), by_layer_s=dict(sorted(by_layer.items())),
-        collectives_s=dict(sorted(colls.items())), pipeline=pipeline, timeline=tl)
+        by_class_s=dict(sorted(by_class[worst].items())),
+        by_layer_s=dict(sorted(by_layer[worst].items())),
+        collectives_s=dict(sorted(colls[worst].items())), pipeline=pipeline, timeline=tl)
