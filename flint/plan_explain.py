@@ -10,7 +10,8 @@ from __future__ import annotations
 
 GIB = 2**30
 COMPONENTS = ("gemm", "attention", "memory-bound kernels", "collectives on the compute stream",
-              "pipeline sends", "pipeline bubble", "exposed communication")
+              "host kernel launches", "pipeline sends", "pipeline bubble",
+              "exposed communication")
 MEMORY_BOUND = ("elementwise", "reduction", "data_movement", "memory", "other")
 FIELD_NAMES = {"tp": "tp", "cp": "cp", "pp": "pp", "vp": "vp", "ep": "ep", "zero": "zero",
                "hsdp": "hsdp", "micro_batch": "micro-batch", "remat": "remat",
@@ -38,6 +39,7 @@ def components(row: dict) -> dict:
     return {"gemm": share("gemm", "conv"), "attention": share("attention"),
             "memory-bound kernels": share(*MEMORY_BOUND),
             "collectives on the compute stream": share("collective"),
+            "host kernel launches": share("host_launch"),
             "pipeline sends": share("p2p"), "pipeline bubble": bubble,
             "exposed communication": exposed}
 

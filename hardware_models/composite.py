@@ -11,7 +11,9 @@ a graph is priced; a layered graph is never priced for one spec and estimated on
 A block's time is its template nodes' time on the compute stream when the template runs
 one microbatch alone: the compute nodes of the block plus the waits on its own
 tensor/context-parallel collectives (the once-per-step gradient reduction is left out:
-the layered graph carries it as collectives of its own). The forward and backward of a model's
+the layered graph carries it as collectives of its own) and on the host's launches of its
+kernels (frameworks that launch from the host: a block of short kernels is launch-bound,
+and its op-class split says so, `host_launch`, rather than calling that time a collective). The forward and backward of a model's
 first and last layers are the template's first and last layers'; those of every other
 layer are the mean of the template's interior layers.
 
@@ -20,7 +22,10 @@ block's last node, so slack that one resource what-if opens in one block (a fast
 embedding) can show up as a longer wait in the next; with a template of 2 layers (no
 interior layer) the model's many layers inherit that shift, and a faster resource can
 price a step up to a few tenths of a percent slower. Templates of 3 or more layers (the
-engine's dense templates) keep it well below that.
+engine's dense templates) keep it well below that. The host's kernel launches shift slack
+the same way (a long kernel lets the host run ahead, so the next block's short kernels
+wait less), and so does a pipeline whose stages run different blocks: the metamorphic
+tests (tests/test_metamorphic*.py) bound the effect at 0.1% of the step.
 """
 from __future__ import annotations
 
@@ -33,6 +38,9 @@ from flint.graph import Node, NodeKind, WorkloadGraph
 
 LAYER = "layer"           # the representative layer in composite block names ("F:layer")
 WAIT = "collective"       # the class a block's waits on its own collectives are counted in
+# the class of a block's waits for the host to launch its kernels (PyTorch's eager launch
+# thread, schedule.py): GPU time no kernel and no collective holds
+LAUNCH = "host_launch"
 
 
 @dataclass(frozen=True)
@@ -113,11 +121,14 @@ def price_blocks(template: WorkloadGraph, node_time: Callable[[Node], float],
             by_class[block][str(template.nodes[i].op_class)] += durations[i]
         else:
             wait = max(tl.start[i] - last, 0.0)
+            launch = min(tl.launch_wait[i], wait) if tl.launch_wait else 0.0
             ran = tl.finish[i] - tl.start[i]
             seconds[block] += ran + wait
             by_class[block][str(template.nodes[i].op_class)] += ran
-            if wait:
-                by_class[block][WAIT] += wait
+            if launch:
+                by_class[block][LAUNCH] += launch
+            if wait - launch:
+                by_class[block][WAIT] += wait - launch
             # the collective channels' busy time while the block ran (its own collectives
             # and those prefetched for it alike): what it holds of them in a layered graph
             network[block] += busy.overlap(min(last, tl.start[i]), tl.finish[i])
@@ -166,7 +177,8 @@ _TENSOR = ("gemm", "conv", "attention")
 def composite_slowdown(prices: BlockPrices | None, slowdown):
     """`slowdown(node, collective)` extended to composite nodes: a block slows by its op
     classes' mix, tensor-core time as a GEMM would beside that collective, other work as
-    a memory-bound kernel would, and its waits on its own collectives not at all."""
+    a memory-bound kernel would, and its waits (on its own collectives, on the host's
+    launches) not at all."""
     if prices is None or slowdown is None:
         return slowdown
     gemm = Node(0, "gemm", NodeKind.COMPUTE, "dot", "gemm", flops=1.0, operands=["bf16[1]"])
@@ -186,8 +198,9 @@ def composite_slowdown(prices: BlockPrices | None, slowdown):
                 factors[key] = 1.0
             else:
                 f_gemm, f_stream = slowdown(gemm, comm), slowdown(stream, comm)
-                factors[key] = sum(v * (1.0 if cls == WAIT else f_gemm if cls in _TENSOR
-                                        else f_stream) for cls, v in split.items()) / total
+                factors[key] = sum(v * (1.0 if cls in (WAIT, LAUNCH) else f_gemm
+                                        if cls in _TENSOR else f_stream)
+                                   for cls, v in split.items()) / total
         return factors[key]
 
     return mixed

@@ -63,21 +63,23 @@ ARCH_BY_PREFIX = (("a100", "ampere"), ("a10", "ampere"), ("v100", "volta"), ("h1
 
 
 def architecture(spec_name: str, model: str = "") -> str:
-    """The GPU generation a spec's name (or, for a renamed spec such as a calibrated one,
-    its model string) says; Hopper when neither does."""
+    """The GPU generation a spec's model string (or, without one, its name) says; Hopper
+    when neither does."""
     return generation(spec_name, model) or "hopper"
 
 
 def generation(spec_name: str, model: str = "") -> str:
-    """The GPU generation of a spec: its name's prefix, else the first known GPU named in
-    its model string ("NVIDIA H100 SXM5 80GB"); "" when none is known."""
-    name = spec_name.lower()
-    for prefix, arch in ARCH_BY_PREFIX:
-        if name.startswith(prefix):
-            return arch
+    """The GPU generation of a spec: the first known GPU named in its model string
+    ("NVIDIA H100 SXM5 80GB"), else its name's prefix; "" when neither names one. The
+    model string describes the device; the name is a label (a calibrated or renamed copy
+    of an H100 spec called "a100-like" is still an H100)."""
     words = model.lower().replace("-", " ").split()
     for prefix, arch in ARCH_BY_PREFIX:
         if any(w.startswith(prefix) for w in words):
+            return arch
+    name = spec_name.lower()
+    for prefix, arch in ARCH_BY_PREFIX:
+        if name.startswith(prefix):
             return arch
     return ""
 
