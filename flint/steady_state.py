@@ -45,6 +45,13 @@ def _line(a: float, b: float, t: float) -> float:
 def extrapolate(e1, e2, m1: int, m2: int, m: int, schedule: str):
     """The Estimate of m micro-batches from those of m1 and m2 (e2's structure)."""
     t = (m - m1) / (m2 - m1)
+    # every device's figures are affine in m, their maximum is not: the busiest device at
+    # m is the one whose line is highest there, and both short pipelines report its
+    # figures (each reports its own busiest device's)
+    busy1, busy2 = (e.pipeline.get("compute_busy_s") or [] for e in (e1, e2))
+    if e1.per_device and e2.per_device and len(busy1) == len(busy2):
+        device = max(range(len(busy2)), key=lambda d: _line(busy1[d], busy2[d], t))
+        e1, e2 = _for_device(e1, device), _for_device(e2, device)
     out = copy.copy(e2)
     for name in _SCALARS:
         setattr(out, name, _line(getattr(e1, name), getattr(e2, name), t))
@@ -58,6 +65,7 @@ def extrapolate(e1, e2, m1: int, m2: int, m: int, schedule: str):
         work = _line(e1.mfu * e1.step_time_s, e2.mfu * e2.step_time_s, t)
         out.mfu = work / out.step_time_s if out.step_time_s else 0.0
     out.pipeline = _pipeline(e1.pipeline, e2.pipeline, t, m)
+    out.per_device = {}
     if schedule == "gpipe":             # every micro-batch's activations are held
         out.memory_bytes = _line(e1.memory_bytes, e2.memory_bytes, t)
         out.memory = dict(e2.memory, peak_bytes=out.memory_bytes,
@@ -66,6 +74,21 @@ def extrapolate(e1, e2, m1: int, m2: int, m: int, schedule: str):
                               e2.memory.get("temporaries_peak_bytes", 0.0), t))
         out.oom = out.memory_bytes > out.memory_capacity_bytes
     out.timeline = None
+    return out
+
+
+def _for_device(e, device: int):
+    """`e` with the figures it reports for its busiest device taken from `device`."""
+    per = e.per_device
+    if per.get("busiest") == device:
+        return e
+    out = copy.copy(e)
+    for name in _PER_KEY:
+        setattr(out, name, per[name][device])
+    out.exposed_communication_s = per["exposed_communication_s"][device]
+    out.compute_busy_s = e.pipeline["compute_busy_s"][device]
+    out.communication_busy_s = e.pipeline["communication_busy_s"][device]
+    out.idle_s = max(e.step_time_s - out.compute_busy_s, 0.0)
     return out
 
 

@@ -37,29 +37,35 @@ class Estimate:
     collectives_s: dict = field(default_factory=dict)
     pipeline: dict = field(default_factory=dict)     # MPMD graphs: per-device busy, bubble
     timeline: Timeline | None = None
+    # MPMD graphs: the busiest device ("busiest") and, per device, the figures reported for
+    # it (splits, exposed communication), so that a pipeline priced from two short ones
+    # (flint.steady_state) reports one device's figures when its busiest device changes
+    per_device: dict = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k != "timeline"}
+        d = {k: v for k, v in self.__dict__.items() if k not in ("timeline", "per_device")}
         d["critical_path_nodes"] = len(self.timeline.critical_path) if self.timeline else 0
         return d
 
 
-def _exposed_communication(graph: WorkloadGraph, tl: Timeline, durations: list[float],
-                           device: int = 0) -> float:
-    """Time a device's compute stream spends in synchronous collectives or waiting for
-    async ones (the compute stream only ever waits on other streams' results)."""
-    exposed, last = 0.0, 0.0
+def _exposed_communication(graph: WorkloadGraph, tl: Timeline,
+                           durations: list[float]) -> dict[int, float]:
+    """Per device, the time its compute stream spends in synchronous collectives or
+    waiting for async ones (the compute stream only ever waits on other streams'
+    results)."""
+    exposed: dict[int, float] = defaultdict(float)
+    last: dict[int, float] = defaultdict(float)
     waits = tl.launch_wait or [0.0] * len(graph.nodes)
     for node, start, stream, d, dev, wait in zip(graph.nodes, tl.start, tl.stream, durations,
                                                  tl.device, waits):
-        if stream != "compute" or dev != device:
+        if stream != "compute":
             continue
-        exposed += max(start - last - wait, 0.0)   # a wait for the host's launch is not
-        if node.collective is not None:
-            exposed += d
-        last = start + d
-    exposed += max(tl.step_time - last, 0.0)  # collectives still running at the end
-    return exposed
+        exposed[dev] += max(start - last[dev] - wait, 0.0)   # a wait for the host's launch
+        if node.collective is not None:                     # is not
+            exposed[dev] += d
+        last[dev] = start + d
+    return {dev: exposed[dev] + max(tl.step_time - last[dev], 0.0)  # still running at the end
+            for dev in set(tl.device) | {0}}
 
 
 def _per_device(graph: WorkloadGraph, tl: Timeline, durations: list[float]) -> dict:
@@ -205,19 +211,25 @@ def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
                                       for n in graph.nodes if "composite" in n.meta)
     model_flops = graph.meta.get("model_flops_per_device")
     comm = sum(v for k, v in busy.items() if k != "compute")
-    pipeline = {}
+    pipeline, per_device = {}, {}
+    exposed_by = _exposed_communication(flat, tl, durations)
     if int(graph.meta.get("mpmd_devices", 1)) > 1:   # report the busiest device
         pipeline = _per_device(flat, tl, durations)
-        worst = max(range(pipeline["devices"]), key=lambda d: pipeline["compute_busy_s"][d])
+        devices = range(pipeline["devices"])
+        worst = max(devices, key=lambda d: pipeline["compute_busy_s"][d])
         busy["compute"] = pipeline["compute_busy_s"][worst]
         comm = pipeline["communication_busy_s"][worst]
         flops /= pipeline["devices"]
         # The compute stream's waits inside the pipeline are the schedule's bubble or
         # communication: only the latter is exposed communication.
-        exposed = max(_exposed_communication(flat, tl, durations, worst)
-                      - pipeline["bubble_s"][worst], 0.0)
-    else:
-        exposed = _exposed_communication(flat, tl, durations)
+        exposed_by = {d: max(exposed_by.get(d, step) - pipeline["bubble_s"][d], 0.0)
+                      for d in devices}
+        per_device = {"busiest": worst, "exposed_communication_s": exposed_by,
+                      **{name: {d: dict(sorted(split[d].items())) for d in devices}
+                         for name, split in (("by_class_s", by_class),
+                                             ("by_layer_s", by_layer),
+                                             ("collectives_s", colls))}}
+    exposed = exposed_by[worst]
     memory = memory or estimate_memory(graph)
     network = getattr(model, "network", None)
     topology = getattr(network, "topology", None)
@@ -234,4 +246,5 @@ def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
         topology=topology.describe() if topology is not None else "",
         by_class_s=dict(sorted(by_class[worst].items())),
         by_layer_s=dict(sorted(by_layer[worst].items())),
-        collectives_s=dict(sorted(colls[worst].items())), pipeline=pipeline, timeline=tl)
+        collectives_s=dict(sorted(colls[worst].items())), pipeline=pipeline, timeline=tl,
+        per_device=per_device)
