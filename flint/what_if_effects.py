@@ -105,9 +105,16 @@ def _effect(item: str, key: str, flat: WorkloadGraph, ops, priced: list[float],
         colls = sum(1 for n, _, _ in changed if n.collective is not None)
         was, now = sum(b for _, b, _ in changed), sum(a for _, _, a in changed)
         change = f"; their summed time {_change(now / was)}" if was > 0 else ""
+        note = ""
+        nccl = full.spec.kind == "gpu" and not full.spec.torus
+        if nccl and key.endswith("latency") and key not in without.spec.sources:
+            # the spec states no latency: NCCL's own per protocol and link apply, which
+            # a stated one replaces (a figure above them is slower, whatever the default)
+            note = ("; it replaces NCCL's own per-step latencies (0.6-4 us on NVLink, "
+                    "2.7-14 us on the network by protocol), which the spec does not state")
         return _row(item, "applied", f"re-priced {len(changed)} of {len(ops)} distinct ops "
                                      f"({colls} collectives, {len(changed) - colls} compute)"
-                                     f"{change}")
+                                     f"{change}{note}")
     if full.spec.hbm_capacity != without.spec.hbm_capacity and memory_bytes is not None:
         def verdict(cap):
             return (f"{'fits' if memory_bytes <= cap else 'out of memory'} "
