@@ -181,7 +181,10 @@ def predict(run: TrainingRun, cost_model=None, what_if=(), cache=None,
     t0 = time.perf_counter()
     what_if = tuple(str(w) for w in what_if)
     overrides = run_overrides(run) + list(what_if)
-    load_spec(run.hardware, overrides)          # bad what-ifs fail before any work
+    # bad what-ifs, and a cluster the spec cannot lay out, fail before any work
+    from flint.hardware_models.topology import topology_for
+
+    topology_for(load_spec(run.hardware, overrides), run.devices)
     factory = resolve_cost_model(cost_model)
     store = _cache(cache)
     # a long pipeline is priced from two short ones (flint.steady_state) unless the

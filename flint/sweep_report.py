@@ -134,6 +134,10 @@ def render_front(fronts: dict[str, list[dict]], console) -> None:
 
     console = wide(console)
     for name, front in fronts.items():
+        if not front:       # no point of this scenario was priced (or all are out of memory)
+            console.print(f"Pareto front: {name}: none (no configuration priced and fitting "
+                          f"in memory; results.csv says why)", highlight=False, markup=False)
+            continue
         table = Table(title=escape(f"Pareto front: {name}"), title_justify="left")
         for col in ("devices", "dp", "tp", "cp", "pp", "micro-batches", "remat", "precision",
                     "step time", "tokens/s/device", "MFU", "memory"):

@@ -146,6 +146,9 @@ def sweep(
                                        f"{_label(row)}: {what}", highlight=False, markup=False)
 
             rows = run_sweep(space, out, executor, workers, on_result, cost_model)
+        failed = [r for r in rows if r["status"] != "ok"]
+        if rows and len(failed) == len(rows):       # every point failed when priced
+            _report_invalid([{"reason": r.get("error") or r["status"]} for r in failed])
         paths = write_outputs(out, rows, skipped)
         fronts = pareto_front(rows)
         for kind, values in times.items():
@@ -155,7 +158,8 @@ def sweep(
                           f"{statistics.median(values):.2f} s, max {max(values):.2f} s per "
                           f"configuration", highlight=False)
         report = {"pareto": {k: [r["key"] for r in v] for k, v in fronts.items()},
-                  "configurations": len(rows), "skipped": len(skipped), "outputs": paths}
+                  "configurations": len(rows), "priced": len(rows) - len(failed),
+                  "skipped": len(skipped), "outputs": paths}
         report_out(report, as_json, lambda _, console: render_front(fronts, console),
                    None if as_json else "wrote " + ", ".join(paths.values()))
 
