@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 
 from flint.graph import WorkloadGraph
-from flint.hlo.shapes import parse_shape
+from flint.hardware_models.buffers import last_uses, leaf_bytes  # noqa: F401 (re-exported)
 
 # What an argument is, from the path JAX records as its name: `params['w']`,
 # `opt_state.mu['w']`, `batch['tokens']`. First match wins.
@@ -142,24 +142,6 @@ def xla_memory_bytes(graph: WorkloadGraph) -> float | None:
     if not m:
         return None
     return float(m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"])
-
-
-def leaf_bytes(outputs: list[str]) -> list[int]:
-    return [parse_shape(s).nbytes for s in outputs]
-
-
-def last_uses(graph: WorkloadGraph) -> list[int]:
-    """Per node, the index of the last node that needs its outputs (loop-carried values:
-    the end of their loop's body)."""
-    last = list(range(len(graph.nodes)))
-    for i, users in enumerate(graph.users):
-        if users:
-            last[i] = max(users)
-    for loop in graph.loops:   # carried values survive to the end of the body
-        for _, producers, _ in loop.carried:
-            for p in producers:
-                last[p] = max(last[p], loop.last)
-    return last
 
 
 def _peak_live(graph: WorkloadGraph) -> dict[int, tuple[float, int]]:

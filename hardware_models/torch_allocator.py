@@ -124,7 +124,7 @@ def replay(graph) -> CachingAllocator:
     """The caching allocator after serving `graph`'s
     buffers: its arguments for the whole step, each node's outputs from the node until
     its last consumer, on the stream the producing node runs on."""
-    from flint.hardware_models.memory import leaf_bytes, last_uses
+    from flint.hardware_models.buffers import last_uses, leaf_bytes
     from flint.hardware_models.schedule import stream_of
 
     alloc = CachingAllocator()
