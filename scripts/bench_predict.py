@@ -44,11 +44,11 @@ LADDER = {
         model="deepseek-v3", seq_len=4096, devices=256, pp=4, vp=4, ep=64,
         global_batch=4096, hardware="gb200-nvl72", precision="mxfp8"),
 }
-# the sweep: one model over TP x PP x VP x micro-batch x remat on one cluster
-SWEEP = {"model": "llama3-70b", "seq_len": 8192, "devices": 1024, "global_batch": 1024,
-         "tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8, 16], "vp": [1, 2, 4, 5], "cp": [1, 2],
-         "micro_batch": [1, 2, 4], "remat": ["selective", "full"],
-         "precision": ["bf16", "fp8"]}
+# the sweep: one model over TP x PP x VP x micro-batch x remat on one cluster, at four
+# global batches (which change no stage program)
+SWEEP = {"model": "llama3-70b", "seq_len": 8192, "devices": 1024,
+         "global_batch": [512, 1024, 2048, 4096], "tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8, 16],
+         "vp": [1, 2, 4, 5], "micro_batch": [1, 2, 4], "remat": ["selective", "full"]}
 
 
 def ladder(names) -> bool:
@@ -84,8 +84,8 @@ def sweep(points: int) -> bool:
     space = SearchSpace.from_dict({**SWEEP, "budget": points, "seed": 0})
     chosen, skipped = space.expand()
     programs = len({program_of(p) for p in chosen})
-    print(f"\nsweep: {SWEEP['model']} on {SWEEP['devices']} GPUs over tp x pp x vp x cp x "
-          f"micro-batch x remat x precision: {len(chosen)} valid configurations priced "
+    print(f"\nsweep: {SWEEP['model']} on {SWEEP['devices']} GPUs over tp x pp x vp x "
+          f"micro-batch x remat x global batch: {len(chosen)} valid configurations priced "
           f"({len(skipped)} invalid skipped), {programs} stage programs to compile",
           flush=True)
     engine.forget()
