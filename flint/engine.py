@@ -93,6 +93,8 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
         program["attention"] = run.attention
     if torch:       # torch.compile's Inductor fuses pointwise chains; eager runs each op
         program["fuse"] = run.framework == "torch-compile"
+        if not run.reshard_after_forward:
+            program["reshard_after_forward"] = False
     return program
 
 

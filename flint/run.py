@@ -77,6 +77,7 @@ class RunSchema(Strict):
     attention: Literal[ATTENTION] = "flash"
     overlap_grad_reduce: Bool = True
     tp_comm_overlap: Optional[Bool] = None
+    reshard_after_forward: Bool = True
     routing: Str = "balanced"
 
 
@@ -121,6 +122,10 @@ class TrainingRun:
     # Megatron-Bridge performance recipes enable it), off otherwise (XLA's collective
     # matmul and PyTorch's AsyncTP are opt-in)
     tp_comm_overlap: Optional[bool] = None
+    # zero 3: FSDP frees a layer's gathered parameters after its forward and gathers them
+    # again for its backward (FULL_SHARD, FSDP2's default); False keeps them (ZeRO-2 style,
+    # SHARD_GRAD_OP): one all-gather per layer and micro-batch instead of two, more memory
+    reshard_after_forward: bool = True
     routing: str = "balanced"
 
     def __post_init__(self):

@@ -50,6 +50,13 @@ def _cluster(run) -> None:
 
 def _framework(run) -> None:
     """What the PyTorch twin (flint/models/torch_decoder.py) cannot run, by field."""
+    if not run.reshard_after_forward:
+        if run.zero != 3:
+            raise FlintError("reshard_after_forward: only FSDP (zero 3) reshards parameters")
+        if not run.framework.startswith("torch"):
+            raise FlintError(f"reshard_after_forward: {run.framework} runs XLA's FSDP "
+                             f"program, which decides itself when to gather (FSDP2's "
+                             f"option: framework torch-eager or torch-compile)")
     if not run.framework.startswith("torch"):
         return
     name = run.framework

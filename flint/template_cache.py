@@ -36,6 +36,7 @@ def extract_program(program: dict) -> WorkloadGraph:
     torch = program["framework"] == "torch"
     request = ExtractRequest(
         framework=program["framework"], fuse=bool(program.get("fuse", True)),
+        reshard_after_forward=bool(program.get("reshard_after_forward", True)),
         scan=None if torch else program["scan"], devices=program["devices"], mesh=",".join(f"{n}={s}" for n, s in program["mesh"]),
         hardware=program["hardware"], model=program["model"],
         layers=program["layers"] or None, seq_len=program["seq_len"] or None,

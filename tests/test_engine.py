@@ -206,3 +206,23 @@ def test_zero_stages_shard_what_they_say():
               f"{p.step_time_s * 1e3:.2f} ms")
     assert mem[0] > mem[1] > mem[2] > mem[3]
     assert steps[2] > steps[1]          # 4 reduce-scatters instead of one
+
+
+def test_fsdp2_reshard_after_forward_gathers_once():
+    """FSDP2 with reshard_after_forward=False (ZeRO-2 style) gathers each unit's
+    parameters once per micro-batch instead of twice; XLA's FSDP cannot be told."""
+    from flint import engine
+
+    counts = {}
+    for keep in (True, False):
+        run = TrainingRun(model={"base": "llama3-8b", "layers": 3, "seq": 256, "vocab": 32000},
+                          devices=8, zero=3, framework="torch-compile",
+                          reshard_after_forward=keep)
+        graph, _ = engine._cache(None).get(engine.stage_program(run))
+        counts[keep] = sum(n.collective is not None and n.collective.type == "all-gather"
+                           for n in graph.nodes)
+    # 3 layers gathered for forward and backward, the root once (FSDP2 keeps it), or
+    # every unit once
+    assert (counts[True], counts[False]) == (3 * 2 + 1, 3 + 1)
+    with pytest.raises(FlintError, match="reshard_after_forward: megatron runs XLA"):
+        TrainingRun(model=LLAMA6, devices=8, zero=3, reshard_after_forward=False)

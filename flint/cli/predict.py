@@ -51,6 +51,10 @@ def predict(
     tp_comm_overlap: Optional[bool] = typer.Option(
         None, "--tp-comm-overlap/--no-tp-comm-overlap",
         help="TP collectives pipelined with their GEMMs (default: on for megatron with TP+SP)"),
+    reshard_after_forward: Optional[bool] = typer.Option(
+        None, "--reshard-after-forward/--no-reshard-after-forward",
+        help="zero 3 (torch): FSDP2 regathers parameters for the backward (default) or "
+             "keeps them"),
     overlap_grad_reduce: Optional[bool] = typer.Option(
         None, "--overlap-grad-reduce/--no-overlap-grad-reduce",
         help="reduce gradients bucket by bucket during the backward (default) or after it"),
@@ -75,6 +79,7 @@ def predict(
                  global_batch=global_batch, remat=remat, precision=precision,
                  framework=framework, attention=attention,
                  overlap_grad_reduce=overlap_grad_reduce, tp_comm_overlap=tp_comm_overlap,
+                 reshard_after_forward=reshard_after_forward,
                  routing=routing)
 
     def go():

@@ -50,8 +50,10 @@ class ExtractRequest:
     attention: str | None = None
     # script option: the function of the script giving the step's example arguments
     args_fn: str = "example_args"
-    # torch option: fuse pointwise chains as torch.compile would
+    # torch options: fuse pointwise chains as torch.compile would; FSDP2's
+    # reshard_after_forward (False: parameters kept gathered from forward to backward)
     fuse: bool = True
+    reshard_after_forward: bool = True
     # graph passes run after lowering, e.g. "expand-loops"
     passes: str = ""
 

@@ -24,7 +24,8 @@ def torch_graph(request, stage):
                        batch_per_replica=request.batch_per_replica, seq_len=request.seq_len,
                        layers=request.layers, hardware=hardware, fuse=request.fuse,
                        sequence_parallel=bool(request.sequence_parallel),
-                       remat=request.remat or "none", dims=request.dims or None)
+                       remat=request.remat or "none", dims=request.dims or None,
+                       reshard_after_forward=request.reshard_after_forward)
         return graph, dict(graph.meta.pop("timings", {}))
     from flint.frontends.torch_autocast import quiet_cuda_autocast_warning
 

@@ -199,11 +199,14 @@ def cross_entropy(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def parallelize(model: Decoder, mesh, sequence_parallel: bool = False) -> Decoder:
+def parallelize(model: Decoder, mesh, sequence_parallel: bool = False,
+                reshard_after_forward: bool = True) -> Decoder:
     """Megatron TP over the `model` dimension (with sequence parallelism: norms and
     residual stream sharded over the sequence, all-gather / reduce-scatter around the
     column / row-parallel pairs instead of all-reduce), FSDP2 over `fsdp` (HSDP with
-    `data`; a `data` axis alone is plain data parallelism)."""
+    `data`; a `data` axis alone is plain data parallelism). `reshard_after_forward`
+    False: FSDP2 keeps each layer's gathered parameters from its forward to its backward
+    (ZeRO-2 style, FSDP1's SHARD_GRAD_OP) instead of gathering them again."""
     names = mesh.mesh_dim_names
     tp = next((n for n in names if n in TP_AXES), None)
     fsdp = [n for n in names if n in DATA_AXES + FSDP_AXES]
@@ -227,9 +230,11 @@ def parallelize(model: Decoder, mesh, sequence_parallel: bool = False) -> Decode
         if sub.size() > 1:
             # bf16 all-gathers, fp32 gradient reduce-scatters (as torchtitan trains Llama)
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            # FSDP2's own default unless asked (it keeps the root's parameters gathered)
+            keep = {} if reshard_after_forward else {"reshard_after_forward": False}
             for layer in model.layers:
-                fully_shard(layer, mesh=sub, mp_policy=mp)
-            fully_shard(model, mesh=sub, mp_policy=mp)
+                fully_shard(layer, mesh=sub, mp_policy=mp, **keep)
+            fully_shard(model, mesh=sub, mp_policy=mp, **keep)
     return model
 
 
@@ -306,7 +311,8 @@ def step_context(model):
 
 def zoo_step(name: str, batch_per_replica: int = 1, seq_len: int | None = None,
              layers: int | None = None, optimizer="adamw", sequence_parallel: bool = False,
-             remat: str = "none", dims: dict | None = None):
+             remat: str = "none", dims: dict | None = None,
+             reshard_after_forward: bool = True):
     """The TorchStep of a zoo twin and its config (tokens are one rank's batch)."""
     from flint.frontends.torch_capture import TorchStep
 
@@ -319,7 +325,7 @@ def zoo_step(name: str, batch_per_replica: int = 1, seq_len: int | None = None,
     cfg = config(name, dims, seq_len=seq_len, n_layers=layers, remat=remat)
     tokens = torch.empty(batch_per_replica, cfg.seq_len, dtype=torch.long, device="meta")
     def par(model, mesh):
-        return parallelize(model, mesh, sequence_parallel)
+        return parallelize(model, mesh, sequence_parallel, reshard_after_forward)
 
     return TorchStep(lambda: Decoder(cfg), (tokens,), (tokens,), cross_entropy, optimizer,
                      par, step_context, on_materialize=data_parallel), cfg
