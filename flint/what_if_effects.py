@@ -36,7 +36,9 @@ def what_if_effects(graph: WorkloadGraph, hardware: str | None, what_if, base=()
                     algorithm: str = "auto") -> list[dict]:
     """Per item of `what_if` (spec overrides applied on top of `base`, the run's own), a
     mapping {"what_if", "effect": "applied" | "memory only" | "utilization only" |
-    "none", "detail": one line}. `graph`: the graph the prediction priced (a layered or
+    "none", "detail": one line}; an applied one also says how many distinct ops it
+    re-priced (`repriced_ops`) and their summed time after over before
+    (`repriced_time_ratio`). `graph`: the graph the prediction priced (a layered or
     pipelined graph is re-priced from its template); `memory_bytes`: the per-device peak
     the memory verdict compared with the capacity; `hardware` None: the graph's own;
     `cost_model`, `algorithm`: as the prediction was priced."""
@@ -114,7 +116,8 @@ def _effect(item: str, key: str, flat: WorkloadGraph, ops, priced: list[float],
                     "2.7-14 us on the network by protocol), which the spec does not state")
         return _row(item, "applied", f"re-priced {len(changed)} of {len(ops)} distinct ops "
                                      f"({colls} collectives, {len(changed) - colls} compute)"
-                                     f"{change}{note}")
+                                     f"{change}{note}", repriced_ops=len(changed),
+                    repriced_time_ratio=now / was if was > 0 else None)
     if full.spec.hbm_capacity != without.spec.hbm_capacity and memory_bytes is not None:
         def verdict(cap):
             return (f"{'fits' if memory_bytes <= cap else 'out of memory'} "
@@ -130,8 +133,8 @@ def _effect(item: str, key: str, flat: WorkloadGraph, ops, priced: list[float],
     return _row(item, "none", _why_nothing(key, flat, full.spec))
 
 
-def _row(item: str, effect: str, detail: str) -> dict:
-    return {"what_if": item, "effect": effect, "detail": detail}
+def _row(item: str, effect: str, detail: str, **figures) -> dict:
+    return {"what_if": item, "effect": effect, "detail": detail, **figures}
 
 
 def describe(effect: dict) -> str:
