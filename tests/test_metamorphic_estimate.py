@@ -1,5 +1,6 @@
 """Metamorphic relations over `flint estimate` (hardware_models.estimate on a saved graph):
-an extracted stage program, layer-templated graphs (dense and MoE) and a pipelined one,
+an extracted stage program, layer-templated graphs (dense and MoE) and pipelined ones (the
+zoo's tiny and a 6-layer Llama-3-8B),
 each saved as `flint extract --out` writes it and read back as `flint estimate` reads it.
 
 The graphs come from the engine's own compiled programs (tests/metamorphic_cases.py), so
@@ -16,7 +17,7 @@ import yaml
 from hypothesis import given, strategies as st
 
 from conftest import run_cli
-from metamorphic_cases import (FEW, METAMORPHIC, QWEN_MOE, SLACK_SHIFT, binds, factors,
+from metamorphic_cases import (FEW, LLAMA6, METAMORPHIC, QWEN_MOE, SLACK_SHIFT, binds, factors,
                                faster, resources)
 
 from flint.errors import FlintError
@@ -27,7 +28,7 @@ from flint.hardware_models.spec import SPECS_DIR, load_spec, spec_names
 from flint.run import TrainingRun
 from flint.what_if_effects import what_if_effects
 
-KINDS = ("extracted", "templated", "pipelined", "moe")
+KINDS = ("extracted", "templated", "pipelined", "preset", "moe")
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +40,11 @@ def graphs(tmp_path_factory) -> dict[str, Path]:
     store = engine._cache(None)
     tiny = TrainingRun(model="tiny", seq_len=64, devices=16, tp=2, pp=2, global_batch=16)
     moe = TrainingRun(model=QWEN_MOE, devices=16, ep=4, global_batch=32, routing="zipf:1.2")
+    llama = TrainingRun(model=LLAMA6, devices=16, tp=4, pp=2, global_batch=16)
     made = {"extracted": store.get(engine.stage_program(tiny))[0],
             "templated": engine.layered_graph(tiny.replace(pp=1), store)[0],
             "pipelined": engine._pipelined(tiny, store, [], None, tiny.microbatches)[0],
+            "preset": engine._pipelined(llama, store, [], None, llama.microbatches)[0],
             "moe": engine.layered_graph(moe, store)[0]}
     paths = {}
     for kind, graph in made.items():
