@@ -57,8 +57,8 @@ def test_the_network_what_ifs_apply_where_the_run_crosses_nodes():
 @pytest.mark.parametrize("command", ["predict", "estimate"])
 def test_report_and_json_name_the_what_if_that_changed_nothing(command, tmp_path):
     if command == "predict":
-        args = ["predict", "--model", "tiny", "--seq-len", "64", "--devices", "8", "--tp", "2",
-                "--global-batch", "8"]
+        # the README's example ("Wrong numbers")
+        args = ["predict", "--model", "tiny", "--seq-len", "64", "--devices", "8", "--tp", "2"]
     else:
         from flint import engine
 
