@@ -158,17 +158,15 @@ def _why_nothing(key: str, flat: WorkloadGraph, spec) -> str:
     graphs = [g for g in (flat, template_of(flat)) if g is not None]
     spans = [_domains(g, c, spec) for g in graphs for c in _used_communicators(g)]
     link = spec.scale_up_link if not spec.torus else "ICI"
+    if key in SCALE_OUT + SCALE_UP and not spans:
+        return "this run has no collectives"
     if key in SCALE_OUT:
-        if not spans:
-            return "this run has no collectives"
         if all(k == 1 for k, _ in spans):
             return (f"no collective crosses a node in this run (every group stays inside "
                     f"one {spec.scale_up_domain}-device {link} domain)")
         return ("no collective of this run is bound by it (those crossing nodes are bound "
                 "by latency or NCCL's protocol rate caps)")
     if key in SCALE_UP:
-        if not spans:
-            return "this run has no collectives"
         if all(m == 1 for _, m in spans):
             return (f"no collective of this run has two ranks in one {link} domain (every "
                     f"group spreads one rank per domain)")
