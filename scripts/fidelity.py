@@ -101,6 +101,10 @@ class Runner:
                 done += 1
                 self.memo[key] = self._predict(run, case, name, done, fresh)
             case.predicted[name] = self.memo[key]
+        for case, _ in jobs:
+            failed = case.predicted.get("after", {}).get("error")
+            if failed and not case.reason:
+                case.reason = f"Flint could not price it: {failed.splitlines()[0][:160]}"
 
     def _predict(self, run, case, name, i, n) -> dict:
         from flint.engine import predict
@@ -124,20 +128,37 @@ class Runner:
         return res
 
 
+def replay(cases, path: Path) -> bool:
+    """Predictions (and reasons found while pricing) from an earlier --json, by row."""
+    try:
+        doc = json.loads(path.read_text())
+        old = {(c["file"], c["label"]): c for c in doc["cases"]}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        print(f"fidelity: --replay {path}: not a fidelity --json ({err})", file=sys.stderr)
+        return False
+    for c in cases:
+        prev = old.get((c.file, c.label))
+        if prev:
+            c.predicted, c.runs = dict(prev["predicted"]), dict(prev["runs"])
+            c.reason = c.reason or prev["reason"]
+    return True
+
+
 def _size(run) -> float:
     from flint.models.decoder import param_count
 
     return param_count(run.model_config()) / run.pp / run.tp
 
 
-def bloom_spearman(cases, variant: str = "after") -> dict:
+def bloom_spearman(cases, name_of) -> dict:
     """Rank correlation of predicted vs measured step over BLOOM's rows: all of them, the
-    384-GPU cluster, and within each model shape (the topology choices alone)."""
+    384-GPU cluster, and within each model shape (the topology choices alone);
+    `name_of(case)` is the variant whose prediction counts."""
     rows = [c for c in cases if c.section == "1" and c.file == "more-published"
-            and c.predicted.get(variant, {}).get("step_s")]
+            and not c.reason and c.predicted.get(name_of(c), {}).get("step_s")]
 
     def rho(group):
-        return spearman([c.predicted[variant]["step_s"] for c in group],
+        return spearman([c.predicted[name_of(c)]["step_s"] for c in group],
                         [c.published_step_s for c in group])
 
     out = {"all": (len(rows), rho(rows))}
@@ -148,6 +169,29 @@ def bloom_spearman(cases, variant: str = "after") -> dict:
         if len(mine) >= 4:
             out[f"384 GPUs, {g}"] = (len(mine), rho(mine))
     return out
+
+
+def spearman_table(cases) -> tuple[str, dict]:
+    """BLOOM's rank correlation before, after, and after without each of its mechanisms."""
+    bloom = [c for c in cases if c.section == "1" and c.file == "more-published"]
+    if not bloom:
+        return "", {}
+    columns = {"before": lambda c: "before", "after": lambda c: "after"}
+    for m in applicable(bloom[0]):
+        columns[f"-{mech_id(m)}"] = lambda c, m=m: variant_name(c, without(c, m))
+    got = {name: bloom_spearman(cases, f) for name, f in columns.items()}
+    if not got["after"]["all"][0]:
+        return "", {}
+    lines = ["", "BLOOM-176B sweep: Spearman rank correlation of predicted vs measured step "
+             "(-Mk: after without mechanism k)",
+             f"{'rows':34s} " + " ".join(f"{n:>7s}" for n in columns)]
+    for k, (n, _) in got["after"].items():
+        cells = [got[name].get(k, (0, None))[1] for name in columns]
+        lines.append(f"{k + f' ({n})':34s} " + " ".join(
+            f"{'-':>7s}" if x is None else f"{x:+7.3f}" for x in cells))
+    doc = {name: {k: {"rows": n, "rho": r} for k, (n, r) in d.items()}
+           for name, d in got.items()}
+    return "\n".join(lines), doc
 
 
 def main(argv=None) -> int:
@@ -162,6 +206,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-lofo", action="store_true", help="before/after only")
     ap.add_argument("--json", dest="json_out", default=None, help="also write JSON here")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
+    ap.add_argument("--replay", default=None, help="take the predictions of an earlier "
+                    "--json instead of pricing (tables only)")
     ap.add_argument("--include-blocked", action="store_true", help="also apply the "
                     "mechanisms the engine cannot price faithfully yet (diagnostics)")
     args = ap.parse_args(argv)
@@ -182,7 +228,9 @@ def main(argv=None) -> int:
         print("fidelity: no rows match --file/--families/--rows", file=sys.stderr)
         return 2
     Path(args.cache).mkdir(parents=True, exist_ok=True)
-    runner = Runner(Path(args.cache), args.cached_only, args.quiet)
+    runner = Runner(Path(args.cache), args.cached_only or bool(args.replay), args.quiet)
+    if args.replay and not replay(cases, Path(args.replay)):
+        return 2
     built = [c for c in cases if not c.reason]
     runner.run_all([(c, v) for c in built for v in (
         [[], applicable(c)] if args.no_lofo else planned_variants(c))])
@@ -206,15 +254,8 @@ def main(argv=None) -> int:
         print(text)
         text, report["lofo_holdout"] = holdout_table(cases, sets)
         print(text)
-    rho = {v: bloom_spearman(cases, v) for v in ("before", "after")}
-    if rho["after"]["all"][0]:
-        print("\nBLOOM-176B sweep: Spearman rank correlation of predicted vs measured step")
-        for k in rho["after"]:
-            b, a = rho["before"].get(k, (0, None)), rho["after"][k]
-            fmt = lambda x: "-" if x is None else f"{x:+.3f}"  # noqa: E731
-            print(f"  {k:28s} {a[0]:3d} rows: before {fmt(b[1])}, after {fmt(a[1])}")
-        report["bloom_spearman"] = {v: {k: {"rows": n, "rho": r} for k, (n, r) in d.items()}
-                                    for v, d in rho.items()}
+    text, report["bloom_spearman"] = spearman_table(cases)
+    print(text)
     skipped = [c for c in cases if c.reason]
     print(f"\nnot rebuildable: {len(skipped)} of {len(cases)} rows (reasons in --json); "
           f"runs left out by --cached-only: {runner.skipped}")

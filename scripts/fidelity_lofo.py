@@ -6,7 +6,8 @@ Two tables:
   the mechanism (all of the family's mechanisms: "after") and without it (the others
   only). Verdict: it *stays* if it worsens no family other than the one it was developed
   on and improves at least one of them; *untested* if it changes no other family;
-  otherwise *dropped*.
+  *dropped* if it worsens one; *not shown to transfer* if it changes none by more than
+  TOLERANCE.
 - hold-out: for each family F, the mechanisms chosen on the evidence of the other
   families alone (kept unless their pooled median |error| is worse with it; a mechanism
   no other family tests stays, on its public source), and F's median |error| under that
@@ -47,8 +48,11 @@ def _abs_errors(cases, name_of) -> list[float]:
 
 
 def changes(case, m) -> bool:
-    """Whether removing `m` changes the case's run (the runner records the run keys)."""
-    return case.runs.get("after") != case.runs.get(variant_name(case, without(case, m)))
+    """Whether removing `m` changes the case's run (the runner records the run keys) and
+    both runs were priced."""
+    other = variant_name(case, without(case, m))
+    priced = all(case.predicted.get(v, {}).get("step_s") for v in ("after", other))
+    return priced and case.runs.get("after") != case.runs.get(other)
 
 
 def mechanism_table(cases) -> tuple[str, list]:
@@ -82,7 +86,8 @@ def mechanism_table(cases) -> tuple[str, list]:
                           "developed_on": not held})
         verdict = ("untested (changes no other family)" if not any(
             not x["developed_on"] for x in cells) else "stays" if better and not worse
-            else "dropped" if worse else "neutral")
+            else "dropped: worsens a held-out family" if worse
+            else "not shown to transfer (no held-out family improves)")
         lines.append(f"{head}: {verdict}; held-out families improved {better}, worse "
                      f"{worse} of {sum(not x['developed_on'] for x in cells)}")
         for x in cells:
@@ -126,7 +131,8 @@ def holdout_table(cases, sets: dict) -> tuple[str, list]:
              f"{'LOFO':>7s}  kept"]
     doc = []
     for fam, keep in sets.items():
-        mine = [c for c in cases if c.family == fam and not c.reason]
+        mine = [c for c in cases if c.family == fam and not c.reason
+                and c.predicted.get("after", {}).get("step_s")]
         b = median(_abs_errors(mine, lambda c: "before"))
         a = median(_abs_errors(mine, lambda c: "after"))
         lo = median(_abs_errors(mine, lambda c: variant_name(
