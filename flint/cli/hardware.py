@@ -36,6 +36,9 @@ def hardware(as_json: bool = typer.Option(False, "--json", help="print the list 
 def _render(report: dict, console) -> None:
     from rich.table import Table
 
+    from flint.prediction_report import wide
+
+    console = wide(console)
     from flint.hardware_models.units import fmt_bytes
 
     t = Table(title="Hardware specs (`--hardware NAME` or a spec YAML path)",

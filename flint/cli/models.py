@@ -22,6 +22,9 @@ def models(as_json: bool = typer.Option(False, "--json", help="print the dims as
 def _render(report: dict, console) -> None:
     from rich.table import Table
 
+    from flint.prediction_report import wide
+
+    console = wide(console)
     t = Table(title="Models (`--model NAME`; dims from each model's public config)",
               title_justify="left")
     for col in ("model", "params", "layers", "hidden", "heads (kv)", "ffn", "vocab",
