@@ -62,6 +62,16 @@ class OpClass(StrEnum):
 TENSOR_CLASSES = (OpClass.GEMM, OpClass.CONV, OpClass.ATTENTION)
 
 
+def _plain(value):
+    """A copy of a JSON-like value (dicts, lists, tuples of plain values), sharing nothing
+    mutable with the original (what dataclasses.asdict made of a node's meta)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
 @dataclass
 class Collective:
     """What a communication node moves, and with whom."""
@@ -117,12 +127,22 @@ class Node:
         return self.device or 0
 
     def to_json(self) -> dict:
-        d = asdict(self)
-        d["kind"] = self.kind.value
-        if self.collective is None:
-            del d["collective"]
-        elif d["collective"]["window"] is not None:
-            d["collective"]["window"] = list(d["collective"]["window"])
+        # field by field, not dataclasses.asdict: its generic recursion was most of the
+        # time of saving a large graph (and of a templated graph's warm predict)
+        d = {"id": self.id, "name": self.name, "kind": self.kind.value, "op": self.op,
+             "op_class": self.op_class, "inputs": list(self.inputs),
+             "control": list(self.control), "flops": self.flops,
+             "transcendentals": self.transcendentals, "bytes_read": self.bytes_read,
+             "bytes_written": self.bytes_written, "outputs": list(self.outputs),
+             "operands": list(self.operands), "repeat": self.repeat}
+        c = self.collective
+        if c is not None:
+            d["collective"] = {"type": c.type, "communicator": c.communicator,
+                               "bytes_in": c.bytes_in, "bytes_out": c.bytes_out,
+                               "dtype": c.dtype, "reduction": c.reduction,
+                               "is_async": c.is_async,
+                               "window": None if c.window is None else list(c.window)}
+        d["meta"] = _plain(self.meta)
         return d
 
     @classmethod

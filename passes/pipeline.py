@@ -215,9 +215,11 @@ class _Builder:
             return self.receive(i, k, dev)
 
         inputs = [source(i) for i in old.inputs]   # may emit RECVs first
-        node = copy.copy(old)
-        node.id = len(self.nodes)
-        node.inputs = inputs
+        # a shallow copy, built directly (copy.copy of a dataclass goes through
+        # __reduce_ex__: a third of a long pipeline's build)
+        node = Node(len(self.nodes), old.name, old.kind, old.op, old.op_class, inputs, [],
+                    old.flops, old.transcendentals, old.bytes_read, old.bytes_written,
+                    old.outputs, old.operands, old.repeat, old.collective, old.meta)
         control = ((i, self.instance(i, phase, mb)) for i in old.control
                    if self.device(i) == dev)
         node.control = sorted({self.copy[key] for key in control if key in self.copy}

@@ -363,3 +363,17 @@ def test_readme_framework_table_commands_name_real_steps():
         source = (EXAMPLES.parent / path).read_text()
         assert re.search(rf"^def {fn}\(", source, re.M), command
     assert "examples/llama_3_2_1b_config.json --seq-len" in table
+    # every example the table names has a command of its own (flags differ per example:
+    # jax_grad_accum reads an `fsdp` axis, jax_scan_remat `data` and `model`)
+    named = set(re.findall(r"examples/\w+\.py", table))
+    assert named == {c.split()[2].split(":")[0] for c in commands if ".py:" in c}, named
+
+
+def test_an_example_reading_a_mesh_axis_the_mesh_lacks_names_it():
+    from conftest import run_cli
+
+    pytest.importorskip("optax")
+    code, _, err = run_cli(["extract", f"{EXAMPLES / 'jax_grad_accum.py'}:train_step",
+                            "--devices", "8", "--mesh", "data=8"])
+    assert code == 2 and err.count("\n") == 1, err
+    assert "mesh axis 'fsdp'" in err and "(axes: data)" in err and "--mesh" in err

@@ -186,17 +186,27 @@ def example_args(module, args_fn: str, target: str, mesh=None, torch: bool = Fal
                              for p in inspect.signature(source).parameters.values())
         except (TypeError, ValueError):
             wants_mesh = False
+        mesh = mesh or ((("dp", 1),) if torch else (("data", 1),))
         if torch:
-            context = contextlib.nullcontext(dict(mesh or (("dp", 1),)))
+            context = contextlib.nullcontext(dict(mesh))
         else:
             from flint.frontends.virtual_mesh import virtual_mesh
 
-            context = virtual_mesh(mesh or (("data", 1),))
+            context = virtual_mesh(mesh)
         try:
             with context as given:
                 args = source(given) if wants_mesh else source()
         except FlintError:
             raise
+        except KeyError as e:
+            # mesh.shape["fsdp"] on a mesh without that axis: name the flag to change
+            axes = [name for name, _ in mesh]
+            if wants_mesh and e.args and isinstance(e.args[0], str) \
+                    and e.args[0] not in axes:
+                raise FlintError(f"{args_fn}() reads mesh axis {e.args[0]!r}, which the mesh "
+                                 f"does not have (axes: {', '.join(axes) or 'none'}); "
+                                 f"name it in --mesh") from None
+            raise FlintError(f"{args_fn}() failed: KeyError: {e}") from None
         except Exception as e:
             raise FlintError(f"{args_fn}() failed: {type(e).__name__}: "
                              f"{' '.join(str(e).split())[:600]}") from None
