@@ -16,6 +16,8 @@ from flint.hardware_models.units import fmt_bytes, fmt_seconds  # noqa: F401 (re
 
 # Off a terminal: wide enough for argument paths and scopes, so a log rarely wraps.
 LOG_WIDTH = 200
+# The widest a column grows before its text wraps (a verdict sentence, a long path).
+COLUMN_WIDTH = 96
 
 
 def report_console(stderr: bool = False) -> Console:
@@ -34,6 +36,9 @@ def Table(*args, **kwargs) -> _RichTable:
 
     def add_column(*a, **k):
         k.setdefault("overflow", "fold")
+        # a sentence in a cell (a memory verdict's source, a note) wraps at a readable
+        # width instead of stretching every row of the table across a log's 200 columns
+        k.setdefault("max_width", COLUMN_WIDTH)
         return add(*a, **k)
 
     table.add_column = add_column
