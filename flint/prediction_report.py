@@ -11,11 +11,11 @@ from flint.hardware_models.units import fmt_bytes, fmt_seconds
 WIDTH = 120
 
 
-def wide(console: Console) -> Console:
-    """Off a terminal (a log, a pipe) tables get WIDTH columns instead of 80, so that
+def wide(console: Console, width: int = WIDTH) -> Console:
+    """Off a terminal (a log, a pipe) tables get `width` columns instead of 80, so that
     their names and numbers are not cut."""
-    if not console.is_terminal and console.width < WIDTH:
-        return Console(width=WIDTH, file=console.file)
+    if not console.is_terminal and console.width < width:
+        return Console(width=width, file=console.file)
     return console
 
 

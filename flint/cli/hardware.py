@@ -37,8 +37,9 @@ def _render(report: dict, console) -> None:
     from rich.table import Table
 
     from flint.prediction_report import wide
+    from flint.render import LOG_WIDTH
 
-    console = wide(console)
+    console = wide(console, LOG_WIDTH)   # a catalogue: one line per entry
     from flint.hardware_models.units import fmt_bytes
 
     t = Table(title="Hardware specs (`--hardware NAME` or a spec YAML path)",

@@ -23,8 +23,9 @@ def _render(report: dict, console) -> None:
     from rich.table import Table
 
     from flint.prediction_report import wide
+    from flint.render import LOG_WIDTH
 
-    console = wide(console)
+    console = wide(console, LOG_WIDTH)   # a catalogue: one line per entry
     t = Table(title="Models (`--model NAME`; dims from each model's public config)",
               title_justify="left")
     for col in ("model", "params", "layers", "hidden", "heads (kv)", "ffn", "vocab",
