@@ -131,8 +131,9 @@ def render_front(fronts: dict[str, list[dict]], console) -> None:
     from rich.table import Table
 
     from flint.prediction_report import wide
+    from flint.render import LOG_WIDTH
 
-    console = wide(console)
+    console = wide(console, LOG_WIDTH)     # twelve columns: never squeezed to ellipses
     for name, front in fronts.items():
         if not front:       # no point of this scenario was priced (or all are out of memory)
             console.print(f"Pareto front: {name}: none (no configuration priced and fitting "

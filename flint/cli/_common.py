@@ -9,7 +9,11 @@ import sys
 import typer
 from rich.console import Console
 
-err = Console(stderr=True)
+from flint.render import report_console
+
+# Progress and notes: off a terminal (a log) as wide as the reports, so that a progress
+# line is one line of the log rather than wrapped at 80 columns.
+err = report_console(stderr=True)
 
 
 def run(fn) -> None:
