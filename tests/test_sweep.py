@@ -138,6 +138,11 @@ def test_cli_sweep_and_bad_input(tmp_path):
     report = json.loads(r.stdout)
     assert report["configurations"] == 8
     assert "[1/8]" in r.stderr and "configurations with pricing only" in r.stderr
+    # the same sweep again reads its rows and says so, pricing nothing
+    again = run_flint("sweep", str(space), "--out", str(tmp_path / "o"), "--pp", "1,2",
+                      "--what-if", "", "--what-if", "nic_bandwidth=800Gb/s")
+    assert again.returncode == 0 and "[1/8]" not in again.stderr, again.stderr
+    assert "8 configurations read from" in again.stderr and "not priced again" in again.stderr
     for args, message in [(["--what-if", "hbm_bandwidth=-1TB/s"], "hbm_bandwidth"),
                           (["--axis", "zero"], "--axis takes FIELD=V1,V2"),
                           (["--axis", "colour=red"], "unknown search-space key")]:

@@ -125,7 +125,7 @@ def sweep(
         flags.update(dict(_axis(a) for a in axis))
         space = SearchSpace.from_dict(_space_doc(space_file, flags))
         points, skipped = space.expand()
-        err.print(f"{len(points)} configurations ({len(skipped)} skipped as invalid)",
+        err.print(f"{_configurations(len(points))} ({len(skipped)} skipped as invalid)",
                   highlight=False)
         if not points:
             _report_invalid(skipped)
@@ -151,9 +151,14 @@ def sweep(
             _report_invalid([{"reason": r.get("error") or r["status"]} for r in failed])
         paths = write_outputs(out, rows, skipped)
         fronts = pareto_front(rows)
+        here = sum(len(v) for v in times.values())
+        if here < len(rows):     # resumed, or another sweep on this directory priced them
+            err.print(f"{_configurations(len(rows) - here)} read from {out}/results.jsonl "
+                      f"(priced by an earlier or a concurrent sweep), not priced again",
+                      highlight=False, markup=False)
         for kind, values in times.items():
             if values:
-                err.print(f"{len(values)} configurations with "
+                err.print(f"{_configurations(len(values))} with "
                           f"{'a compile' if kind == 'extract' else 'pricing only'}: median "
                           f"{statistics.median(values):.2f} s, max {max(values):.2f} s per "
                           f"configuration", highlight=False)
@@ -183,3 +188,7 @@ def _report_invalid(skipped: list[dict]) -> None:
     err.print("no valid configuration; why:", highlight=False)
     for why, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:10]:
         err.print(f"  {n:5d} x {why}", highlight=False, markup=False)
+
+
+def _configurations(n: int) -> str:
+    return f"{n} configuration{'' if n == 1 else 's'}"
