@@ -11,7 +11,7 @@ unrolls them for consumers that need every instance).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum, StrEnum
 from functools import cached_property
 from typing import Iterator
@@ -127,22 +127,23 @@ class Node:
         return self.device or 0
 
     def to_json(self) -> dict:
-        # field by field, not dataclasses.asdict: its generic recursion was most of the
-        # time of saving a large graph (and of a templated graph's warm predict)
-        d = {"id": self.id, "name": self.name, "kind": self.kind.value, "op": self.op,
-             "op_class": self.op_class, "inputs": list(self.inputs),
-             "control": list(self.control), "flops": self.flops,
-             "transcendentals": self.transcendentals, "bytes_read": self.bytes_read,
-             "bytes_written": self.bytes_written, "outputs": list(self.outputs),
-             "operands": list(self.operands), "repeat": self.repeat}
-        c = self.collective
-        if c is not None:
-            d["collective"] = {"type": c.type, "communicator": c.communicator,
-                               "bytes_in": c.bytes_in, "bytes_out": c.bytes_out,
-                               "dtype": c.dtype, "reduction": c.reduction,
-                               "is_async": c.is_async,
-                               "window": None if c.window is None else list(c.window)}
-        d["meta"] = _plain(self.meta)
+        # field by field with a plain-data copy, not dataclasses.asdict: its generic
+        # recursion was most of the time of saving a large graph (and of a templated
+        # graph's warm predict)
+        d = {}
+        for name in _NODE_FIELDS:
+            value = getattr(self, name)
+            if name == "kind":
+                value = value.value
+            elif name == "collective":
+                if value is None:
+                    continue
+                value = {f: _plain(getattr(value, f)) for f in _COLLECTIVE_FIELDS}
+                if value["window"] is not None:
+                    value["window"] = list(value["window"])
+            else:
+                value = _plain(value)
+            d[name] = value
         return d
 
     @classmethod
@@ -156,6 +157,10 @@ class Node:
                 c["window"] = tuple(c["window"])
             d["collective"] = Collective(**c)
         return cls(**d)
+
+
+_NODE_FIELDS = tuple(f.name for f in fields(Node))
+_COLLECTIVE_FIELDS = tuple(f.name for f in fields(Collective))
 
 
 @dataclass(frozen=True)
