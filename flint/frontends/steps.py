@@ -198,16 +198,14 @@ def example_args(module, args_fn: str, target: str, mesh=None, torch: bool = Fal
                 args = source(given) if wants_mesh else source()
         except FlintError:
             raise
-        except KeyError as e:
-            # mesh.shape["fsdp"] on a mesh without that axis: name the flag to change
-            axes = [name for name, _ in mesh]
-            if wants_mesh and e.args and isinstance(e.args[0], str) \
-                    and e.args[0] not in axes:
-                raise FlintError(f"{args_fn}() reads mesh axis {e.args[0]!r}, which the mesh "
-                                 f"does not have (axes: {', '.join(axes) or 'none'}); "
-                                 f"name it in --mesh") from None
-            raise FlintError(f"{args_fn}() failed: KeyError: {e}") from None
         except Exception as e:
+            axes = [name for name, _ in mesh]
+            if wants_mesh and isinstance(e, KeyError) and e.args \
+                    and isinstance(e.args[0], str) and e.args[0] not in axes:
+                # mesh.shape["fsdp"] on a mesh without that axis: name the flag to change
+                raise FlintError(f"{args_fn}() reads mesh axis {e.args[0]!r}, which the mesh "
+                                 f"does not have (axes: {', '.join(axes)}); name it in "
+                                 f"--mesh") from None
             raise FlintError(f"{args_fn}() failed: {type(e).__name__}: "
                              f"{' '.join(str(e).split())[:600]}") from None
     return tuple(args) if isinstance(args, (tuple, list)) else (args,)
