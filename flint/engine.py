@@ -28,9 +28,8 @@ from __future__ import annotations
 import gc
 import math
 import time
-from dataclasses import dataclass, field
-
 from flint.errors import FlintError
+from flint.prediction import Prediction, prediction_facts  # noqa: F401 (re-exported)
 from flint.run import TrainingRun
 from flint.steady_state import extrapolate, steady_points
 
@@ -124,50 +123,6 @@ def _retargeted(run: TrainingRun, template):
     return replace(out, cluster=replace(out.cluster, devices_per_host=hosts))
 
 
-@dataclass
-class Prediction:
-    """What a run costs per step on its hardware (per device where it says so)."""
-
-    run: TrainingRun
-    what_if: tuple
-    step_time_s: float
-    tokens_per_s: float                 # the whole cluster
-    tokens_per_s_per_device: float
-    mfu: float
-    hfu: float
-    compute_busy_s: float
-    exposed_communication_s: float
-    bubble_fraction: float
-    memory_bytes: float                 # per device, peak
-    memory_capacity_bytes: float
-    oom: bool
-    memory: dict                        # the split (parameters, gradients, optimizer, ...)
-    by_class_s: dict
-    by_layer_s: dict
-    collectives_s: dict
-    pipeline: dict
-    facts: dict                         # what the prediction rests on
-    program_key: str
-    extracted: bool                     # whether the stage program was compiled now
-    wall_s: float = 0.0
-    cost_model: str = ""
-    moe_routing: dict | None = None     # MoE runs: the routing report (passes.moe_routing)
-    estimate: object = field(default=None, repr=False)   # hardware_models Estimate
-
-    @property
-    def timeline(self):
-        return self.estimate.timeline if self.estimate is not None else None
-
-    def to_json(self) -> dict:
-        """The prediction as JSON (no wall time: equal runs give equal documents)."""
-        d = {k: v for k, v in self.__dict__.items()
-             if k not in ("run", "estimate", "wall_s", "extracted")}
-        d["run"] = self.run.to_json()
-        d["run_key"] = self.run.key()
-        d["what_if"] = list(self.what_if)
-        return d
-
-
 def predict(run: TrainingRun, cost_model=None, what_if=(), cache=None,
             timeline: bool = False) -> Prediction:
     """Price one step of `run`. `cost_model`: a CostModel factory or its `module:factory`
@@ -235,7 +190,7 @@ def _predict(run: TrainingRun, cost_model, what_if, cache, timeline: bool) -> Pr
         memory_bytes=e.memory_bytes, memory_capacity_bytes=e.memory_capacity_bytes,
         oom=e.oom, memory=e.memory, by_class_s=e.by_class_s, by_layer_s=e.by_layer_s,
         collectives_s=e.collectives_s, pipeline=e.pipeline,
-        facts={**_facts(run, piped, what_if, points), "what_if_effects": what_if_effects(
+        facts={**prediction_facts(run, piped, what_if, points), "what_if_effects": what_if_effects(
             piped, run.hardware, what_if, run_overrides(run), factory, e.memory_bytes)},
         program_key=program_key(stage_program(run)),
         extracted=compiled, wall_s=time.perf_counter() - t0,
@@ -402,30 +357,3 @@ def _pipelined(run: TrainingRun, cache, overrides, factory, microbatches: int,
     if memory and hit[2] is None:
         hit[2] = estimate_memory(hit[1])
     return hit[1], hit[2] if memory else None, extracted
-
-
-def _facts(run: TrainingRun, graph, what_if, points=None) -> dict:
-    """The facts a prediction rests on, stated with it (flint predict prints them)."""
-    from flint.hardware_models.composite import template_of
-
-    # the work of one micro-batch: the template's nodes for a layered graph
-    source = template_of(graph) or graph
-    dtypes: dict[str, int] = {}
-    for n in source.nodes:
-        if n.op_class == "gemm" and n.operands:
-            d = n.operands[0].split("[", 1)[0]
-            dtypes[d] = dtypes.get(d, 0) + 1
-    collectives: set = set()
-    for g in {id(source): source, id(graph): graph}.values():
-        for n in g.nodes:
-            if n.collective is not None and n.collective.type not in ("send", "recv"):
-                axes = ",".join(g.communicators[n.collective.communicator].mesh_axes)
-                collectives.add(n.collective.type + (f" over {axes}" if axes else ""))
-    if run.pp > 1:
-        collectives.add("send/recv over pipe")
-    return {"seq_len": run.seq_len, "global_batch_sequences": run.global_batch,
-            "micro_batch": run.micro_batch, "microbatches": run.microbatches,
-            "tokens_per_step": run.tokens_per_step, "gemm_dtypes": dict(sorted(dtypes.items())),
-            "collectives": sorted(collectives), "framework": run.framework,
-            "zero": run.zero, "what_if": list(what_if),
-            "pipeline_simulated_microbatches": list(points or (run.microbatches,))}

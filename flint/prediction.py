@@ -1,0 +1,78 @@
+"""What `flint.engine.predict` returns: a Prediction (step, utilization, memory, the
+breakdowns and the facts it rests on) and how those facts are read off the priced graph."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from flint.run import TrainingRun
+
+
+@dataclass
+class Prediction:
+    """What a run costs per step on its hardware (per device where it says so)."""
+
+    run: TrainingRun
+    what_if: tuple
+    step_time_s: float
+    tokens_per_s: float                 # the whole cluster
+    tokens_per_s_per_device: float
+    mfu: float
+    hfu: float
+    compute_busy_s: float
+    exposed_communication_s: float
+    bubble_fraction: float
+    memory_bytes: float                 # per device, peak
+    memory_capacity_bytes: float
+    oom: bool
+    memory: dict                        # the split (parameters, gradients, optimizer, ...)
+    by_class_s: dict
+    by_layer_s: dict
+    collectives_s: dict
+    pipeline: dict
+    facts: dict                         # what the prediction rests on
+    program_key: str
+    extracted: bool                     # whether the stage program was compiled now
+    wall_s: float = 0.0
+    cost_model: str = ""
+    moe_routing: dict | None = None     # MoE runs: the routing report (passes.moe_routing)
+    estimate: object = field(default=None, repr=False)   # hardware_models Estimate
+
+    @property
+    def timeline(self):
+        return self.estimate.timeline if self.estimate is not None else None
+
+    def to_json(self) -> dict:
+        """The prediction as JSON (no wall time: equal runs give equal documents)."""
+        d = {k: v for k, v in self.__dict__.items()
+             if k not in ("run", "estimate", "wall_s", "extracted")}
+        d["run"] = self.run.to_json()
+        d["run_key"] = self.run.key()
+        d["what_if"] = list(self.what_if)
+        return d
+
+
+def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
+    """The facts a prediction rests on, stated with it (flint predict prints them)."""
+    from flint.hardware_models.composite import template_of
+
+    # the work of one micro-batch: the template's nodes for a layered graph
+    source = template_of(graph) or graph
+    dtypes: dict[str, int] = {}
+    for n in source.nodes:
+        if n.op_class == "gemm" and n.operands:
+            d = n.operands[0].split("[", 1)[0]
+            dtypes[d] = dtypes.get(d, 0) + 1
+    collectives: set = set()
+    for g in {id(source): source, id(graph): graph}.values():
+        for n in g.nodes:
+            if n.collective is not None and n.collective.type not in ("send", "recv"):
+                axes = ",".join(g.communicators[n.collective.communicator].mesh_axes)
+                collectives.add(n.collective.type + (f" over {axes}" if axes else ""))
+    if run.pp > 1:
+        collectives.add("send/recv over pipe")
+    return {"seq_len": run.seq_len, "global_batch_sequences": run.global_batch,
+            "micro_batch": run.micro_batch, "microbatches": run.microbatches,
+            "tokens_per_step": run.tokens_per_step, "gemm_dtypes": dict(sorted(dtypes.items())),
+            "collectives": sorted(collectives), "framework": run.framework,
+            "zero": run.zero, "what_if": list(what_if),
+            "pipeline_simulated_microbatches": list(points or (run.microbatches,))}
