@@ -84,6 +84,17 @@ def gemm_rows() -> list[dict]:
     return rows
 
 
+def _launched_by(framework: str, node):
+    """`node` as `framework` launches it, labelled by the engine's own pass
+    (passes.kernel_population) on a one-node graph."""
+    from flint.cluster import Cluster
+    from flint.graph import WorkloadGraph
+    from flint.passes.kernel_population import KernelPopulation
+
+    graph = WorkloadGraph(Cluster(1, (("data", 1),)), [node], [], [], {})
+    return KernelPopulation(framework).run(graph).nodes[0]
+
+
 def attention_rows() -> list[dict]:
     from flint.graph import Node, NodeKind
     from flint.hardware_models.compute import RooflineCompute
@@ -97,12 +108,11 @@ def attention_rows() -> list[dict]:
         flops, rd, wr = attention_cost(b, h, h, s, s, d, causal, False)
         attn = {"batch": b, "heads": h, "kv_heads": h, "seq_q": s, "seq_kv": s, "head_dim": d,
                 "causal": causal, "backward": False, "dtype": "bf16", "impl": impl}
-        meta = {"attention": attn}
-        if impl == "unfused":            # the papers' "standard attention": PyTorch eager
-            meta["kernel_source"] = "eager"
         node = Node(0, "attention", NodeKind.COMPUTE, "fused-attention", "attention",
                     flops=flops, bytes_read=rd, bytes_written=wr, operands=["bf16[1]"],
-                    meta=meta)
+                    meta={"attention": attn})
+        if impl == "unfused":            # the papers' "standard attention": PyTorch eager
+            node = _launched_by("torch-eager", node)
         return flops / model.time(node) / 1e12
 
     rows = []
