@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from flint.errors import FlintError
-from flint.graph import Collective, Node, NodeKind, WorkloadGraph
+from flint.graph import Node, NodeKind, WorkloadGraph
 from flint.hardware_models.composite import interior
 from flint.hlo.shapes import shapes_bytes
 from flint.passes.expand_loops import ExpandLoops
+from flint.passes.layer_buckets import GradientBuckets
 from flint.passes.pipeline_stages import arguments_by_layer, layer_index, task_of
 
 FIRST, LAST = "embed", "head"
@@ -300,7 +301,7 @@ class _Writer:
         f_head = self.add("fwd.head", "forward", LAST, f"F:{LAST}", 1.0, [prev, pre_rest],
                           ["f32[]"])
         g = self.add("bwd.head", "backward", LAST, f"B:{LAST}", 1.0, [f_head], grad)
-        buckets = _Buckets(self, self.bucket_bytes)
+        buckets = GradientBuckets(self, self.bucket_bytes)
         buckets.add("rest", LAST, g, LAST)
         for j in reversed(range(L)):
             g = self.add(f"bwd.{names[j]}", "backward", names[j], self.layer_block("B", j),
@@ -324,72 +325,6 @@ class _Writer:
                                   "template": self.template.to_json()}
         meta.update(_arguments(self.g, L, self.a))
         return WorkloadGraph(self.g.cluster, self.nodes, list(self.g.communicators), [], meta)
-
-
-class _Buckets:
-    """The step's gradient reductions in buckets. Each block (a layer, the head, the
-    embedding) adds its unit: the template's R collectives of the layer it is, which
-    reduce what its backward made. Units join the open bucket while its collectives stay
-    within `limit` bytes; a closed bucket is issued (its collectives merged by kind and
-    group, then each unit's compute on their results: casts, scaling) when the next
-    block's backward has started, whose parameter gathers and own collectives go first,
-    as XLA's scheduler and FSDP's prefetch order them."""
-
-    def __init__(self, writer: "_Writer", limit: int):
-        self.w, self.limit = writer, limit
-        self.open: list = []
-        self.closed: list = []
-        self.done: dict = {}
-        self.after: list = []       # nodes every bucket waits for (no overlap)
-        self.holding = not writer.overlap
-
-    def add(self, key, owner, producer: int, label: str) -> None:
-        unit = (key, owner, producer, label)
-        size = sum(c.bytes_in * w for c, w in self.collectives([unit]))
-        held = sum(c.bytes_in * w for c, w in self.collectives(self.open))
-        if self.open and (not self.limit or held + size > self.limit):
-            self.close()
-        self.open.append(unit)
-
-    def close(self) -> None:
-        if self.open:
-            self.closed.append(self.open)
-            self.open = []
-
-    def collectives(self, units) -> list:
-        return [(n.collective, w) for _, owner, _, _ in units
-                for n, w in self.w.owned_reductions.get(owner, ())]
-
-    def issue(self) -> None:
-        if self.holding and not self.after:
-            return              # reduce nothing until the backward is done
-        for bucket in self.closed:
-            self._emit(bucket)
-        self.closed = []
-
-    def _emit(self, units) -> None:
-        w = self.w
-        inputs = sorted({producer for _, _, producer, _ in units} | set(self.after))
-        merged: dict = {}
-        for c, weight in self.collectives(units):
-            key = (c.type, c.communicator, c.dtype, c.reduction, c.is_async)
-            a, b = merged.get(key, (0.0, 0.0))
-            merged[key] = (a + c.bytes_in * weight, b + c.bytes_out * weight)
-        label = units[-1][3]
-        ids = []
-        for (kind, comm, dtype, reduction, is_async), (a, b) in merged.items():
-            collective = Collective(kind, comm, int(a), int(b), dtype, reduction, is_async)
-            w.nodes.append(Node(len(w.nodes), f"{kind}.grads.{label}", NodeKind.COLLECTIVE,
-                                kind, "collective", list(inputs), collective=collective,
-                                meta={"phase": "backward", "layer": label,
-                                      "bucket": [u[3] for u in units]}))
-            ids.append(len(w.nodes) - 1)
-        for key, owner, producer, unit_label in units:
-            got = ids or [producer]
-            block = f"R:{'rest' if owner is None else owner}"
-            if block in w.r_blocks:
-                got = [w.add(f"red.{unit_label}", "backward", unit_label, block, 1.0, got)]
-            self.done.setdefault(key, []).extend(got)
 
 
 def _arguments(graph: WorkloadGraph, layers: int, template: int) -> dict:
