@@ -1,0 +1,117 @@
+"""Kernel physics of the compute model: GEMM tiles and waves, kernel populations (library,
+XLA-generated, eager, inductor) and their launches, attention kernels by era."""
+import dataclasses
+
+import pytest
+
+from flint.cluster import Cluster
+from flint.graph import Node, NodeKind, WorkloadGraph
+from flint.hardware_models.spec import load_spec
+
+
+def test_gemm_tiles_and_waves():
+    """Wave quantization: a GEMM whose tiles just overflow one wave takes two; large GEMMs
+    approach the spec's achievable share of peak."""
+    from flint.hardware_models import kernels
+    from flint.hardware_models.compute import RooflineCompute
+
+    h100 = load_spec("h100-sxm")
+    roof = RooflineCompute(h100)
+
+    def gemm(m, n, k):
+        return Node(0, "g", NodeKind.COMPUTE, "dot", "gemm", flops=2.0 * m * n * k,
+                    operands=[f"bf16[{m},{k}]", f"bf16[{k},{n}]"], outputs=[f"bf16[{m},{n}]"])
+
+    rate = 989.4e12 * 0.75
+    big = gemm(16384, 16384, 16384)
+    assert roof.compute_time(big) == pytest.approx(big.flops / rate * (1 + 2 * 64 / 16384),
+                                                   rel=0.02)
+    # 132 tiles of 128x256 fill one wave exactly; 133 would need two waves of every shape
+    one_wave = kernels.GemmShape(1, 128 * 12, 256 * 11, 4096)
+    assert kernels.gemm_time(one_wave, rate, 132) == pytest.approx(
+        2.0 * 128 * 12 * 256 * 11 * 4096 / rate * (4096 / 64 + 2) / (4096 / 64), rel=1e-6)
+    # a small GEMM cannot fill the machine: far below the large-GEMM share
+    small = gemm(256, 256, 256)
+    assert small.flops / roof.compute_time(small) < 0.1 * rate
+    assert roof.time(small) >= h100.kernel_floor
+
+
+def test_kernel_populations_bandwidth_and_grids():
+    """XLA loop fusions (vectorized) and library/eager kernels stream at the stream share
+    of HBM; XLA reductions are unvectorized: SMs x the per-SM in-flight rate on H100, and
+    only the SMs their grid occupies (a column reduction keeping 768 elements launches
+    24 blocks of 1024 threads); on A100 the stream share binds first for a full grid."""
+    from flint.hardware_models import kernels, populations
+    from flint.hardware_models.compute import RooflineCompute
+
+    loop = Node(0, "loop_add_fusion", NodeKind.COMPUTE, "fusion", "elementwise",
+                bytes_read=1e9, bytes_written=1e9, meta={"fusion_kind": "kLoop"})
+    dus = dataclasses.replace(loop, name="transpose_fusion", meta={"fusion_kind": "kInput"})
+    rows = Node(1, "input_reduce_fusion", NodeKind.COMPUTE, "fusion", "reduction",
+                bytes_read=8192 * 768 * 2, operands=["bf16[8192,768]"], outputs=["f32[8192]"],
+                meta={"fusion_kind": "kInput"})
+    cols = dataclasses.replace(rows, outputs=["f32[768]"])
+    h100, a100 = RooflineCompute(load_spec("h100-sxm")), RooflineCompute(load_spec("a100-40gb-sxm"))
+    stream = 3.35e12 * 0.9
+    per_sm = kernels.GENERATED_BYTES_PER_SM_S
+    for node in (loop, dataclasses.replace(loop, meta={"aten": "aten::add"}),
+                 dataclasses.replace(loop, meta={"kernel_source": "library"})):
+        assert h100.memory_bandwidth(node) == pytest.approx(stream)
+    assert h100.memory_bandwidth(dus) == pytest.approx(132 * per_sm)
+    assert populations.reduction_blocks(rows) == 8192
+    assert h100.memory_bandwidth(rows) == pytest.approx(132 * per_sm)
+    assert populations.reduction_blocks(cols) == 24 * 2       # 768/32 columns, 8192/4096 rows
+    assert h100.memory_bandwidth(cols) == pytest.approx(48 * 1024 / 2048 * per_sm)
+    assert a100.memory_bandwidth(rows) == pytest.approx(1.555e12 * 0.88)
+    assert a100.memory_bandwidth(cols) == pytest.approx(24 * per_sm)
+    # eager kernels are launched by the host, XLA's from command buffers; views launch none
+    eager = dataclasses.replace(loop, meta={"aten": "aten::add"})
+    assert populations.host_launches(eager) == 1 and populations.host_launches(loop) == 0
+    assert populations.host_launches(dataclasses.replace(eager, bytes_read=0,
+                                                         bytes_written=0)) == 0
+
+
+def test_eager_kernels_wait_for_their_launches():
+    """A run of short eager kernels is launch-bound: each starts once the host has issued
+    it (LAUNCH_S apart); the same kernels from XLA's command buffers run back to back."""
+    from flint.hardware_models.populations import LAUNCH_S
+    from flint.hardware_models.schedule import simulate
+
+    tiny = dict(kind=NodeKind.COMPUTE, op="add", op_class="elementwise", bytes_read=8.0)
+    nodes = [Node(i, f"k{i}", inputs=[i - 1] if i else [], **tiny) for i in range(10)]
+    xla = WorkloadGraph(Cluster(1, (("data", 1),)), nodes, [])
+    eager = WorkloadGraph(Cluster(1, (("data", 1),)),
+                          [dataclasses.replace(n, meta={"aten": "aten::add"}) for n in nodes], [])
+    durations = [1e-6] * 10
+    assert simulate(xla, durations).step_time == pytest.approx(10e-6)
+    tl = simulate(eager, durations)
+    assert tl.step_time == pytest.approx(10 * LAUNCH_S + 1e-6)
+    assert sum(tl.launch_wait) == pytest.approx(tl.step_time - 10e-6)
+
+def test_attention_kernels_by_era():
+    """FlashAttention-3 at head dim 128 on long sequences runs at the spec's native anchor;
+    its head-dim scaling (GEMMs grow with D, the block's exponentials do not) reproduces the
+    FlashAttention-3 paper's 497 / 756 TFLOP/s at D = 64 / 256 within 10%; FlashAttention-2
+    is slower, and unfused attention (scores through HBM) slower still."""
+    from flint.hardware_models.compute import RooflineCompute
+    from flint.passes.attention import attention_cost
+
+    h100 = RooflineCompute(load_spec("h100-sxm"))
+
+    def tflops(impl, d, s=16384, causal=False, meta=None):
+        b, h = 16384 // s, 2048 // d
+        flops, rd, wr = attention_cost(b, h, h, s, s, d, causal, False)
+        attn = {"batch": b, "heads": h, "kv_heads": h, "seq_q": s, "seq_kv": s, "head_dim": d,
+                "causal": causal, "backward": False, "impl": impl}
+        node = Node(0, "a", NodeKind.COMPUTE, "fused-attention", "attention", flops=flops,
+                    bytes_read=rd, bytes_written=wr, operands=["bf16[1]"],
+                    meta={"attention": attn, **(meta or {})})
+        return flops / h100.time(node) / 1e12
+
+    assert tflops("flash3", 128) == pytest.approx(989.4 * 0.655, rel=0.06)
+    assert tflops("flash3", 64) == pytest.approx(497, rel=0.1)
+    assert tflops("flash3", 256) == pytest.approx(756, rel=0.1)
+    assert tflops("flash3", 128, 512) < 0.75 * tflops("flash3", 128)     # few KV blocks
+    assert tflops("flash2", 128) < 0.65 * tflops("flash3", 128)
+    unfused = tflops("unfused", 128, 8192, meta={"kernel_source": "eager"})
+    assert 0.1 * tflops("flash2", 128) < unfused < 0.5 * tflops("flash2", 128)
