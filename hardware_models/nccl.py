@@ -14,6 +14,13 @@ The constants are NCCL's own tuning constants (NVIDIA/nccl src/graph/tuning.cc, 
 2.28: `baseLatencies`, `hwLatencies`, `llMaxBws`, `nvlsEfficiency`, the LL/LL128/tree
 bandwidth factors and the multi-node ring "plateau" latency factor), in microseconds and
 GB/s. Links: NVLink (NVSwitch inside a node), PCIe, network (NIC).
+
+NCCL's tuning model ranks choices; it is not the time they take. nccl-tests curves show
+the bandwidth protocols (Simple, LL128, NVLS) reaching their plateau far later than
+latency + bytes / bandwidth says: half of it only at ~16 MB on every NVLink system in
+shared/tables/more-published.md section 4. Their data runs through a pipeline (chunks
+handed from step to step, channel by channel) that a message must fill before its stages
+overlap; `PIPELINE_FILL_BYTES` prices that fill. The choice of protocol stays NCCL's.
 """
 from __future__ import annotations
 
@@ -57,6 +64,20 @@ TREE_LL128 = {True: 7.0 / 9.0, False: 120.0 / 128.0}   # tree LL128: one node / 
 # NVLS bandwidth on the NVLink bandwidth NCCL sees (tuning.cc nvlsEfficiency): Hopper
 # 0.85, Blackwell 0.74; no NVLS before Hopper.
 NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
+# Bytes of a collective (per rank, as the bandwidth term counts them) that move before its
+# pipeline is full: a message of S bytes pays min(S, fill) / bandwidth on top of S /
+# bandwidth (below the fill the stages run one after the other, above it they overlap
+# after the first fill). Fitted on one curve only, NVIDIA's DGX H100 nccl-tests sample
+# (more-published.md 4a: one process per GPU as in training; 10-14 MiB give the same
+# median there) and checked on the others (scripts/compare_nccl.py: Azure ND H100/H200
+# NVLS, ND A100 ring, ND GB200 ring, A3 Mega over TCPXO). A reading of the figure: one
+# 512 KiB NCCL step (its default 4 MiB buffer over NCCL_STEPS = 8) in each of 24 channels.
+# Rule for other hardware: the same bytes (a property of NCCL's buffering, not of the
+# link), so on a slower link the fill costs proportionally more time. All-reduce only: the
+# published curves are all-reduce curves (nothing here measures all-gather, reduce-scatter
+# or send/recv, and userbuffers' TP-overlap steps are not NCCL's pipeline at all).
+PIPELINE_FILL_BYTES = 12 * 2**20
+PIPELINED = ("LL128", "Simple")
 ARCH_BY_PREFIX = (("a100", "ampere"), ("a10", "ampere"), ("v100", "volta"), ("h100", "hopper"),
                   ("h200", "hopper"), ("gh200", "hopper"), ("b200", "blackwell"),
                   ("b300", "blackwell"), ("gb200", "blackwell"), ("gb300", "blackwell"))
@@ -112,9 +133,12 @@ def collective_time(bus_bytes: float, steps: int, bus_bw: float, link: str, algo
     `steps` algorithm steps, of which `inter_steps` cross the network (NCCL's nInterSteps)
     and the rest run on `link`; `hop_latency_s` / `net_hop_s` replace NCCL's per-step
     latency of either (a latency the spec or a what-if states); `launch=False` leaves out
-    the base latency (an operation inside an NCCL group whose launch another member pays)."""
+    the base latency (an operation inside an NCCL group whose launch another member pays).
+    The protocol is the one NCCL's tuning model picks; an all-reduce's time adds the
+    pipeline fill (the curves that show it are all-reduce curves: all-gather, reduce-scatter
+    and point-to-point are left as NCCL's model prices them)."""
     algo = "tree" if algorithm == "tree" else "ring"
-    best = float("inf")
+    best, best_bw, chosen = float("inf"), 0.0, ""
     for proto in PROTOCOLS if protocol == "auto" else (protocol,):
         intra = (HOP_LATENCY_US[link][algo][proto] * 1e-6 if hop_latency_s is None
                  else hop_latency_s)
@@ -128,8 +152,17 @@ def collective_time(bus_bytes: float, steps: int, bus_bw: float, link: str, algo
         if algo == "ring" and proto == "Simple" and nodes > 1 and all_reduce:
             latency *= RING_PLATEAU
         bw = protocol_bandwidth(proto, bus_bw, arch, nodes, algo)
-        best = min(best, latency + (bus_bytes / bw if bw else 0.0))
-    return best
+        tuned = latency + (bus_bytes / bw if bw else 0.0)      # NCCL's own estimate
+        if tuned < best:
+            best, best_bw, chosen = tuned, bw, proto
+    fill = all_reduce and chosen in PIPELINED
+    return best + (pipeline_fill(bus_bytes, best_bw) if fill else 0.0)
+
+
+def pipeline_fill(size: float, bandwidth: float) -> float:
+    """Seconds a pipelined protocol moving `size` bytes at `bandwidth` spends filling its
+    pipeline (PIPELINE_FILL_BYTES)."""
+    return min(size, PIPELINE_FILL_BYTES) / bandwidth if bandwidth > 0 else 0.0
 
 
 def nvls_bandwidth(up_bw: float, arch: str, ranks: int) -> float:
@@ -145,7 +178,7 @@ def nvls_bandwidth(up_bw: float, arch: str, ranks: int) -> float:
 def nvls_time(size: float, algbw: float, nodes: int = 1,
               net_hop_s: float | None = None) -> float:
     """NVLS all-reduce of `size` bytes (nodes > 1: NVLS-tree, log2(nodes) tree levels up
-    and down across nodes), Simple protocol only."""
+    and down across nodes), Simple protocol only, its pipeline fill included."""
     if algbw <= 0:
         return float("inf")
     if nodes <= 1:
@@ -155,4 +188,4 @@ def nvls_time(size: float, algbw: float, nodes: int = 1,
                else net_hop_s)
         latency = HOP_LATENCY_US["nvlink"]["nvls_tree"]["Simple"] * 1e-6 \
             + 2 * math.ceil(math.log2(nodes)) * net
-    return latency + size / algbw
+    return latency + size / algbw + pipeline_fill(size, algbw)

@@ -101,8 +101,9 @@ def test_network_levels_and_algorithms(spec_path):
     inside = _comm("[8,8]<=[64]", 64)          # model axis: one NVLink domain
     across = _comm("[8,8]<=[8,8]T(1,0)", 64)   # data axis: one rank per node
     # NCCL ring, Simple protocol at 1 GiB: base latency 8.4 us + 14 steps of the spec's
-    # stated 2 us + the bus bytes at 80% of the link (bus efficiency).
-    ring_inside = 8.4e-6 + 2 * 7 / 8 * s / (400e9 * 0.8) + 2 * 7 * 2e-6
+    # stated 2 us + the bus bytes at 80% of the link (bus efficiency) + filling the
+    # pipeline (nccl.PIPELINE_FILL_BYTES at the same bandwidth).
+    ring_inside = 8.4e-6 + (2 * 7 / 8 * s + 12 * 2**20) / (400e9 * 0.8) + 2 * 7 * 2e-6
     assert net.time(node, inside) == pytest.approx(ring_inside)
     assert net.placement(across).domains == 8
     assert net.time(node, across) > 5 * net.time(node, inside)  # NIC is 8x slower
@@ -326,14 +327,23 @@ def test_nccl_protocols_by_size():
     # 8 bytes: LL's base 6.6 us + 14 NVLink steps of 0.6 us (+ nothing to move)
     assert ar(8) == pytest.approx(6.6e-6 + 14 * 0.6e-6 + 2 * 7 / 8 * 8 / min(141e9, bus / 2))
     big = 1 << 30
+    fill = nccl.PIPELINE_FILL_BYTES
     assert ar(big, algorithm="ring") == pytest.approx(8.4e-6 + 14 * 3.4e-6
-                                                      + 2 * 7 / 8 * big / bus)
+                                                      + (2 * 7 / 8 * big + fill) / bus)
+    # LL is a latency protocol (flags in every line, nothing to pipeline): no fill
     assert ar(big, algorithm="ring", protocol="LL") == pytest.approx(
         6.6e-6 + 14 * 0.6e-6 + 2 * 7 / 8 * big / min(141e9, bus / 2))
     # NVLink SHARP on an H100 node: 25 us, then the buffer at NCCL's NVLS efficiency (0.85)
     # of the NVLink bandwidth x (p-1)/p: nccl-tests busBw ~470 GB/s (NVIDIA states ~480)
-    nvls = 25e-6 + big / (bus * 0.85 * 7 / 8)
+    nvls_bw = bus * 0.85 * 7 / 8
+    nvls = 25e-6 + (big + fill) / nvls_bw
     assert ar(big) == pytest.approx(nvls)
+    # below the fill a pipelined protocol's stages run one after the other: twice the
+    # bandwidth term (a 4 MiB NVLS all-reduce), the protocol still NCCL's choice
+    small = 4 << 20
+    assert ar(small, algorithm="nvls") == pytest.approx(25e-6 + 2 * small / nvls_bw)
+    assert nccl.collective_time(8.0, 14, bus, "nvlink", "ring", "hopper", 1, True) == \
+        pytest.approx(6.6e-6 + 14 * 0.6e-6 + 8.0 / min(141e9, bus / 2))
     assert 460e9 < 2 * 7 / 8 * big / ar(big) < 480e9
     a100 = NetworkModel(load_spec("a100-40gb-sxm"), Cluster(8, (("data", 8),)))
     assert "nvls" not in a100.options(Node(0, "ar", NodeKind.COLLECTIVE, "all-reduce",
