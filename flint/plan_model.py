@@ -139,6 +139,7 @@ class Machine:
     closed form for tens of thousands of layouts)."""
 
     def __init__(self, spec):
+        from flint.hardware_models.compute import attention_rate
         from flint.hardware_models.kernels import figure
         from flint.hardware_models.nccl import HOP_LATENCY_US
         from flint.hardware_models.network import DEFAULT_BUS_EFFICIENCY
@@ -147,7 +148,7 @@ class Machine:
         self.rate = {"bf16": spec.peak("bf16") * figure(spec, "gemm_fraction")}
         if "fp8" in spec.peak_flops:
             self.rate["fp8"] = spec.peak("fp8") * figure(spec, "gemm_fraction")
-        self.attention = spec.peak("bf16") * figure(spec, "attention_fraction_native")
+        self.attention = attention_rate(spec, spec.peak("bf16"), native=True)[0]
         self.hbm = spec.hbm_bandwidth * figure(spec, "hbm_fraction")
         self.kernel_floor = figure(spec, "kernel_floor")
         self.up = (spec.scale_up_bandwidth or spec.nic_bandwidth) * \

@@ -31,6 +31,11 @@ import math
 from flint.hardware_models import kernels
 
 ATTENTION_BLOCK_ROWS = 128      # query rows per CTA in FlashAttention-2/3 and cuDNN kernels
+# The native kernels' anchor: FlashAttention-3 on H100 SXM5 reaches 648 TFLOP/s forward
+# (FA3 paper, Fig. 5: bf16, head dim 128, 4k-16k tokens) of a 989.4 TFLOP/s dense peak
+# over 132 SMs at 1.83 GHz, 16 exponentials per clock per SM. With a block's exponentials
+# taken out, its two GEMMs run at NATIVE_MMA_SHARE (0.97) of the dense peak.
+FA3_H100 = {"rate": 648e12, "peak": 989.4e12, "sms": 132, "exp_rate": 132 * 16 * 1.83e9}
 FUSED = ("flash2", "flash3", "cudnn", "native")
 NATIVE = ("flash3", "cudnn", "native")
 # Unfused softmax passes over the S x S scores in HBM, besides the GEMMs that write and
@@ -70,9 +75,9 @@ def fused_time(flops: float, attn: dict | None, rate: float, sms: int,
     else:
         visits = q_blocks * kv_blocks
     gemms = 5 if attn.get("backward") else 2
-    per_sm, exp_sm = rate / sms, exp_rate / sms
+    per_sm = rate / sms
     block_mm = 2.0 * gemms * rows * cols * dim
-    block_exp = rows * cols / exp_sm if exp_sm else 0.0
+    block_exp = _block_exp(sms, exp_rate)
     ref_mm = 2.0 * 2 * rows * cols * 128                 # the published anchor's block
     # rate is the anchor's effective rate, exponentials included: take them out
     mm_rate = ref_mm / max(ref_mm / per_sm - block_exp, 0.25 * ref_mm / per_sm)
@@ -80,6 +85,33 @@ def fused_time(flops: float, attn: dict | None, rate: float, sms: int,
     ctas = batch * heads * q_blocks
     per_cta = (visits / q_blocks + kernels.PIPELINE_STEPS) * t_block
     return math.ceil(ctas / sms) * per_cta
+
+
+def _block_exp(sms: int, exp_rate: float) -> float:
+    """Seconds one SM spends on a 128 x 128 block's exponentials."""
+    return ATTENTION_BLOCK_ROWS ** 2 / (exp_rate / sms) if exp_rate and sms else 0.0
+
+
+def mma_share(rate: float, peak: float, sms: int, exp_rate: float) -> float:
+    """Share of the dense peak a fused kernel's GEMMs reach, given its anchor `rate` at
+    head dim 128 (exponentials included) on a GPU of `sms` SMs and `exp_rate`."""
+    ref_mm = 2.0 * 2 * ATTENTION_BLOCK_ROWS ** 2 * 128
+    return ref_mm / (ref_mm / (rate / sms) - _block_exp(sms, exp_rate)) / (peak / sms)
+
+
+NATIVE_MMA_SHARE = mma_share(**FA3_H100)
+
+
+def native_rate(peak: float, sms: int, exp_rate: float) -> float:
+    """The anchor rate (head dim 128, exponentials included) of a GPU's native fused
+    kernels where no measurement of its own is published: their GEMMs at Hopper's share
+    of the dense peak (NATIVE_MMA_SHARE), the exponentials at the GPU's own SFU rate, one
+    after the other as FA3's figures show on H100. On Blackwell (16 exponentials per clock
+    per SM against twice Hopper's tensor rate per SM) the exponentials take about half of
+    a block; Blackwell Ultra doubles the SFU rate for that reason (kernels.py)."""
+    ref_mm = 2.0 * 2 * ATTENTION_BLOCK_ROWS ** 2 * 128
+    per_sm = peak * NATIVE_MMA_SHARE / sms
+    return ref_mm / (ref_mm / per_sm + _block_exp(sms, exp_rate)) * sms
 
 
 def unfused_time(attn: dict, gemm_rate: float, sms: int, bandwidth: float, floor: float,

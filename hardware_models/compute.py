@@ -103,10 +103,9 @@ class RooflineCompute:
                 self.persistent, populations.population(node) == "eager")
             if t is not None:
                 return t
-        native = kind in attention_kernels.NATIVE
-        frac = self.figure("attention_fraction_native" if native else "attention_fraction")
-        exp_rate = self.sms * kernels.SFU_EXP_PER_CLOCK_PER_SM * self.spec.clock
-        return attention_kernels.fused_time(node.flops, attn, peak * frac, self.sms, exp_rate)
+        rate, exp_rate = attention_rate(self.spec, peak, kind in attention_kernels.NATIVE,
+                                        self.efficiency)
+        return attention_kernels.fused_time(node.flops, attn, rate, self.sms, exp_rate)
 
     @property
     def sms(self) -> int:
@@ -142,6 +141,25 @@ class RooflineCompute:
                 or populations.population(node) == "eager"):
             return 0.0
         return kernels.MEMORY_LATENCY_S
+
+
+def attention_rate(spec: HardwareSpec, peak: float, native: bool,
+                   calibrated: dict | None = None) -> tuple[float, float]:
+    """(the fused-attention family's rate at head dim 128, exponentials included; the GPU's
+    exponentials per second). A native family with no figure of this GPU's own (calibrated
+    or in its spec) takes attention_kernels.native_rate: Hopper's GEMM share, this GPU's
+    exponentials."""
+    from flint.hardware_models.nccl import generation
+
+    sms = int(spec.cores) if spec.kind == "gpu" else 0
+    exp_rate = sms * spec.clock * (spec.exponentials_per_clock
+                                   or kernels.SFU_EXP_PER_CLOCK_PER_SM)
+    name = "attention_fraction_native" if native else "attention_fraction"
+    stated = (name in (calibrated or {}) or name in spec.efficiency
+              or bool(getattr(spec, name, 0)))
+    if native and exp_rate and not stated and generation(spec.name, spec.model):
+        return attention_kernels.native_rate(peak, sms, exp_rate), exp_rate
+    return peak * kernels.figure(spec, name, calibrated), exp_rate
 
 
 def tensor_dtype(node: Node, kind: str, allow_tf32: bool | None = None) -> str:

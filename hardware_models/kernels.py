@@ -50,7 +50,9 @@ TPU_MXU = 128                   # systolic array edge on TPU v4/v5e/v5p (Google 
 # Exponentials per clock per SM on the special-function units (CUDA C++ Programming Guide,
 # 'Arithmetic Instructions' throughput table: 16 results/clock/SM for exp2 and friends on
 # compute capability 8.x and 9.x; the FlashAttention-3 paper quotes 3.9 TFLOP/s of special
-# functions for H100 SXM5 = 132 SMs x 16 x 1.83 GHz).
+# functions for H100 SXM5 = 132 SMs x 16 x 1.83 GHz). Blackwell keeps 16; Blackwell Ultra
+# doubles it (NVIDIA Technical Blog, 'Making Softmax More Efficient with NVIDIA Blackwell
+# Ultra', 2026), which its specs state as `exponentials_per_clock`.
 SFU_EXP_PER_CLOCK_PER_SM = 16
 
 # Per-SM bandwidth that unvectorized compiler-generated memory-bound kernels (XLA's

@@ -22,6 +22,7 @@ FIELDS = {
     "l2_cache": ("bytes", ("memory", "l2_cache")),
     "clock": ("frequency", ("compute", "clock")),
     "cores": ("count", ("compute", "cores")),
+    "exponentials_per_clock": ("count", ("compute", "exponentials_per_clock")),
     "matrix_unit": ("count", ("compute", "matrix_unit")),   # TPU MXU edge (128 or 256)
     # Kernel-model figures (kernels.py): achievable shares of the peaks, and the floor.
     "gemm_fraction": ("ratio", ("compute", "gemm_fraction")),
@@ -64,6 +65,7 @@ class HardwareSpec:
     l2_cache: float = 0.0
     clock: float = 0.0
     cores: int = 0                   # SMs (GPU), TensorCores (TPU), cores (CPU)
+    exponentials_per_clock: int = 0  # per SM; 0 = kernels.SFU_EXP_PER_CLOCK_PER_SM
     matrix_unit: int = 0             # TPU systolic array edge; 0 = kernels.TPU_MXU
     gemm_fraction: float = 0.0       # 0 = not given: kernels.py documents the default
     attention_fraction: float = 0.0

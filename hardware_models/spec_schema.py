@@ -48,6 +48,8 @@ LAYOUT: dict[str, Any] = {
     "compute": {
         "peak_flops": {dtype: Figure("flops") for dtype in DTYPES},
         "clock": Figure("frequency"),
+        # exponentials per clock per SM on the special-function units (MUFU.EX2)
+        "exponentials_per_clock": Figure("count", integer=True, maximum=1024),
         "cores": Figure("count", integer=True, maximum=2**20),
         "matrix_unit": Figure("count", integer=True, maximum=4096),
         # kernel model (kernels.py): achievable shares of the peaks, and the floor

@@ -57,6 +57,12 @@ FA3_TORCHBENCH = (430.3, 517.1, 565.5, 590.2, 614.2, 620.7)
 # FLOP/s on A100 (forward and backward, head dims 64/128, sequence 512-16k).
 FA2_A100_RANGE = (0.50, 0.73)
 IMPLS = {"standard": "unfused", "flash2": "flash2", "cudnn": "cudnn", "flash3": "flash3"}
+# NVIDIA Technical Blog, 'Making Softmax More Efficient with NVIDIA Blackwell Ultra' (2026):
+# doubling the SFUs' MUFU.EX2 rate gives GB300 ~35% more attention forward (FPROP)
+# throughput than GB200 (DeepSeek-V3, FP8). A ratio, so it checks the exponentials' share
+# of an attention block on Blackwell, not any one rate. Shapes: DeepSeek-V3's 128 heads at
+# 4k tokens, causal; its MLA query/key head dim is 192, a plain head 128.
+BLACKWELL_ULTRA_FPROP_GAIN = 1.35
 
 
 def gemm_rows() -> list[dict]:
@@ -140,6 +146,14 @@ def attention_rows() -> list[dict]:
                          "predicted_TFLOPs": p,
                          "error": 0.0 if lo * peak <= p <= hi * peak else
                          (lo * peak / p - 1 if p < lo * peak else hi * peak / p - 1)})
+    for d in (192, 128):
+        gb200 = predicted(RooflineCompute(load_spec("gb200-nvl72")), "native", d, 4096, True)
+        gb300 = predicted(RooflineCompute(load_spec("gb300-nvl72")), "native", d, 4096, True)
+        rows.append({"source": "NVIDIA Blackwell Ultra softmax blog", "hardware": "gb300 / gb200",
+                     "kernel": "native", "head_dim": d, "causal": True, "seq": 4096,
+                     "measured_TFLOPs": f"{BLACKWELL_ULTRA_FPROP_GAIN:.2f}x",
+                     "predicted_TFLOPs": gb300 / gb200, "ratio": True,
+                     "error": BLACKWELL_ULTRA_FPROP_GAIN / (gb300 / gb200) - 1})
     return rows
 
 
@@ -248,10 +262,12 @@ def render(report: dict) -> None:
                          else "right")
         for r in report["attention"]:
             m = r["measured_TFLOPs"]
+            flint = (f"{r['predicted_TFLOPs']:.2f}x" if r.get("ratio")
+                     else f"{r['predicted_TFLOPs']:.0f} TFLOP/s")
             t.add_row(r["source"], r["hardware"], r["kernel"], str(r["head_dim"]),
                       "causal" if r["causal"] else "full", str(r["seq"]),
                       m if isinstance(m, str) else f"{m:.0f} TFLOP/s",
-                      f"{r['predicted_TFLOPs']:.0f} TFLOP/s", f"{100 * r['error']:+.1f} %")
+                      flint, f"{100 * r['error']:+.1f} %")
         console.print(t)
         by_kernel: dict = {}
         for r in report["attention"]:

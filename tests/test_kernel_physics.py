@@ -115,3 +115,28 @@ def test_attention_kernels_by_era():
     assert tflops("flash2", 128) < 0.65 * tflops("flash3", 128)
     unfused = tflops("unfused", 128, 8192, meta={"kernel_source": "eager"})
     assert 0.1 * tflops("flash2", 128) < unfused < 0.5 * tflops("flash2", 128)
+
+
+def test_native_attention_on_blackwell_is_bound_by_its_exponentials():
+    """With no fused-attention figure of its own, a GPU's native kernels run their GEMMs at
+    Hopper's share of the dense peak (recovered from FA3's H100 anchor) and their
+    exponentials at the GPU's own SFU rate: on Blackwell (16 per clock per SM against twice
+    Hopper's tensor rate per SM) a block spends about half its time in exponentials;
+    Blackwell Ultra doubles the SFU rate and gets Hopper's 0.655 back. A spec that states
+    its own figure keeps it."""
+    from flint.hardware_models import attention_kernels
+    from flint.hardware_models.compute import attention_rate
+
+    assert attention_kernels.NATIVE_MMA_SHARE == pytest.approx(0.974, abs=0.002)
+    share = {}
+    for name in ("h100-sxm", "b200", "gb200-nvl72", "gb300-nvl72"):
+        spec = load_spec(name)
+        share[name] = attention_rate(spec, spec.peak("bf16"), native=True)[0] / spec.peak("bf16")
+    assert share["h100-sxm"] == pytest.approx(0.655)                     # stated
+    assert share["b200"] == pytest.approx(0.49, abs=0.01)
+    assert share["gb200-nvl72"] == pytest.approx(share["b200"], abs=0.01)
+    assert share["gb300-nvl72"] == pytest.approx(0.655, abs=0.005)
+    # a what-if on the SFU rate moves Blackwell's native attention, not its GEMMs
+    faster = load_spec("gb200-nvl72", ["exponentials_per_clock=32"])
+    assert attention_rate(faster, faster.peak("bf16"), True)[0] == pytest.approx(
+        0.655 * faster.peak("bf16"), rel=0.01)
