@@ -50,7 +50,12 @@ class GradientBuckets:
 
     def _emit(self, units) -> None:
         w = self.w
-        inputs = sorted({producer for _, _, producer, _ in units} | set(self.after))
+        inputs = sorted({producer for _, _, producer, _ in units})
+        # Held to the end of the backward by a control edge, not a data edge: under
+        # passes.pipeline the end that matters is the stage's own last backward (DeepSpeed's
+        # PipelineEngine reduces each stage's gradients after that stage's flush), which the
+        # pipeline pass substitutes for `after` (meta after_backward); a data edge to the
+        # embedding's backward would cross stages and become a transfer.
         merged: dict = {}
         for c, weight in self.collectives(units):
             key = (c.type, c.communicator, c.dtype, c.reduction, c.is_async)
@@ -61,9 +66,12 @@ class GradientBuckets:
         for (kind, comm, dtype, reduction, is_async), (a, b) in merged.items():
             collective = Collective(kind, comm, int(a), int(b), dtype, reduction, is_async)
             w.nodes.append(Node(len(w.nodes), f"{kind}.grads.{label}", NodeKind.COLLECTIVE,
-                                kind, "collective", list(inputs), collective=collective,
+                                kind, "collective", list(inputs), sorted(self.after),
+                                collective=collective,
                                 meta={"phase": "backward", "layer": label,
                                       "bucket": [u[3] for u in units]}))
+            if self.after:
+                w.nodes[-1].meta["after_backward"] = True
             ids.append(len(w.nodes) - 1)
         for key, owner, producer, unit_label in units:
             got = ids or [producer]

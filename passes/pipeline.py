@@ -183,12 +183,25 @@ class _Builder:
         # ... and sends what it produced for other stages when it is done (send_forward /
         # send_backward after the stage's forward or backward step).
         self.deferred = []
+        held: set = set()        # reductions held to the flush, and the work reading them
         for t in members:
-            self.emit_node(t, phase, mb, c)
-        done, self.deferred = self.deferred, None
+            node = self.g.nodes[t]
+            if node.meta.get("after_backward") or not held.isdisjoint(node.inputs):
+                held.add(t)
+        for t in members:
+            if t not in held:
+                self.emit_node(t, phase, mb, c)
         # the step's end: its last F/B node (the gradient reduction runs on past it)
         end = max((self.copy[(t, mb)] for t in members if self.tasks[t] != "R"),
                   default=len(self.nodes) - 1)
+        # reductions held to the end of the backward (no overlap) wait for this stage's
+        # own flush, the last backward of the last micro-batch
+        for t in members:
+            if t in held:
+                self.emit_node(t, phase, mb, c)
+                node = self.nodes[self.copy[(t, mb)]]
+                node.control = sorted(set(node.control) | {end})
+        done, self.deferred = self.deferred, None
         for t, node_id, dev_, mb_, c_ in done:
             for dst in self.send_to[t]:
                 self.p2p(NodeKind.SEND, self.g.nodes[t], [node_id], dev_, dst, mb_, c_,

@@ -75,11 +75,7 @@ MECHANISMS = (
               "DeepSpeed deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceTiedGrads, "
               "ReduceGrads and OptimizerStep are issued after the last BackwardPass; the "
               "engine disables the per-backward all-reduce ('We schedule the all-reduces')",
-              "more 1 BigScience tr11 x Megatron-DeepSpeed 2022 x A100",
-              blocked="with pp > 1, passes.layer_template makes every bucket's reduction "
-              "wait for the embedding's backward (stage 0), and passes.pipeline turns those "
-              "cross-stage edges into p2p transfers: BLOOM TP4 PP12 DP2, 24 micro-batches: "
-              "2658 send/recv nodes instead of 1085, step +28% for 0.4 s of reductions"),
+              "more 1 BigScience tr11 x Megatron-DeepSpeed 2022 x A100"),
     Mechanism("stages split by layer count", (("pipeline_split", "layers"),),
               ("megatron-lm-2022", "megatron-deepspeed-2022", "megatron-deepspeed-2021"),
               "Megatron-DeepSpeed GPTModelPipe: PipelineModule(partition_method="

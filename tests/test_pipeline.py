@@ -226,3 +226,39 @@ def test_layer_template_rebuilds_the_whole_model(tiny_unrolled):
     assert b == pytest.approx(a, rel=0.15)
     with pytest.raises(FlintError, match="at least 2"):
         LayerTemplate(4).run(uniform_model(1))
+
+
+def test_reductions_held_to_the_flush_wait_for_their_own_stage():
+    """overlap_grad_reduce=False (DeepSpeed's PipelineEngine reduces after the flush): each
+    stage's gradient reductions start after that stage's own last backward, and holding
+    them adds no transfer between stages (they wait by a control edge, not by data from
+    the embedding's stage)."""
+    from flint.engine import predict
+    from flint.run import TrainingRun
+
+    def run(overlap):
+        r = TrainingRun(model="llama3-8b", seq_len=1024, devices=16, tp=2, pp=4,
+                        micro_batch=1, global_batch=16, hardware="h100-sxm",
+                        overlap_grad_reduce=overlap)
+        return predict(r, timeline=True)
+
+    held, overlapped = run(False), run(True)
+    for p in (held, overlapped):
+        tl = p.estimate.timeline
+        assert sum(n.kind in (NodeKind.SEND, NodeKind.RECV) for n in tl.graph.nodes) == sum(
+            n.kind in (NodeKind.SEND, NodeKind.RECV)
+            for n in overlapped.estimate.timeline.graph.nodes)
+    tl = held.estimate.timeline
+    g = tl.graph
+    for dev in range(4):
+        last_b = max(f for i, f in enumerate(tl.finish) if tl.device[i] == dev
+                     and g.nodes[i].meta.get("task") == "B" and g.nodes[i].collective is None)
+        grads = [tl.start[i] for i, n in enumerate(g.nodes) if tl.device[i] == dev
+                 and n.meta.get("after_backward")]
+        assert grads and min(grads) >= last_b - 1e-9
+    tl = overlapped.estimate.timeline
+    g = tl.graph
+    last_b = max(f for i, f in enumerate(tl.finish) if tl.device[i] == 0
+                 and g.nodes[i].meta.get("task") == "B" and g.nodes[i].collective is None)
+    assert min(tl.start[i] for i, n in enumerate(g.nodes) if tl.device[i] == 0
+               and n.meta.get("task") == "R" and n.collective is not None) < last_b
