@@ -28,10 +28,11 @@ from __future__ import annotations
 import gc
 import math
 import time
+from dataclasses import replace
 from flint.errors import FlintError
 from flint.prediction import Prediction, prediction_facts  # noqa: F401 (re-exported)
 from flint.run import TrainingRun
-from flint.steady_state import extrapolate, steady_points
+from flint.steady_state import affine, extrapolate, steady_points
 
 # Unrolled layers per stage template: the first and last template layers stand for the
 # model's first and last (they overlap the embedding and the head), the interior ones for
@@ -113,8 +114,6 @@ def _retargeted(run: TrainingRun, template):
     compiled instead)."""
     if template.cluster.mesh == run.mesh():
         return template
-    from dataclasses import replace
-
     from flint.passes.rescale import Rescale
 
     mesh = ",".join(f"{n}={s}" for n, s in run.mesh())
@@ -144,7 +143,6 @@ def predict(run: TrainingRun, cost_model=None, what_if=(), cache=None,
 
 
 def _predict(run: TrainingRun, cost_model, what_if, cache, timeline: bool) -> Prediction:
-    from flint.hardware_models.estimate import estimate
     from flint.hardware_models.pluggable import cost_model_name, resolve_cost_model
     from flint.hardware_models.spec import load_spec
 
@@ -162,17 +160,18 @@ def _predict(run: TrainingRun, cost_model, what_if, cache, timeline: bool) -> Pr
     # a long pipeline is priced from two short ones (flint.steady_state) unless the
     # caller wants the whole timeline
     points = None if timeline else steady_points(run.schedule, run.pp, run.microbatches)
-    estimates, memory, compiled = [], None, False
-    # the longer one first: past the warm-up the memory peak no longer grows (except
-    # GPipe's), so the shorter one borrows it instead of walking its buffers again
-    for m in sorted(points or (run.microbatches,), reverse=True):
-        own = memory is None or run.schedule == "gpipe"
-        piped, mine, extracted = _pipelined(run, store, overrides, factory, m, memory=own)
-        memory, compiled = (mine if own else memory), compiled or extracted
-        estimates.insert(0, estimate(piped, run.hardware, overrides, cost_model=factory,
-                                     memory=memory))
-    e = estimates[0] if points is None else extrapolate(*estimates, *points,
-                                                        run.microbatches, run.schedule)
+    share = run.recompute_share
+    if share is not None and timeline:
+        raise FlintError(f"recompute_layers: a step recomputing {run.recompute_layers} layers "
+                         f"per chunk is priced from its two ends (no recompute, full); it "
+                         f"has no single timeline to trace")
+    e, piped, compiled = _estimated(run, store, overrides, factory, points)
+    if share is not None:
+        # layers are alike and their work and held activations add up: the step is
+        # `share` of the way from keeping every layer's activations to recomputing all
+        kept, _, fresh = _estimated(replace(run, remat="none", recompute_layers=0), store,
+                                    overrides, factory, points)
+        e, compiled = affine(kept, e, share, memory=True), compiled or fresh
     if not timeline:
         e.timeline = None
     tokens = run.tokens_per_step
@@ -196,6 +195,24 @@ def _predict(run: TrainingRun, cost_model, what_if, cache, timeline: bool) -> Pr
         extracted=compiled, wall_s=time.perf_counter() - t0,
         cost_model=cost_model_name(cost_model) or "",
         moe_routing=piped.meta.get("moe_routing"), estimate=e)
+
+
+def _estimated(run: TrainingRun, store, overrides, factory, points):
+    """(the run's Estimate, its pipelined graph, whether a stage program was compiled)."""
+    from flint.hardware_models.estimate import estimate
+
+    estimates, memory, compiled = [], None, False
+    # the longer one first: past the warm-up the memory peak no longer grows (except
+    # GPipe's), so the shorter one borrows it instead of walking its buffers again
+    for m in sorted(points or (run.microbatches,), reverse=True):
+        own = memory is None or run.schedule == "gpipe"
+        piped, mine, extracted = _pipelined(run, store, overrides, factory, m, memory=own)
+        memory, compiled = (mine if own else memory), compiled or extracted
+        estimates.insert(0, estimate(piped, run.hardware, overrides, cost_model=factory,
+                                     memory=memory))
+    e = estimates[0] if points is None else extrapolate(*estimates, *points,
+                                                        run.microbatches, run.schedule)
+    return e, piped, compiled
 
 
 def run_overrides(run: TrainingRun) -> list[str]:

@@ -70,7 +70,11 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
                 collectives.add(n.collective.type + (f" over {axes}" if axes else ""))
     if run.pp > 1:
         collectives.add("send/recv over pipe")
-    return {"seq_len": run.seq_len, "global_batch_sequences": run.global_batch,
+    out = {} if run.recompute_share is None else {"block_recompute": (
+        f"{run.recompute_layers} of {run.model_config().n_layers / (run.pp * run.vp):g} "
+        f"layers per chunk recomputed: priced {run.recompute_share:.0%} of the way from "
+        f"no recompute to remat full (layers alike, their work and activations add up)")}
+    return {**out, "seq_len": run.seq_len, "global_batch_sequences": run.global_batch,
             "micro_batch": run.micro_batch, "microbatches": run.microbatches,
             "tokens_per_step": run.tokens_per_step, "gemm_dtypes": dict(sorted(dtypes.items())),
             "collectives": sorted(collectives), "framework": run.framework,

@@ -67,6 +67,8 @@ def render_prediction(p: dict, console: Console) -> None:
     t.add_row("GEMM operand dtypes", ", ".join(f"{k} ({v} GEMMs)" for k, v in
                                                facts["gemm_dtypes"].items()) or "none")
     t.add_row("kernels", f"{facts['framework']}")
+    if facts.get("block_recompute"):
+        t.add_row("block recompute", facts["block_recompute"])
     console.print(t)
     c = Table(title="Time by op class (busiest device, summed over the step)",
               title_justify="left")

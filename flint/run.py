@@ -72,6 +72,7 @@ class RunSchema(Strict):
     micro_batch: Annotated[PositiveInt, Field(le=2**16)] = 1
     global_batch: Annotated[int, Field(ge=0, le=2**24)] = 0
     remat: Literal[REMAT_POLICIES] = "selective"
+    recompute_layers: Annotated[int, Field(ge=0, le=2**16)] = 0
     precision: Literal[PRECISIONS] = "bf16"
     framework: Literal[FRAMEWORKS] = "megatron"
     attention: Literal[ATTENTION] = "flash"
@@ -109,6 +110,10 @@ class TrainingRun:
     micro_batch: int = 1
     global_batch: int = 0
     remat: str = "selective"
+    # remat full only: recompute this many layers of each pipeline chunk and keep the
+    # others' activations (Megatron's --recompute-method block --recompute-num-layers, what
+    # the NeMo / Megatron-Bridge recipes use to fit memory); 0: every layer
+    recompute_layers: int = 0
     precision: str = "bf16"
     framework: str = "megatron"
     # attention core kernel; the data-parallel gradient reduction overlapped with the
@@ -171,6 +176,15 @@ class TrainingRun:
     def microbatches(self) -> int:
         """Micro-batches per step (gradient accumulation, the pipeline's depth)."""
         return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def recompute_share(self) -> float | None:
+        """The share of each pipeline chunk's layers a block recompute (recompute_layers)
+        recomputes; None when the remat policy alone says (every layer alike)."""
+        if not self.recompute_layers:
+            return None
+        per_chunk = self.model_config().n_layers / (self.pp * self.vp)
+        return None if self.recompute_layers >= per_chunk else self.recompute_layers / per_chunk
 
     @property
     def tokens_per_step(self) -> int:
@@ -253,7 +267,8 @@ class TrainingRun:
         parts += [f"{k}{v}" for k, v in (("cp", self.cp), ("pp", self.pp), ("vp", self.vp),
                                          ("ep", self.ep)) if v > 1]
         parts += [f"dp{self.dp}", f"zero{self.zero}" + (f"/hsdp{self.hsdp}" if self.hsdp else ""),
-                  f"mb{self.micro_batch}x{self.microbatches}", f"remat={self.remat}",
+                  f"mb{self.micro_batch}x{self.microbatches}", f"remat={self.remat}" + (
+                      f"/{self.recompute_layers}" if self.recompute_layers else ""),
                   self.precision]
         name = self.model if isinstance(self.model, str) else dict(self.model).get(
             "name", dict(self.model).get("base", "custom"))

@@ -97,6 +97,14 @@ def _model(run):
 
 def _pipeline(run, cfg) -> None:
     chunks = run.pp * run.vp
+    if run.recompute_layers:
+        if run.remat != "full":
+            raise FlintError(f"recompute_layers: block recompute of {run.recompute_layers} "
+                             f"layers per chunk is a form of remat full, not {run.remat}")
+        if run.recompute_layers > cfg.n_layers / chunks:
+            raise FlintError(f"recompute_layers: {run.recompute_layers} exceeds the "
+                             f"{cfg.n_layers / chunks:g} layers of each of the {chunks} "
+                             f"pipeline chunks")
     if chunks > cfg.n_layers:
         raise FlintError(f"vp: pp {run.pp} x vp {run.vp} = {chunks} model chunks do not fill "
                          f"{cfg.name}'s {cfg.n_layers} layers")

@@ -46,12 +46,26 @@ def _line(a: float, b: float, t: float) -> float:
     return a + (b - a) * t
 
 
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def extrapolate(e1, e2, m1: int, m2: int, m: int, schedule: str):
     """The Estimate of m micro-batches from those of m1 and m2 (e2's structure)."""
-    t = (m - m1) / (m2 - m1)
-    # every device's figures are affine in m, their maximum is not: the busiest device at
-    # m is the one whose line is highest there, and both short pipelines report its
-    # figures (each reports its own busiest device's)
+    out = affine(e1, e2, (m - m1) / (m2 - m1), memory=schedule == "gpipe")
+    if out.pipeline:
+        out.pipeline["microbatches"] = m
+        out.pipeline["extrapolated_from_microbatches"] = [m1, m2]
+    return out
+
+
+def affine(e1, e2, t: float, memory: bool = False):
+    """The Estimate at t on the line through e1 (t = 0) and e2 (t = 1), e2's structure:
+    every figure that is a sum over the step's work (times, busy times, flops, splits;
+    and with `memory`, the memory peak: held activations are a sum too)."""
+    # every device's figures are affine in t, their maximum is not: the busiest device at
+    # t is the one whose line is highest there, and both estimates report its figures
+    # (each reports its own busiest device's)
     busy1, busy2 = (e.pipeline.get("compute_busy_s") or [] for e in (e1, e2))
     if e1.per_device and e2.per_device and len(busy1) == len(busy2):
         device = max(range(len(busy2)), key=lambda d: _line(busy1[d], busy2[d], t))
@@ -65,17 +79,15 @@ def extrapolate(e1, e2, m1: int, m2: int, m: int, schedule: str):
                             for k in sorted(set(a) | set(b))})
     peak = out.peak_flops
     out.hfu = out.flops_per_device / (out.step_time_s * peak) if out.step_time_s else 0.0
-    if e1.mfu is not None and e2.mfu is not None:   # model flops grow with m like flops
+    if e1.mfu is not None and e2.mfu is not None:   # model flops are a sum like flops
         work = _line(e1.mfu * e1.step_time_s, e2.mfu * e2.step_time_s, t)
         out.mfu = work / out.step_time_s if out.step_time_s else 0.0
-    out.pipeline = _pipeline(e1.pipeline, e2.pipeline, t, m)
+    out.pipeline = _pipeline(e1.pipeline, e2.pipeline, t)
     out.per_device = {}
-    if schedule == "gpipe":             # every micro-batch's activations are held
+    if memory:
         out.memory_bytes = _line(e1.memory_bytes, e2.memory_bytes, t)
-        out.memory = dict(e2.memory, peak_bytes=out.memory_bytes,
-                          temporaries_peak_bytes=_line(
-                              e1.memory.get("temporaries_peak_bytes", 0.0),
-                              e2.memory.get("temporaries_peak_bytes", 0.0), t))
+        out.memory = {k: _line(e1.memory[k], v, t) if _number(v) and _number(
+            e1.memory.get(k)) else v for k, v in e2.memory.items()}
         out.oom = out.memory_bytes > out.memory_capacity_bytes
     out.timeline = None
     return out
@@ -96,7 +108,7 @@ def _for_device(e, device: int):
     return out
 
 
-def _pipeline(p1: dict, p2: dict, t: float, m: int) -> dict:
+def _pipeline(p1: dict, p2: dict, t: float) -> dict:
     if not p2:              # one stage: gradient accumulation, no schedule to report
         return {}
     out = dict(p2)
@@ -112,6 +124,4 @@ def _pipeline(p1: dict, p2: dict, t: float, m: int) -> dict:
     out["bubble_fraction"] = bubble / out["ideal_window_s"] if out["ideal_window_s"] else 0.0
     out["bubble_over_ideal"] = bubble / out["ideal_busy_s"] if out["ideal_busy_s"] else 0.0
     out["comm_wait_fraction"] = wait / out["pipelined_s"] if out["pipelined_s"] else 0.0
-    out["microbatches"] = m
-    out["extrapolated_from_microbatches"] = [p1["microbatches"], p2["microbatches"]]
     return out

@@ -66,7 +66,25 @@ class Runner:
         from flint.run import TrainingRun
 
         try:
-            return TrainingRun(**variant_fields(case, mechs)), ""
+            run = TrainingRun(**variant_fields(case, mechs))
+            if any(m.fit_memory for m in mechs):
+                from dataclasses import replace
+
+                from flint.engine import stage_program
+                from flint.fit_memory import least_recompute
+
+                ends = [replace(run, remat=r, recompute_layers=0) for r in ("none", "full")]
+                if self.cached_only and not all(self.store.has(stage_program(r))
+                                                for r in [run] + ends):
+                    return None, ""         # --cached-only: its programs are not cached
+                fitted = least_recompute(run, case.what_if, self.store)
+                if fitted != run and not self.quiet:
+                    print(f"[fit] {case.label[:48]}: remat {fitted.remat}"
+                          + (f" on {fitted.recompute_layers} layers per chunk"
+                             if fitted.recompute_layers else " on every layer"),
+                          file=sys.stderr, flush=True)
+                run = fitted
+            return run, ""
         except FlintError as err:
             return None, str(err)
 
@@ -81,6 +99,9 @@ class Runner:
             if name in case.predicted:
                 continue
             run, why = self.build(case, mechs)
+            if run is None and not why:
+                self.skipped += 1
+                continue
             if run is None:
                 case.predicted[name] = {"error": why}
                 if name == "after" and not case.reason:
@@ -235,7 +256,8 @@ def main(argv=None) -> int:
     runner.run_all([(c, v) for c in built for v in (
         [[], applicable(c)] if args.no_lofo else planned_variants(c))])
     report = {"mechanisms": [{"id": mech_id(m), "name": m.name, "eras": list(m.eras),
-                              "assign": dict(m.assign), "source": m.source,
+                              "assign": dict(m.assign), "fit_memory": m.fit_memory,
+                              "source": m.source,
                               "developed_on": m.developed_on, "available": available(m),
                               "blocked": m.blocked}
                              for m in MECHANISMS]}

@@ -52,6 +52,9 @@ class Mechanism:
     developed_on: str             # the family whose evidence first motivated it
     needs: str = ""               # a TrainingRun field that must exist ("" = always)
     blocked: str = ""             # why the engine cannot price it faithfully yet
+    # not a field assignment: the run as stated when it fits, else the least block
+    # recompute that fits (flint.fit_memory.least_recompute)
+    fit_memory: bool = False
 
 
 MECHANISMS = (
@@ -100,6 +103,13 @@ MECHANISMS = (
               "Transformer Engine), i.e. framework megatron; the torch twin that prices "
               "eager kernels refuses zero 1 (InternEvo's hybrid ZeRO) and cp > 1 "
               "(AutoModel's Llama3-70B row)", "-"),
+    Mechanism("block recompute to fit memory", (), ("megatron-core",),
+              "the NVIDIA tables list no activation recompute (published.md); the runs ran, "
+              "and the recipes set Megatron's block recompute to the layers per chunk that "
+              "make them fit (Megatron-Bridge perf_recipes, e.g. 'Llama3-8B H100 FP8-CS: "
+              "recompute_granularity=full, method=block, num_layers=5'); the default "
+              "selective recompute is kept where it fits",
+              "published 1a Megatron-Bridge x Megatron-Core+TE x GB200", fit_memory=True),
 )
 
 
@@ -113,7 +123,7 @@ INCLUDE_BLOCKED = False         # scripts/fidelity.py --include-blocked
 
 
 def available(m: Mechanism) -> bool:
-    return bool(m.assign) and (not m.needs or m.needs in run_fields()) and (
+    return (bool(m.assign) or m.fit_memory) and (not m.needs or m.needs in run_fields()) and (
         INCLUDE_BLOCKED or not m.blocked)
 
 

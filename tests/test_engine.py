@@ -241,3 +241,47 @@ def test_fsdp2_reshard_after_forward_gathers_once():
     assert (counts[True], counts[False]) == (3 * 2 + 1, 3 + 1)
     with pytest.raises(FlintError, match="reshard_after_forward: megatron runs XLA"):
         TrainingRun(model=LLAMA6, devices=8, zero=3, reshard_after_forward=False)
+
+
+def test_block_recompute_is_priced_between_its_two_ends():
+    """remat full over k of a chunk's L layers (Megatron's block method): step and memory
+    k/L of the way from no recompute to full recompute, the prediction saying so; k must
+    fit the chunk and belongs to remat full; least_recompute picks the fewest layers that
+    fit a capacity the run exceeds."""
+    from dataclasses import replace
+
+    from flint.engine import predict
+    from flint.fit_memory import least_recompute
+
+    base = dict(model=LLAMA6, seq_len=2048, devices=4, pp=2, micro_batch=2, global_batch=16)
+    none = predict(TrainingRun(**base, remat="none"))
+    full = predict(TrainingRun(**base, remat="full"))
+    one = TrainingRun(**base, remat="full", recompute_layers=1)    # 1 of 3 per chunk
+    p = predict(one)
+    assert p.step_time_s == pytest.approx(none.step_time_s + (full.step_time_s
+                                                              - none.step_time_s) / 3)
+    assert p.memory_bytes == pytest.approx(none.memory_bytes + (full.memory_bytes
+                                                                - none.memory_bytes) / 3)
+    assert full.step_time_s > p.step_time_s > none.step_time_s
+    assert "1 of 3 layers per chunk" in p.facts["block_recompute"]
+    assert predict(replace(one, recompute_layers=3)).step_time_s == full.step_time_s
+    assert "remat=full/1" in one.label()
+    with pytest.raises(FlintError, match="recompute_layers: block recompute .* not selective"):
+        TrainingRun(**base, recompute_layers=1)
+    with pytest.raises(FlintError, match="recompute_layers: 4 exceeds the 3 layers"):
+        TrainingRun(**base, remat="full", recompute_layers=4)
+    with pytest.raises(FlintError, match="no single timeline"):
+        predict(one, timeline=True)
+    # a capacity between the two ends: the fewest layers that fit
+    gib = (none.memory_bytes + 2 * full.memory_bytes) / 3 / 2**30 + 0.01
+    what_if = (f"hbm_capacity={gib:.3f}GiB",)
+    fitted = least_recompute(TrainingRun(**base, remat="none"), what_if)
+    assert (fitted.remat, fitted.recompute_layers) == ("full", 2)
+    assert not predict(fitted, what_if=what_if).oom
+    roomy = TrainingRun(**base, remat="none")
+    assert least_recompute(roomy) is roomy
+    code, stdout, stderr = run_cli(["predict", "--model", "tiny", "--seq-len", "64",
+                                    "--devices", "4", "--global-batch", "8",
+                                    "--remat", "full", "--recompute-layers", "1"])
+    assert code == 0, stderr
+    assert "block recompute" in stdout and "1 of 2 layers per chunk" in stdout

@@ -44,6 +44,9 @@ def predict(
     global_batch: Optional[int] = typer.Option(None, help="sequences per step (default: "
                                                "one micro-batch per data-parallel rank)"),
     remat: Optional[str] = typer.Option(None, help="none | selective | full | dots"),
+    recompute_layers: Optional[int] = typer.Option(
+        None, help="remat full: recompute only this many layers of each pipeline chunk "
+                   "(Megatron's block method; default: all)"),
     precision: Optional[str] = typer.Option(None, help="GEMM precision: bf16 | fp8 | mxfp8"),
     framework: Optional[str] = typer.Option(None, help="who makes the kernels: megatron | "
                                             "xla | torch-eager | torch-compile"),
@@ -76,7 +79,8 @@ def predict(
                  devices_per_host=devices_per_host, tp=tp, sp=sp, cp=cp, pp=pp, vp=vp,
                  schedule=schedule, pipeline_split=pipeline_split, ep=ep,
                  dispatcher=dispatcher, zero=zero, hsdp=hsdp, micro_batch=micro_batch,
-                 global_batch=global_batch, remat=remat, precision=precision,
+                 global_batch=global_batch, remat=remat, recompute_layers=recompute_layers,
+                 precision=precision,
                  framework=framework, attention=attention,
                  overlap_grad_reduce=overlap_grad_reduce, tp_comm_overlap=tp_comm_overlap,
                  reshard_after_forward=reshard_after_forward,
