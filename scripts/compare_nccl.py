@@ -1,7 +1,9 @@
 """Flint's collective model against measured nccl-tests all-reduce curves (bus bandwidth vs
 message size), from ../shared/tables/more-published.md section 4.
 
-The curves are a validation set: nothing in the model is read off them. Each system is
+One figure of the model is read off one curve: the pipeline fill (nccl.PIPELINE_FILL_BYTES)
+is fitted on the DGX H100 sample (4a, one process per GPU as in training); the other curves
+are the validation set, and NCCL's tuning constants come from its source. Each system is
 rebuilt from what its source states (GPU, ranks, ranks per node, NICs, the algorithm a
 run forced with NCCL_ALGO); Flint's all-reduce time becomes a bus bandwidth by the
 nccl-tests convention (algbw x 2(n-1)/n). Errors are predicted / measured - 1 of the bus
@@ -9,7 +11,7 @@ bandwidth (the same as measured / predicted - 1 of the time), per size decade (m
 over that decade's sizes) and over all sizes from 1 KiB (smaller sizes round to 0.00 GB/s
 in the published tables).
 
-    python scripts/compare_nccl.py [--table PATH] [--json]
+    python scripts/compare_nccl.py [--table PATH] [--json] [--fill-scan]
 """
 from __future__ import annotations
 
@@ -161,12 +163,37 @@ def render(results: list[dict]) -> None:
     console.print(s)
 
 
+def fill_scan(blocks) -> None:
+    """How nccl.PIPELINE_FILL_BYTES was chosen: the fill minimizing the DGX H100 (4a)
+    curve's median |error|, every other system shown beside it (not used to choose)."""
+    from flint.hardware_models import nccl
+
+    chosen = nccl.PIPELINE_FILL_BYTES
+    names = [s.name.split(" (")[0] for s in SYSTEMS]
+    print("fill MiB | " + " | ".join(names) + "   (median |error| of bus bandwidth, sizes "
+          ">= 1 KiB; fitted on the first column only)")
+    try:
+        for mib in range(0, 26, 2):
+            nccl.PIPELINE_FILL_BYTES = mib * 2**20
+            errs = [compare(s, blocks[s.block])["median_abs_error"] for s in SYSTEMS]
+            mark = "  <- nccl.PIPELINE_FILL_BYTES" if mib * 2**20 == chosen else ""
+            print(f"{mib:8d} | " + " | ".join(f"{100 * e:{len(n)}.1f}" for n, e in
+                                              zip(names, errs)) + mark)
+    finally:
+        nccl.PIPELINE_FILL_BYTES = chosen
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--table", default=str(TABLE))
     p.add_argument("--json", action="store_true")
+    p.add_argument("--fill-scan", action="store_true", help="median |error| per system for "
+                   "pipeline fills of 0-24 MiB: the fit on 4a and how the others follow")
     a = p.parse_args()
     blocks = read_blocks(Path(a.table))
+    if a.fill_scan:
+        fill_scan(blocks)
+        return
     results = [compare(s, blocks[s.block]) for s in SYSTEMS]
     if a.json:
         print(json.dumps(results, indent=1))

@@ -43,6 +43,29 @@ def test_nccl_curves_plateaus_and_decades():
                                                     else 0.30), name
 
 
+@pytest.mark.skipif(not TABLE.is_file(), reason="../shared/tables absent")
+def test_pipeline_fill_is_the_dgx_h100_curves_best():
+    """nccl.PIPELINE_FILL_BYTES is where the DGX H100 curve's median |error| is least
+    (compare_nccl --fill-scan): no fill 4 MiB either side does better."""
+    from flint.hardware_models import nccl as model
+
+    script = _script("compare_nccl")
+    blocks = script.read_blocks(TABLE)
+    dgx = script.SYSTEMS[0]
+    chosen = model.PIPELINE_FILL_BYTES
+
+    def error(fill):
+        model.PIPELINE_FILL_BYTES = fill
+        try:
+            return script.compare(dgx, blocks[dgx.block])["median_abs_error"]
+        finally:
+            model.PIPELINE_FILL_BYTES = chosen
+
+    best = error(chosen)
+    assert all(best <= error(chosen + d * 2**20) + 1e-12 for d in (-4, -2, 2, 4))
+    assert best < error(0) - 0.03
+
+
 def test_attention_and_gemm_tables_against_published_figures():
     kernels = _script("compare_kernels")
     rows = kernels.attention_rows()
