@@ -312,7 +312,8 @@ def _passes(run: TrainingRun, template):
         graph = TpCommOverlap().run(graph)
     if graph.meta.get("layer_template") is None and cfg.n_layers > 1:
         graph = LayerTemplate(cfg.n_layers, boundary=boundary_shape(run, cfg),
-                              overlap_reduction=run.overlap_grad_reduce).run(graph)
+                              overlap_reduction=run.overlap_grad_reduce,
+                              defer_reduced_work=run.framework != "xla").run(graph)
         if run.framework == "megatron":
             _megatron_activations(graph, cfg, run)
     if run.zero in (1, 2):

@@ -77,5 +77,6 @@ class GradientBuckets:
             got = ids or [producer]
             block = f"R:{'rest' if owner is None else owner}"
             if block in w.r_blocks:
-                got = [w.add(f"red.{unit_label}", "backward", unit_label, block, 1.0, got)]
+                phase = "optimizer" if w.defer_reduced_work else "backward"
+                got = [w.add(f"red.{unit_label}", phase, unit_label, block, 1.0, got)]
             self.done.setdefault(key, []).extend(got)

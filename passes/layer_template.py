@@ -62,6 +62,12 @@ class LayerTemplate:
     # False: every bucket is reduced after the whole backward (Megatron-LM 2021's local
     # DDP, DeepSpeed's pipeline engine) instead of while the next blocks' backward runs
     overlap_reduction: bool = True
+    # True: the work on a reduced gradient (its cast and scaling) runs with the optimizer
+    # step, not in the backward where the reduction ends: Megatron averages gradients in
+    # the collective and its optimizer reads them; DDP and FSDP2 finish their buckets at
+    # the end of the backward. False (XLA): where the program's schedule put it, on the
+    # in-order compute stream, waiting there for the reduction
+    defer_reduced_work: bool = False
     name: ClassVar[str] = "layer-template"
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
@@ -93,8 +99,8 @@ class LayerTemplate:
         layer_share = sum(owned.values()) / max(len(owned), 1) / template_params
         memory = _block_memory(flat, tasks, blocks, indices)
         out = _Writer(flat, tasks, blocks, layers, indices, template, work, memory,
-                      self.boundary, self.bucket_bytes,
-                      self.overlap_reduction).write(layer_share, rest / template_params)
+                      self.boundary, self.bucket_bytes, self.overlap_reduction,
+                      self.defer_reduced_work).write(layer_share, rest / template_params)
         if "model_flops_per_device" in out.meta:
             out.meta["model_flops_per_device"] *= flops_ratio
         out.check()
@@ -217,12 +223,14 @@ def _block_memory(flat: WorkloadGraph, tasks, blocks, indices) -> dict:
 
 class _Writer:
     def __init__(self, flat, tasks, blocks, layers: int, indices, template, work, memory,
-                 boundary: str, bucket_bytes: int, overlap: bool = True):
+                 boundary: str, bucket_bytes: int, overlap: bool = True,
+                 defer_reduced_work: bool = False):
         self.g, self.tasks, self.blocks, self.layers = flat, tasks, blocks, layers
         self.a, self.b = indices[0], indices[1]
         self.indices = indices
         self.template, self.work, self.memory = template, work, memory
         self.boundary, self.bucket_bytes, self.overlap = boundary, bucket_bytes, overlap
+        self.defer_reduced_work = defer_reduced_work
         self.owned_reductions = _reductions_by_layer(flat, tasks, blocks)
         # R blocks with compute of their own (the template's blocks carry their names)
         self.r_blocks = {n.meta["block"] for n in template.nodes

@@ -7,7 +7,10 @@ section's prose names. What a row states (model, devices, TP/PP/DP, micro-batch,
 ZeRO stage, precision, the cluster's network) goes into its own fields; how its framework
 runs (attention kernel, sequence parallelism, when gradients are reduced, how stages are
 split, TP communication overlap) comes from its era, once, through MECHANISMS: each a named
-assignment of run fields with the public source it rests on, never chosen per row.
+assignment of run fields with the public source it rests on, never chosen per row. One
+mechanism is a rule rather than an assignment: a row whose source lists no recompute ran in
+its memory, so it is rebuilt with the least block recompute that fits (M8,
+flint.fit_memory), as the recipes set it.
 
 "before": every family as Flint priced runs before issue 27 (framework megatron, or xla on
 a TPU; flash attention; gradient reduction overlapped with the backward; stages balanced by

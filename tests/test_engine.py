@@ -95,7 +95,8 @@ def llama6():
 def test_templated_what_if_matches_the_full_graph(llama6):
     """Three compiled layers widened to six price like the six-layer program, under the
     spec and under what-ifs on each resource (the gradient all-reduce kept as XLA
-    combined it in both: zero 0)."""
+    combined it in both: zero 0; XLA's kernels and XLA's placement of the work on reduced
+    gradients in both: framework xla)."""
     from flint import engine
     from flint.hardware_models.estimate import estimate
     from flint.models.decoder import model_flops
@@ -104,7 +105,9 @@ def test_templated_what_if_matches_the_full_graph(llama6):
     from flint.passes.pipeline import PipelineParallel
     from flint.template_cache import extract_program
 
-    run = llama6
+    from dataclasses import replace
+
+    run = replace(llama6, framework="xla")
     full = extract_program(dict(engine.stage_program(run), layers=6))
     full = KernelPopulation(run.framework).run(ExpandLoops().run(full))
     if run.tp_comm_overlap:         # the engine's passes, the layer template aside

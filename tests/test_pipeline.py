@@ -262,3 +262,30 @@ def test_reductions_held_to_the_flush_wait_for_their_own_stage():
                  and g.nodes[i].meta.get("task") == "B" and g.nodes[i].collective is None)
     assert min(tl.start[i] for i, n in enumerate(g.nodes) if tl.device[i] == 0
                and n.meta.get("task") == "R" and n.collective is not None) < last_b
+
+
+def test_work_on_reduced_gradients_waits_for_the_optimizer_outside_xla():
+    """The cast and scaling of a reduced gradient bucket run with the optimizer step for
+    Megatron (and PyTorch's DDP/FSDP2), so the in-order compute stream never waits for a
+    data-parallel reduction mid-backward; XLA keeps them where its schedule put them.
+    Across hosts (4 GPUs per host: DP crosses the network) the deferral is faster."""
+    from flint.engine import _cache, _retargeted, layered_graph, stage_program
+    from flint.passes.kernel_population import KernelPopulation
+    from flint.passes.layer_template import LayerTemplate
+    from flint.run import TrainingRun
+
+    llama6 = {"base": "llama3-8b", "layers": 6, "seq": 2048, "vocab": 32000}
+    for framework in ("megatron", "xla"):
+        run = TrainingRun(model=llama6, devices=32, tp=2, pp=2, global_batch=64,
+                          devices_per_host=4, framework=framework, zero=0)
+        g, _ = layered_graph(run, _cache(None))
+        red = [n for n in g.nodes if n.name.startswith("red.")]
+        assert red and {n.meta["phase"] for n in red} == (
+            {"optimizer"} if framework == "megatron" else {"backward"})
+    stage = KernelPopulation("megatron").run(_retargeted(run, _cache(None).get(
+        stage_program(run))[0]))
+    step = {defer: estimate(PipelineParallel(2, 4).run(LayerTemplate(
+        6, defer_reduced_work=defer).run(stage)), "h100-sxm", ["devices_per_node=4",
+                                                            "scale_up_domain=4"]).step_time_s
+        for defer in (True, False)}
+    assert step[True] < step[False]
