@@ -42,6 +42,10 @@ def render_prediction(p: dict, console: Console) -> None:
     t.add_row("throughput", f"{p['tokens_per_s']:,.0f} tokens/s "
               f"({p['tokens_per_s_per_device']:,.0f} tokens/s/device)")
     t.add_row("MFU / HFU", f"{_pct(p['mfu'])} / {_pct(p['hfu'])}")
+    if run["precision"] != "bf16":
+        # the convention of the published tables: model flops over the dense BF16 peak
+        t.add_row("  MFU / HFU basis", "the dense BF16 peak; FP8 GEMMs run at up to twice "
+                  "it, so a share above 100% is possible")
     if p["mfu"] > p["hfu"]:
         # model flops follow PaLM (Chowdhery et al. 2022, app. B) and Megatron-LM
         # (Narayanan et al. 2021): the causal S x S product counted whole, as published

@@ -288,3 +288,16 @@ def test_block_recompute_is_priced_between_its_two_ends():
                                     "--remat", "full", "--recompute-layers", "1"])
     assert code == 0, stderr
     assert "block recompute" in stdout and "1 of 2 layers per chunk" in stdout
+
+
+def test_fp8_report_states_the_mfu_basis():
+    """An FP8 run's MFU and HFU are shares of the dense BF16 peak, which FP8 GEMMs can
+    exceed: the report says so (a bf16 run's does not need to)."""
+    argv = ["predict", "--model", "tiny", "--seq-len", "64", "--devices", "4",
+            "--global-batch", "8"]
+    code, stdout, stderr = run_cli(argv + ["--precision", "fp8"])
+    assert code == 0, stderr
+    assert "MFU / HFU basis" in stdout and "dense BF16 peak" in stdout
+    code, stdout, stderr = run_cli(argv)
+    assert code == 0, stderr
+    assert "MFU / HFU basis" not in stdout
