@@ -8,7 +8,8 @@ from pathlib import Path
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hostile_cases import GRAPH, SPEC, _comm_node, _comp_node, _et_bytes, _jax_event, _kernel
+from hostile_cases import GRAPH, SPEC
+from hostile_file_cases import _comm_node, _comp_node, _et_bytes, _jax_event, _kernel
 
 from flint.errors import FlintError
 
