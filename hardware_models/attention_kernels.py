@@ -36,6 +36,8 @@ ATTENTION_BLOCK_ROWS = 128      # query rows per CTA in FlashAttention-2/3 and c
 # over 132 SMs at 1.83 GHz, 16 exponentials per clock per SM. With a block's exponentials
 # taken out, its two GEMMs run at NATIVE_MMA_SHARE (0.97) of the dense peak.
 FA3_H100 = {"rate": 648e12, "peak": 989.4e12, "sms": 132, "exp_rate": 132 * 16 * 1.83e9}
+# the anchor's block: two GEMMs (QK^T, PV) of 128 x 128 at head dim 128
+ANCHOR_BLOCK_FLOPS = 2.0 * 2 * ATTENTION_BLOCK_ROWS ** 2 * 128
 FUSED = ("flash2", "flash3", "cudnn", "native")
 NATIVE = ("flash3", "cudnn", "native")
 # Unfused softmax passes over the S x S scores in HBM, besides the GEMMs that write and
@@ -78,7 +80,7 @@ def fused_time(flops: float, attn: dict | None, rate: float, sms: int,
     per_sm = rate / sms
     block_mm = 2.0 * gemms * rows * cols * dim
     block_exp = _block_exp(sms, exp_rate)
-    ref_mm = 2.0 * 2 * rows * cols * 128                 # the published anchor's block
+    ref_mm = ANCHOR_BLOCK_FLOPS
     # rate is the anchor's effective rate, exponentials included: take them out
     mm_rate = ref_mm / max(ref_mm / per_sm - block_exp, 0.25 * ref_mm / per_sm)
     t_block = block_mm / mm_rate + block_exp
@@ -95,7 +97,7 @@ def _block_exp(sms: int, exp_rate: float) -> float:
 def mma_share(rate: float, peak: float, sms: int, exp_rate: float) -> float:
     """Share of the dense peak a fused kernel's GEMMs reach, given its anchor `rate` at
     head dim 128 (exponentials included) on a GPU of `sms` SMs and `exp_rate`."""
-    ref_mm = 2.0 * 2 * ATTENTION_BLOCK_ROWS ** 2 * 128
+    ref_mm = ANCHOR_BLOCK_FLOPS
     return ref_mm / (ref_mm / (rate / sms) - _block_exp(sms, exp_rate)) / (peak / sms)
 
 
@@ -109,7 +111,7 @@ def native_rate(peak: float, sms: int, exp_rate: float) -> float:
     after the other as FA3's figures show on H100. On Blackwell (16 exponentials per clock
     per SM against twice Hopper's tensor rate per SM) the exponentials take about half of
     a block; Blackwell Ultra doubles the SFU rate for that reason (kernels.py)."""
-    ref_mm = 2.0 * 2 * ATTENTION_BLOCK_ROWS ** 2 * 128
+    ref_mm = ANCHOR_BLOCK_FLOPS
     per_sm = peak * NATIVE_MMA_SHARE / sms
     return ref_mm / (ref_mm / per_sm + _block_exp(sms, exp_rate)) * sms
 

@@ -155,9 +155,8 @@ def attention_rate(spec: HardwareSpec, peak: float, native: bool,
     exp_rate = sms * spec.clock * (spec.exponentials_per_clock
                                    or kernels.SFU_EXP_PER_CLOCK_PER_SM)
     name = "attention_fraction_native" if native else "attention_fraction"
-    stated = (name in (calibrated or {}) or name in spec.efficiency
-              or bool(getattr(spec, name, 0)))
-    if native and exp_rate and not stated and generation(spec.name, spec.model):
+    if native and exp_rate and not kernels.given(spec, name, calibrated) and generation(
+            spec.name, spec.model):
         return attention_kernels.native_rate(peak, sms, exp_rate), exp_rate
     return peak * kernels.figure(spec, name, calibrated), exp_rate
 

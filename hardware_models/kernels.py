@@ -91,6 +91,11 @@ CLASS_FIGURE = {"gemm": "gemm_fraction", "conv": "gemm_fraction",
                 "vector": "vector_fraction"}
 
 
+def given(spec: HardwareSpec, name: str, calibrated: dict | None = None) -> bool:
+    """Whether a calibration or the spec states the figure (figure() would not default)."""
+    return name in (calibrated or {}) or name in spec.efficiency or bool(getattr(spec, name, 0))
+
+
 def figure(spec: HardwareSpec, name: str, calibrated: dict | None = None) -> float:
     """A kernel figure: calibrated, else the spec's, else the documented default."""
     for source in (calibrated or {}, spec.efficiency):
