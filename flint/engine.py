@@ -238,8 +238,6 @@ def forget() -> None:
 
 
 def _cache(cache):
-    from flint.template_cache import TemplateCache
-
     if cache is None or isinstance(cache, (str, bytes)) or hasattr(cache, "__fspath__"):
         return _shared_cache(cache)
     return cache
@@ -273,7 +271,10 @@ def layered_graph(run: TrainingRun, cache) -> tuple:
     program = stage_program(run)
     key = (program_key(program), run.mesh(), run.devices_per_host, run.routing,
            run.dispatcher, run.framework, run.zero, run.overlap_grad_reduce,
-           run.tp_comm_overlap)
+           run.tp_comm_overlap, run.grad_accumulation,
+           # the accumulation's first micro-batch differs, and a tied embedding's copy
+           # is its own only on another stage than the embedding's
+           (run.microbatches, run.pp > 1) if run.grad_accumulation != "in-gemm" else None)
     hit = _LAYERED.get(key)
     if hit is not None:
         return hit, False
@@ -318,6 +319,12 @@ def _passes(run: TrainingRun, template):
             _megatron_activations(graph, cfg, run)
     if run.zero in (1, 2):
         graph = DistributedOptimizer(shard_gradients=run.zero == 2).run(graph)
+    if run.grad_accumulation != "in-gemm" and graph.meta.get("layer_template") is not None:
+        from flint.passes.grad_accumulation import GradAccumulation
+
+        graph = GradAccumulation(run.grad_accumulation, microbatches=run.microbatches,
+                                 tied_copy=cfg.tie_embeddings and run.pp > 1,
+                                 shards=run.dp if run.zero == 2 else 1).run(graph)
     # the whole model's flops for one micro-batch of the stage's data-parallel group, per
     # device of the stage (the pipeline pass turns it into per device of the cluster)
     graph.meta["model_flops_per_device"] = model_flops(

@@ -11,6 +11,13 @@ from flint.hardware_models.units import fmt_bytes, fmt_seconds
 WIDTH = 120
 
 
+# how each gradient-accumulation mode sums the micro-batches (passes.grad_accumulation)
+_ACCUMULATION = {"in-gemm": "in-gemm: inside the weight-gradient GEMMs (no kernel of its own)",
+                 "autograd": "autograd: PyTorch's in-place add into .grad per micro-batch",
+                 "fp32-copy": "fp32-copy: bf16 gradients cast and added to fp32 per "
+                              "micro-batch (DeepSpeed BF16 optimizer)"}
+
+
 def wide(console: Console, width: int = WIDTH) -> Console:
     """Off a terminal (a log, a pipe) tables get `width` columns instead of 80, so that
     their names and numbers are not cut."""
@@ -71,6 +78,9 @@ def render_prediction(p: dict, console: Console) -> None:
     t.add_row("GEMM operand dtypes", ", ".join(f"{k} ({v} GEMMs)" for k, v in
                                                facts["gemm_dtypes"].items()) or "none")
     t.add_row("kernels", f"{facts['framework']}")
+    if facts.get("grad_accumulation"):
+        t.add_row("gradient accumulation", _ACCUMULATION.get(facts["grad_accumulation"],
+                                                             facts["grad_accumulation"]))
     if facts.get("block_recompute"):
         t.add_row("block recompute", facts["block_recompute"])
     console.print(t)

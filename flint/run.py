@@ -46,6 +46,9 @@ FRAMEWORKS = ("megatron", "xla", "torch-eager", "torch-compile")
 # generation runs), or unfused (S x S scores written to and read from HBM, softmax as its
 # own kernel: Megatron-LM before flash attention, 2021-2022).
 ATTENTION = ("flash", "unfused")
+# Where a step's micro-batch gradients are summed (passes.grad_accumulation): inside the
+# weight-gradient GEMM, by PyTorch's AccumulateGrad, or DeepSpeed BF16_Optimizer's fp32 copy.
+from flint.passes.grad_accumulation import MODES as GRAD_ACCUMULATION  # noqa: E402
 
 _Degree = Annotated[PositiveInt, Field(le=MAX_DEVICES)]
 
@@ -77,6 +80,7 @@ class RunSchema(Strict):
     framework: Literal[FRAMEWORKS] = "megatron"
     attention: Literal[ATTENTION] = "flash"
     overlap_grad_reduce: Bool = True
+    grad_accumulation: Optional[Literal[GRAD_ACCUMULATION]] = None
     tp_comm_overlap: Optional[Bool] = None
     reshard_after_forward: Bool = True
     routing: Str = "balanced"
@@ -121,6 +125,11 @@ class TrainingRun:
     # the whole backward (Megatron-LM 2021's local DDP, DeepSpeed's pipeline engine)
     attention: str = "flash"
     overlap_grad_reduce: bool = True
+    # where the micro-batches' gradients are summed (GRAD_ACCUMULATION). None: in-gemm,
+    # no kernel of its own (Megatron-Core's gradient-accumulation fusion, on by default;
+    # XLA folds the add into the GEMM); the torch frameworks price their captured step's
+    # own gradient handling and take no other mode
+    grad_accumulation: Optional[str] = None
     # TP all-gathers / reduce-scatters pipelined in chunks with their GEMMs
     # (passes.tp_comm_overlap; Megatron-Core --tp-comm-overlap). None: the framework's
     # default, on for megatron with tp > 1 and sequence parallelism (the NeMo /
@@ -150,6 +159,8 @@ class TrainingRun:
         if self.tp_comm_overlap is None:
             object.__setattr__(self, "tp_comm_overlap", bool(
                 self.framework == "megatron" and self.tp > 1 and self.sp))
+        if self.grad_accumulation is None:
+            object.__setattr__(self, "grad_accumulation", "in-gemm")
         if self.schedule is None:
             object.__setattr__(self, "schedule", "interleaved" if self.vp > 1 else "1f1b")
         if not self.global_batch:

@@ -71,6 +71,10 @@ def _framework(run) -> None:
     if run.remat == "dots":
         raise FlintError(f"remat: {name} runs none | selective | full (torch's selective "
                          f"activation checkpointing does not trace under make_fx)")
+    if run.grad_accumulation != "in-gemm":
+        raise FlintError(f"grad_accumulation: {name} prices the torch twin's own gradient "
+                         f"handling; {run.grad_accumulation} is a mode of the templated "
+                         f"frameworks (megatron, xla)")
     if run.zero in (1, 2):
         raise FlintError(f"zero: {name} runs DDP-style data parallelism (zero 0) or FSDP2 "
                          f"(zero 3), not zero {run.zero}")

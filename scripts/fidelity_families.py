@@ -113,6 +113,24 @@ MECHANISMS = (
               "recompute_granularity=full, method=block, num_layers=5'); the default "
               "selective recompute is kept where it fits",
               "published 1a Megatron-Bridge x Megatron-Core+TE x GB200", fit_memory=True),
+    Mechanism("DeepSpeed BF16_Optimizer's fp32 gradient accumulation",
+              (("grad_accumulation", "fp32-copy"),), ("megatron-deepspeed-2022",),
+              "DeepSpeed deepspeed/runtime/bf16_optimizer.py (written for BLOOM, 2022): "
+              "update_hp_grads casts each bf16 gradient to fp32 and adds it to the fp32 "
+              "gradient after every micro-batch's backward (pipe/engine.py "
+              "_exec_backward_pass: 'manually call because we don't call "
+              "optimizer.backward()'); HF blog 'The Technology Behind BLOOM Training': "
+              "gradient accumulation in FP32 'is what BF16Optimizer does'",
+              "more 1 BigScience tr11 x Megatron-DeepSpeed 2022 x A100"),
+    Mechanism("PyTorch autograd gradient accumulation",
+              (("grad_accumulation", "autograd"),),
+              ("megatron-deepspeed-2021", "internevo"),
+              "DeepSpeed's fp16 pipeline engine (2021) and InternEvo's HybridZeroOptimizer "
+              "(hooks on the AccumulateGrad nodes, reduction skipped until the last "
+              "micro-batch) leave the sum of the micro-batches' gradients to PyTorch's "
+              "AccumulateGrad, an in-place add into .grad in the gradient's dtype; neither "
+              "uses Megatron's gradient-accumulation fusion",
+              "- (from the frameworks' source, no family's error)"),
 )
 
 

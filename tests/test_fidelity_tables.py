@@ -93,13 +93,17 @@ def test_before_and_after_run_fields(published, more):
     assert (before.attention, before.sp, before.pipeline_split) == ("flash", True, "time")
     assert (after.attention, after.sp, after.pipeline_split) == ("unfused", False, "layers")
     assert after.remat == "full" and after.zero == 1         # stated, in both
+    assert (before.grad_accumulation, after.grad_accumulation) == ("in-gemm", "fp32-copy")
     nemo = next(c for c in published if c.family.startswith("published 1a") and not c.reason)
     assert variant_fields(nemo, [])["framework"] == "megatron"
     assert before_fields(nemo)["attention"] == "flash"
     assert not any(m.assign and dict(m.assign).get("attention") for m in applicable(nemo))
     intern = more["2#1"]
     assert [m.name for m in applicable(intern)] == [
-        "no sequence parallelism before Megatron-LM 2022-05"]
+        "no sequence parallelism before Megatron-LM 2022-05",
+        "PyTorch autograd gradient accumulation"]
+    mtnlg = TrainingRun(**variant_fields(more["3#1"], applicable(more["3#1"])))
+    assert mtnlg.grad_accumulation == "autograd"
 
 
 def test_rank_correlation_averages_ties():

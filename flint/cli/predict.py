@@ -61,6 +61,10 @@ def predict(
     overlap_grad_reduce: Optional[bool] = typer.Option(
         None, "--overlap-grad-reduce/--no-overlap-grad-reduce",
         help="reduce gradients bucket by bucket during the backward (default) or after it"),
+    grad_accumulation: Optional[str] = typer.Option(
+        None, help="where micro-batch gradients are summed: in-gemm (Megatron's fusion, "
+                   "XLA) | autograd (PyTorch's AccumulateGrad) | fp32-copy (DeepSpeed's "
+                   "BF16 optimizer) (default: the framework's)"),
     routing: Optional[str] = typer.Option(None, help="MoE tokens per expert: balanced | "
                                           "zipf:S | imbalance:F | histogram:..."),
     set_: list[str] = typer.Option([], "--set", help="hardware what-if, e.g. "
@@ -84,7 +88,7 @@ def predict(
                  framework=framework, attention=attention,
                  overlap_grad_reduce=overlap_grad_reduce, tp_comm_overlap=tp_comm_overlap,
                  reshard_after_forward=reshard_after_forward,
-                 routing=routing)
+                 grad_accumulation=grad_accumulation, routing=routing)
 
     def go():
         from flint.engine import predict as run_predict

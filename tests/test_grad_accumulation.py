@@ -1,0 +1,122 @@
+"""Gradient accumulation as frameworks do it (passes/grad_accumulation.py): in the GEMM
+(nothing added), PyTorch's AccumulateGrad, DeepSpeed BF16_Optimizer's fp32 copy."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_cli
+from flint.errors import FlintError
+from flint.run import TrainingRun
+
+LLAMA6 = {"base": "llama3-8b", "layers": 6, "seq": 2048, "vocab": 32000}
+# 4 devices, tp 2 pp 2 -> dp 1; 4 micro-batches of 1 sequence
+BASE = dict(model=LLAMA6, seq_len=2048, devices=4, tp=2, pp=2, micro_batch=1,
+            global_batch=4, remat="full")
+
+
+def _layered(run):
+    from flint.engine import _cache, layered_graph
+
+    graph, _ = layered_graph(run, _cache(None))
+    return graph
+
+
+def test_defaults_follow_the_framework_and_bad_modes_are_one_line():
+    assert TrainingRun(**BASE).grad_accumulation == "in-gemm"
+    assert TrainingRun(**dict(BASE, framework="xla")).grad_accumulation == "in-gemm"
+    with pytest.raises(FlintError, match="grad_accumulation"):
+        TrainingRun.from_json(dict(BASE, grad_accumulation="fp64"))
+    torch = dict(BASE, tp=1, pp=1, zero=3, framework="torch-eager", remat="none")
+    assert TrainingRun(**torch).grad_accumulation == "in-gemm"
+    with pytest.raises(FlintError, match="grad_accumulation: torch-eager prices the torch"):
+        TrainingRun(**torch, grad_accumulation="autograd")
+
+
+def test_fp32_copy_adds_a_cast_and_an_add_per_block_with_the_layer_parameters():
+    """Every block's backward is followed by its cast (2 -> 4 bytes per parameter) and its
+    add (4 + 4 -> 4) at (m-1)/m; the layer's parameter count is the model's over tp."""
+    run = TrainingRun(**BASE, grad_accumulation="fp32-copy")
+    g = _layered(run)
+    acc = [n for n in g.nodes if n.name.startswith("grad_acc.")]
+    layers = run.model_config().n_layers
+    casts = [n for n in acc if n.name.startswith("grad_acc.to_fp32.layer_")]
+    adds = [n for n in acc if n.name.startswith("grad_acc.accumulate.layer_")]
+    assert len(casts) == len(adds) == layers
+    cfg = run.model_config()
+    d, kv = cfg.d_model, cfg.n_kv_heads * cfg.d_model // cfg.n_heads
+    per_layer = (d * d * 2 + 2 * d * kv + 3 * d * cfg.d_ff) / run.tp   # + norms (replicated)
+    elems = casts[0].bytes_read / 2
+    assert elems == pytest.approx(per_layer, rel=0.01)
+    assert casts[0].bytes_written == pytest.approx(4 * elems)
+    m = run.microbatches
+    assert adds[0].bytes_read == pytest.approx(8 * elems * (m - 1) / m)
+    assert adds[0].bytes_written == pytest.approx(4 * elems * (m - 1) / m)
+    # it follows its block's backward, and what read the block's gradients reads the sum
+    users = g.users
+    for n in casts:
+        block = g.nodes[n.inputs[0]]
+        assert block.name == "bwd." + n.meta["layer"]
+        acc_last = next(a for a in adds if a.meta["layer"] == n.meta["layer"])
+        for r in (g.nodes[u] for u in users[block.id]):
+            assert r.name.startswith(("bwd.", "grad_acc.")) or acc_last.id in r.control
+    assert g.meta["grad_accumulation"] == "fp32-copy"
+
+
+def test_accumulation_costs_its_bytes_and_nothing_without_micro_batches():
+    """The step grows by at least the accumulation's bytes at the spec's HBM bandwidth on
+    the busiest stage, and autograd's adds vanish with one micro-batch (AccumulateGrad
+    assigns the first gradient)."""
+    from flint.engine import predict
+    from flint.hardware_models.spec import load_spec
+
+    fused = predict(TrainingRun(**BASE))
+    copy = predict(TrainingRun(**BASE, grad_accumulation="fp32-copy"))
+    auto = predict(TrainingRun(**BASE, grad_accumulation="autograd"))
+    g = _layered(TrainingRun(**BASE, grad_accumulation="fp32-copy"))
+    moved = sum(n.bytes_read + n.bytes_written for n in g.nodes
+                if n.name.startswith("grad_acc.") and n.meta["layer"] != "embed")
+    hbm = load_spec("h100-sxm").hbm_bandwidth
+    m = TrainingRun(**BASE).microbatches
+    # the last stage runs half the layers (and the head): at least half the bytes, m times
+    assert copy.step_time_s - fused.step_time_s >= 0.4 * moved * m / hbm
+    assert fused.step_time_s < auto.step_time_s < copy.step_time_s
+    assert copy.facts["grad_accumulation"] == "fp32-copy"
+    one = dict(BASE, global_batch=1)
+    g1 = _layered(TrainingRun(**one, grad_accumulation="autograd"))
+    assert not any(n.name.startswith("grad_acc.") for n in g1.nodes)
+    with pytest.raises(FlintError, match="unknown gradient accumulation"):
+        from flint.passes.grad_accumulation import GradAccumulation
+
+        GradAccumulation("fp64")
+
+
+def test_cli_flag_and_report_row():
+    argv = ["predict", "--model", "tiny", "--seq-len", "64", "--devices", "4",
+            "--global-batch", "16", "--grad-accumulation", "fp32-copy"]
+    code, stdout, stderr = run_cli(argv)
+    assert code == 0, stderr
+    assert "gradient accumulation" in stdout and "DeepSpeed BF16 optimizer" in stdout
+    code, stdout, stderr = run_cli(argv[:-1] + ["fp64"])
+    assert code == 2 and len(stderr.strip().splitlines()) == 1
+
+
+def test_tied_copy_and_sharded_buffers():
+    """A tied embedding's copy on the head's stage accumulates too (DeepSpeed's
+    TiedLayerSpec); a ZeRO-2 buffer sharded over k ranks accumulates 1/k of the bytes."""
+    from flint.engine import _cache, layered_graph
+    from flint.passes.grad_accumulation import GradAccumulation
+
+    run = TrainingRun(**BASE)
+    g, _ = layered_graph(run, _cache(None))
+
+    def acc_bytes(graph, label):
+        return sum(n.bytes_read for n in graph.nodes
+                   if n.name.startswith("grad_acc.") and n.meta["layer"] == label)
+
+    plain = GradAccumulation("fp32-copy", microbatches=4).run(g)
+    tied = GradAccumulation("fp32-copy", microbatches=4, tied_copy=True).run(g)
+    halves = GradAccumulation("fp32-copy", microbatches=4, shards=2).run(g)
+    assert acc_bytes(tied, "head") == pytest.approx(acc_bytes(plain, "head")
+                                                    + acc_bytes(plain, "embed"))
+    assert acc_bytes(halves, "layer_1") == pytest.approx(acc_bytes(plain, "layer_1") / 2)
+    assert GradAccumulation("in-gemm").run(g) is g
