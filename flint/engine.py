@@ -319,7 +319,7 @@ def _passes(run: TrainingRun, template):
             _megatron_activations(graph, cfg, run)
     if run.zero in (1, 2):
         graph = DistributedOptimizer(shard_gradients=run.zero == 2).run(graph)
-    if run.grad_accumulation != "in-gemm" and graph.meta.get("layer_template") is not None:
+    if run.grad_accumulation != "in-gemm":      # a one-layer model's step: one clear error
         from flint.passes.grad_accumulation import GradAccumulation
 
         graph = GradAccumulation(run.grad_accumulation, microbatches=run.microbatches,

@@ -29,6 +29,9 @@ from typing_extensions import Annotated
 from flint.cluster import MAX_DEVICES
 from flint.errors import FlintError
 from flint.models import REMAT_POLICIES
+# where a step's micro-batch gradients are summed: inside the weight-gradient GEMM, by
+# PyTorch's AccumulateGrad, or DeepSpeed BF16_Optimizer's fp32 copy
+from flint.passes.grad_accumulation import MODES as GRAD_ACCUMULATION
 from flint.schema import Bool, Number, PositiveInt, Str, Strict, did_you_mean, validated
 
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
@@ -46,9 +49,6 @@ FRAMEWORKS = ("megatron", "xla", "torch-eager", "torch-compile")
 # generation runs), or unfused (S x S scores written to and read from HBM, softmax as its
 # own kernel: Megatron-LM before flash attention, 2021-2022).
 ATTENTION = ("flash", "unfused")
-# Where a step's micro-batch gradients are summed (passes.grad_accumulation): inside the
-# weight-gradient GEMM, by PyTorch's AccumulateGrad, or DeepSpeed BF16_Optimizer's fp32 copy.
-from flint.passes.grad_accumulation import MODES as GRAD_ACCUMULATION  # noqa: E402
 
 _Degree = Annotated[PositiveInt, Field(le=MAX_DEVICES)]
 

@@ -120,3 +120,12 @@ def test_tied_copy_and_sharded_buffers():
                                                     + acc_bytes(plain, "embed"))
     assert acc_bytes(halves, "layer_1") == pytest.approx(acc_bytes(plain, "layer_1") / 2)
     assert GradAccumulation("in-gemm").run(g) is g
+
+
+def test_a_one_layer_model_is_refused_not_left_unpriced():
+    from flint.engine import predict
+
+    one = {"base": "llama3-8b", "layers": 1, "seq": 256, "vocab": 32000}
+    run = TrainingRun(model=one, devices=1, global_batch=4, grad_accumulation="autograd")
+    with pytest.raises(FlintError, match="needs a layer-templated step"):
+        predict(run)
