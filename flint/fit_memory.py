@@ -34,7 +34,7 @@ def least_recompute(run: TrainingRun, what_if=(), cache=None) -> TrainingRun:
     if oom:
         return full
     kept = memory(replace(run, remat="none", recompute_layers=0))[0]
-    per_chunk = run.model_config().n_layers / (run.pp * run.vp)    # may be fractional
+    per_chunk = run.layers_per_chunk
     # the block's memory is affine in the layers it recomputes (flint.engine prices it so)
     share = (kept - capacity) / (kept - held) if kept > held else 1.0
     for k in range(max(1, math.ceil(share * per_chunk - 1e-9)), math.ceil(per_chunk)):

@@ -71,7 +71,7 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
     if run.pp > 1:
         collectives.add("send/recv over pipe")
     out = {} if run.recompute_share is None else {"block_recompute": (
-        f"{run.recompute_layers} of {run.model_config().n_layers / (run.pp * run.vp):g} "
+        f"{run.recompute_layers} of {run.layers_per_chunk:g} "
         f"layers per chunk recomputed: priced {run.recompute_share:.0%} of the way from "
         f"no recompute to remat full (layers alike, their work and activations add up)")}
     return {**out, "seq_len": run.seq_len, "global_batch_sequences": run.global_batch,

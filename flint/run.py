@@ -189,12 +189,17 @@ class TrainingRun:
         return self.global_batch // (self.dp * self.micro_batch)
 
     @property
+    def layers_per_chunk(self) -> float:
+        """The model's layers per pipeline chunk (pp x vp chunks; may be fractional)."""
+        return self.model_config().n_layers / (self.pp * self.vp)
+
+    @property
     def recompute_share(self) -> float | None:
         """The share of each pipeline chunk's layers a block recompute (recompute_layers)
         recomputes; None when the remat policy alone says (every layer alike)."""
         if not self.recompute_layers:
             return None
-        per_chunk = self.model_config().n_layers / (self.pp * self.vp)
+        per_chunk = self.layers_per_chunk
         return None if self.recompute_layers >= per_chunk else self.recompute_layers / per_chunk
 
     @property

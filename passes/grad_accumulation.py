@@ -30,7 +30,7 @@ tensor), priced by their bytes like any other node.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from flint.errors import FlintError
@@ -138,9 +138,7 @@ def _copy(n: Node, i: int, new_id: dict, accumulated: dict) -> Node:
     control = {new_id[j] for j in n.control}
     if not _is_block_backward(n):
         control |= {accumulated[k] for k in inputs if k in accumulated}
-    return Node(i, n.name, n.kind, n.op, n.op_class, inputs, sorted(control), n.flops,
-                n.transcendentals, n.bytes_read, n.bytes_written, n.outputs, n.operands,
-                n.repeat, n.collective, n.meta)
+    return replace(n, id=i, inputs=inputs, control=sorted(control))
 
 
 def _bytes(dtype: str) -> int:

@@ -64,7 +64,7 @@ def predict(
     grad_accumulation: Optional[str] = typer.Option(
         None, help="where micro-batch gradients are summed: in-gemm (Megatron's fusion, "
                    "XLA) | autograd (PyTorch's AccumulateGrad) | fp32-copy (DeepSpeed's "
-                   "BF16 optimizer) (default: the framework's)"),
+                   "BF16 optimizer) (default: in-gemm)"),
     routing: Optional[str] = typer.Option(None, help="MoE tokens per expert: balanced | "
                                           "zipf:S | imbalance:F | histogram:..."),
     set_: list[str] = typer.Option([], "--set", help="hardware what-if, e.g. "
