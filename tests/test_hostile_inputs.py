@@ -115,6 +115,46 @@ def test_interrupted_export_leaves_nothing_and_exits_130(tmp_path, signum):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["big.json"]
 
 
+def test_interrupt_while_ranks_are_queued_cancels_the_queued_writes(tmp_path, monkeypatch):
+    """Ctrl-C can land while the writer pool is still being handed ranks (before map()
+    returns its iterator, which would cancel them on close): the queued writes are dropped,
+    not all written before the interrupt finishes (CI once waited over a minute on this)."""
+    import threading
+
+    from hostile_cases import tiny_graph
+
+    import flint.exporters.chakra as chakra
+    from flint.cluster import Cluster
+    from flint.graph import WorkloadGraph
+
+    g = tiny_graph()
+    graph = WorkloadGraph(Cluster(512, (("data", 512),), "h100-sxm"), g.nodes[:1] +
+                          g.nodes[2:3], [], [], {})
+    graph.nodes[1].inputs, graph.nodes[1].id = [0], 1
+    release, ran = threading.Event(), []
+
+    class InterruptedWhileQueueing(chakra.ThreadPoolExecutor):
+        queued = 0
+
+        def submit(self, fn, *args, **kwargs):
+            if self.queued == 200:
+                release.set()
+                raise KeyboardInterrupt
+            self.queued += 1
+
+            def held(*a):
+                release.wait(10)
+                ran.append(a)
+                return fn(*a)
+            return super().submit(held, *args, **kwargs)
+
+    monkeypatch.setattr(chakra, "ThreadPoolExecutor", InterruptedWhileQueueing)
+    with pytest.raises(KeyboardInterrupt):
+        chakra.export_chakra(graph, tmp_path / "et", workers=1, check=False)
+    assert len(ran) < 20, f"{len(ran)} of 200 queued rank files were still written"
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_unwritable_output_directory_is_refused_before_work(tmp_path, monkeypatch):
     """A read-only directory (simulated: the tests run as root, who may write anywhere)
     is found by the probe before the graph is even read."""

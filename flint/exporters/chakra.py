@@ -117,11 +117,17 @@ def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
             return len(data)
 
         total = 0
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, workers))
+        try:
             for done, size in enumerate(pool.map(write, ranks), 1):
                 total += size
                 if progress is not None:
                     progress(done)
+        finally:
+            # map() queued every rank up front: on Ctrl-C drop the queued ones rather
+            # than writing all of them before the interrupt can finish (65536 ranks
+            # took over a minute on a loaded CI machine).
+            pool.shutdown(wait=True, cancel_futures=True)
         write_s = time.perf_counter() - t1
         side = {
             "comm_groups.json": json.dumps(plan.comm_groups(), separators=(",", ":")) + "\n",
