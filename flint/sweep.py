@@ -102,6 +102,8 @@ class Claims:
     def take(self, key: str, wait: bool = False) -> bool:
         import fcntl
 
+        if key in self.held:    # ours already: a second descriptor's flock would wait on it
+            return True
         fd = os.open(self.directory / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))

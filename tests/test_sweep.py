@@ -101,6 +101,38 @@ def test_sweep_resumes_and_survives_a_torn_line(swept, tmp_path):
     assert stable_rows(again) == stable_rows(rows)
 
 
+def test_a_claimed_point_without_its_row_is_priced_not_waited_on(tmp_path, monkeypatch):
+    """A point this process claimed whose task came back without its row (a worker on
+    other code wrote another key) is priced again here: waiting for its claim would wait
+    on this process's own lock, for ever."""
+    import threading
+
+    import flint.sweep as sweep
+    from flint.sweep import Claims
+
+    claims = Claims(tmp_path)
+    assert claims.take("k") and claims.take("k") and claims.take("k", wait=True)
+    claims.release_all()
+    real, calls = sweep.evaluate, []
+
+    def first_call_loses_its_key(point, directory, factory):
+        row = real(point, directory, factory)
+        calls.append(point.key())
+        return dict(row, key="elsewhere") if len(calls) == 1 else row
+
+    monkeypatch.setattr(sweep, "evaluate", first_call_loses_its_key)
+    space = SearchSpace.from_dict({**TINY, "devices": [4], "tp": [1], "pp": [1],
+                                   "what_if": [{}]})
+    out = []
+    t = threading.Thread(target=lambda: out.append(run_sweep(space, tmp_path / "s")),
+                         daemon=True)
+    t.start()
+    t.join(120)
+    assert out, "the sweep waited on its own claim"
+    assert [r["key"] for r in out[0]] == [p.key() for p in space.expand()[0]]
+    assert len(calls) == 2
+
+
 def test_outputs_are_deterministic_and_pareto_is_a_front(swept, tmp_path):
     out, rows, _ = swept
     a, b = tmp_path / "a", tmp_path / "b"
