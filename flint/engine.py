@@ -90,7 +90,7 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
                "workload_version": WORKLOAD_VERSION}
     if run.precision != "bf16":
         program["gemm_precision"] = run.precision
-    if run.attention != "flash":
+    if run.attention == "unfused":      # flash1 is the flash program with an older kernel
         program["attention"] = run.attention
     if torch:       # torch.compile's Inductor fuses pointwise chains; eager runs each op
         program["fuse"] = run.framework == "torch-compile"
@@ -270,7 +270,7 @@ def layered_graph(run: TrainingRun, cache) -> tuple:
 
     program = stage_program(run)
     key = (program_key(program), run.mesh(), run.devices_per_host, run.routing,
-           run.dispatcher, run.framework, run.zero, run.overlap_grad_reduce,
+           run.dispatcher, run.framework, run.attention, run.zero, run.overlap_grad_reduce,
            run.tp_comm_overlap, run.grad_accumulation,
            # the accumulation's first micro-batch differs, and a tied embedding's copy
            # is its own only on another stage than the embedding's
@@ -306,7 +306,8 @@ def _passes(run: TrainingRun, template):
         graph = MoeRouting(run.routing, dropless=not cfg.capacity_factor,
                            capacity_factor=cfg.capacity_factor or 1.0, top_k=cfg.top_k,
                            deduplicate=run.dispatcher != "alltoall").run(graph)
-    graph = KernelPopulation(run.framework).run(graph)
+    graph = KernelPopulation(run.framework, "flash1" if run.attention == "flash1" else ""
+                             ).run(graph)
     if run.tp_comm_overlap:
         from flint.passes.tp_comm_overlap import TpCommOverlap
 
@@ -322,9 +323,13 @@ def _passes(run: TrainingRun, template):
     if run.grad_accumulation != "in-gemm":      # a one-layer model's step: one clear error
         from flint.passes.grad_accumulation import GradAccumulation
 
+        # the torch twin's weights are f32 under autocast, and its FSDP arguments are
+        # already this rank's shard; a ZeRO-2 buffer is sharded by the optimizer pass
         graph = GradAccumulation(run.grad_accumulation, microbatches=run.microbatches,
                                  tied_copy=cfg.tie_embeddings and run.pp > 1,
-                                 shards=run.dp if run.zero == 2 else 1).run(graph)
+                                 shards=run.dp if run.zero == 2 else 1,
+                                 dtype="f32" if run.framework.startswith("torch")
+                                 else "bf16").run(graph)
     # the whole model's flops for one micro-batch of the stage's data-parallel group, per
     # device of the stage (the pipeline pass turns it into per device of the cluster)
     graph.meta["model_flops_per_device"] = model_flops(
@@ -366,7 +371,8 @@ def _pipelined(run: TrainingRun, cache, overrides, factory, microbatches: int,
     if run.pp == 1 and microbatches == 1:
         return layered, estimate_memory(layered) if memory else None, extracted
     split = run.pipeline_split if run.pp > 1 else "layers"
-    key = (id(layered), run.pp, microbatches, run.schedule, run.vp, split,
+    every = run.grad_sync == "every-microbatch"
+    key = (id(layered), run.pp, microbatches, run.schedule, run.vp, split, every,
            (run.hardware, tuple(overrides), id(factory)) if split == "time" else None)
     hit = _PIPELINED.get(key)
     if hit is None or hit[0] is not layered:
@@ -374,7 +380,7 @@ def _pipelined(run: TrainingRun, cache, overrides, factory, microbatches: int,
                                  hardware=run.hardware if split == "time" else "",
                                  what_if=";".join(overrides) if split == "time" else "",
                                  cost_model=factory,
-                                 reduce_every_microbatch=run.zero == 2).run(layered)
+                                 reduce_every_microbatch=every).run(layered)
         hit = [layered, piped, None]
         while len(_PIPELINED) >= 2:     # the two of a steady-state pair: they are large
             _PIPELINED.pop(next(iter(_PIPELINED)))

@@ -78,5 +78,6 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
             "micro_batch": run.micro_batch, "microbatches": run.microbatches,
             "tokens_per_step": run.tokens_per_step, "gemm_dtypes": dict(sorted(dtypes.items())),
             "collectives": sorted(collectives), "framework": run.framework,
-            "grad_accumulation": run.grad_accumulation, "zero": run.zero, "what_if": list(what_if),
+            "grad_accumulation": run.grad_accumulation, "grad_sync": run.grad_sync,
+            "zero": run.zero, "what_if": list(what_if),
             "pipeline_simulated_microbatches": list(points or (run.microbatches,))}

@@ -17,6 +17,10 @@ _ACCUMULATION = {"in-gemm": "in-gemm: inside the weight-gradient GEMMs (no kerne
                  "fp32-copy": "fp32-copy: bf16 gradients cast and added to fp32 per "
                               "micro-batch (DeepSpeed BF16 optimizer)"}
 
+# when the data-parallel reduction runs in a step of several micro-batches (run.GRAD_SYNC)
+_SYNC = {"every-microbatch": "every micro-batch's backward (PyTorch DDP/FSDP2 default, ZeRO-2)",
+         "last-microbatch": "the last micro-batch's backward only (no_sync, Megatron)"}
+
 
 def wide(console: Console, width: int = WIDTH) -> Console:
     """Off a terminal (a log, a pipe) tables get `width` columns instead of 80, so that
@@ -81,6 +85,8 @@ def render_prediction(p: dict, console: Console) -> None:
     if facts.get("grad_accumulation"):
         t.add_row("gradient accumulation", _ACCUMULATION.get(facts["grad_accumulation"],
                                                              facts["grad_accumulation"]))
+    if facts.get("grad_sync") and facts.get("microbatches", 1) > 1:
+        t.add_row("gradient reduction", _SYNC.get(facts["grad_sync"], facts["grad_sync"]))
     if facts.get("block_recompute"):
         t.add_row("block recompute", facts["block_recompute"])
     console.print(t)

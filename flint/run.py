@@ -46,9 +46,16 @@ DISPATCHERS = ("alltoall", "deepep")
 # DDP-style data parallelism), the others the JAX zoo's.
 FRAMEWORKS = ("megatron", "xla", "torch-eager", "torch-compile")
 # The attention core: one fused kernel (FlashAttention / cuDNN, the kernel the spec's GPU
-# generation runs), or unfused (S x S scores written to and read from HBM, softmax as its
-# own kernel: Megatron-LM before flash attention, 2021-2022).
-ATTENTION = ("flash", "unfused")
+# generation runs), FlashAttention v1 (2022-05 to 2023-07, about half FlashAttention-2's
+# rate: a framework pinned to it), or unfused (S x S scores written to and read from HBM,
+# softmax as its own kernel: Megatron-LM before flash attention, 2021-2022).
+ATTENTION = ("flash", "flash1", "unfused")
+# When the data-parallel gradient reduction runs in a step of several micro-batches: in
+# every micro-batch's backward (PyTorch's default for DDP and FSDP2, which sync in each
+# backward unless told not to; DeepSpeed ZeRO-2, whose sharded buffer needs it), or only
+# in the last one's (DDP under no_sync(), FSDP2 with set_requires_gradient_sync(False),
+# Megatron's schedules, an XLA step that sums its micro-batches first).
+GRAD_SYNC = ("every-microbatch", "last-microbatch")
 
 _Degree = Annotated[PositiveInt, Field(le=MAX_DEVICES)]
 
@@ -81,6 +88,7 @@ class RunSchema(Strict):
     attention: Literal[ATTENTION] = "flash"
     overlap_grad_reduce: Bool = True
     grad_accumulation: Optional[Literal[GRAD_ACCUMULATION]] = None
+    grad_sync: Optional[Literal[GRAD_SYNC]] = None
     tp_comm_overlap: Optional[Bool] = None
     reshard_after_forward: Bool = True
     routing: Str = "balanced"
@@ -125,11 +133,14 @@ class TrainingRun:
     # the whole backward (Megatron-LM 2021's local DDP, DeepSpeed's pipeline engine)
     attention: str = "flash"
     overlap_grad_reduce: bool = True
-    # where the micro-batches' gradients are summed (GRAD_ACCUMULATION). None: in-gemm,
-    # no kernel of its own (Megatron-Core's gradient-accumulation fusion, on by default;
-    # XLA folds the add into the GEMM); the torch frameworks price their captured step's
-    # own gradient handling and take no other mode
+    # where the micro-batches' gradients are summed (GRAD_ACCUMULATION). None: the
+    # framework's own way: in-gemm for megatron and xla, no kernel of its own
+    # (Megatron-Core's gradient-accumulation fusion, on by default; XLA folds the add into
+    # the GEMM); autograd for the torch frameworks (AccumulateGrad adds into .grad)
     grad_accumulation: Optional[str] = None
+    # when the gradient reduction runs (GRAD_SYNC). None: every micro-batch for the torch
+    # frameworks and zero 2, the last micro-batch otherwise
+    grad_sync: Optional[str] = None
     # TP all-gathers / reduce-scatters pipelined in chunks with their GEMMs
     # (passes.tp_comm_overlap; Megatron-Core --tp-comm-overlap). None: the framework's
     # default, on for megatron with tp > 1 and sequence parallelism (the NeMo /
@@ -159,8 +170,12 @@ class TrainingRun:
         if self.tp_comm_overlap is None:
             object.__setattr__(self, "tp_comm_overlap", bool(
                 self.framework == "megatron" and self.tp > 1 and self.sp))
+        torch = self.framework.startswith("torch")
         if self.grad_accumulation is None:
-            object.__setattr__(self, "grad_accumulation", "in-gemm")
+            object.__setattr__(self, "grad_accumulation", "autograd" if torch else "in-gemm")
+        if self.grad_sync is None:
+            object.__setattr__(self, "grad_sync", "every-microbatch"
+                               if torch or self.zero == 2 else "last-microbatch")
         if self.schedule is None:
             object.__setattr__(self, "schedule", "interleaved" if self.vp > 1 else "1f1b")
         if not self.global_batch:

@@ -50,6 +50,7 @@ def _cluster(run) -> None:
 
 def _framework(run) -> None:
     """What the PyTorch twin (flint/models/torch_decoder.py) cannot run, by field."""
+    _grad_sync(run)
     if not run.reshard_after_forward:
         if run.zero != 3:
             raise FlintError("reshard_after_forward: only FSDP (zero 3) reshards parameters")
@@ -71,13 +72,28 @@ def _framework(run) -> None:
     if run.remat == "dots":
         raise FlintError(f"remat: {name} runs none | selective | full (torch's selective "
                          f"activation checkpointing does not trace under make_fx)")
-    if run.grad_accumulation != "in-gemm":
-        raise FlintError(f"grad_accumulation: {name} prices the torch twin's own gradient "
-                         f"handling; {run.grad_accumulation} is a mode of the templated "
-                         f"frameworks (megatron, xla)")
+    if run.grad_accumulation != "autograd":
+        whose = {"in-gemm": "Megatron's gradient-accumulation fusion and XLA's",
+                 "fp32-copy": "DeepSpeed's BF16 optimizer"}[run.grad_accumulation]
+        raise FlintError(f"grad_accumulation: {name} sums micro-batch gradients the way "
+                         f"PyTorch does (autograd: AccumulateGrad adds into .grad); "
+                         f"{run.grad_accumulation} is {whose} (framework megatron or xla)")
     if run.zero in (1, 2):
         raise FlintError(f"zero: {name} runs DDP-style data parallelism (zero 0) or FSDP2 "
                          f"(zero 3), not zero {run.zero}")
+
+
+def _grad_sync(run) -> None:
+    if run.grad_sync != "last-microbatch":
+        return
+    if run.zero == 2:
+        raise FlintError("grad_sync: zero 2 shards the gradient buffer, so each micro-batch's "
+                         "gradients are reduce-scattered in its own backward (DeepSpeed "
+                         "refuses no_sync with gradient partitioning): use every-microbatch")
+    if run.zero == 3 and run.framework.startswith("torch"):
+        raise FlintError("grad_sync: last-microbatch under FSDP2 (set_requires_gradient_sync"
+                         "(False)) keeps every layer's unsharded gradients until the last "
+                         "micro-batch, which Flint does not price: use every-microbatch")
 
 
 def _batch(run) -> None:

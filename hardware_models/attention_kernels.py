@@ -1,9 +1,11 @@
-"""Attention kernels by era: unfused (scores through HBM), FlashAttention-2, FlashAttention-3
-and cuDNN fused attention.
+"""Attention kernels by era: unfused (scores through HBM), FlashAttention (v1),
+FlashAttention-2, FlashAttention-3 and cuDNN fused attention.
 
 meta["attention"]["impl"] names the kernel a run uses: "unfused" (2021 Megatron, PyTorch's
 math SDPA: QK^T and PV as batched GEMMs with the S x S scores written to and read back from
-HBM by the softmax), "flash2" (FlashAttention-2 and the portable kernels of its class:
+HBM by the softmax), "flash1" (FlashAttention v1, 2022-05 to 2023-07: the same tiling with
+the work split per head and batch and more non-matmul work, priced as FlashAttention-2's
+kernel at FLASH1_SHARE of its rate), "flash2" (FlashAttention-2 and the portable kernels of its class:
 PyTorch's flash/memory-efficient SDPA, Triton), "flash3" (FlashAttention-3, Hopper),
 "cudnn" (cuDNN fused attention), "native" or absent (the GPU generation's fastest library
 kernel: FlashAttention-3 / cuDNN on Hopper and later, FlashAttention-2 on Ampere; the
@@ -38,7 +40,15 @@ ATTENTION_BLOCK_ROWS = 128      # query rows per CTA in FlashAttention-2/3 and c
 FA3_H100 = {"rate": 648e12, "peak": 989.4e12, "sms": 132, "exp_rate": 132 * 16 * 1.83e9}
 # the anchor's block: two GEMMs (QK^T, PV) of 128 x 128 at head dim 128
 ANCHOR_BLOCK_FLOPS = 2.0 * 2 * ATTENTION_BLOCK_ROWS ** 2 * 128
-FUSED = ("flash2", "flash3", "cudnn", "native")
+# FlashAttention v1 against FlashAttention-2 on the same GPU: the FA2 paper's abstract
+# (Dao, arXiv 2307.08691) puts FlashAttention at "only 25-40% of the theoretical maximum
+# FLOPs/s" on A100 and FlashAttention-2 at 50-73% ("around 2x speedup"): the ratio of the
+# two ranges' midpoints. Rule for other GPUs: the same ratio to the spec's FlashAttention-2
+# figure (attention_fraction), FlashAttention v1 having no kernels of its own for later
+# architectures.
+FA1_A100_RANGE, FA2_A100_RANGE = (0.25, 0.40), (0.50, 0.73)
+FLASH1_SHARE = sum(FA1_A100_RANGE) / sum(FA2_A100_RANGE)
+FUSED = ("flash1", "flash2", "flash3", "cudnn", "native")
 NATIVE = ("flash3", "cudnn", "native")
 # Unfused softmax passes over the S x S scores in HBM, besides the GEMMs that write and
 # read them. Megatron-LM (library kernels): one fused scale-mask-softmax kernel reads the

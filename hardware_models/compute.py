@@ -105,6 +105,8 @@ class RooflineCompute:
                 return t
         rate, exp_rate = attention_rate(self.spec, peak, kind in attention_kernels.NATIVE,
                                         self.efficiency)
+        if kind == "flash1":
+            rate *= attention_kernels.FLASH1_SHARE
         return attention_kernels.fused_time(node.flops, attn, rate, self.sms, exp_rate)
 
     @property

@@ -9,8 +9,10 @@ A step of m micro-batches sums m gradients. Where that sum is made decides what 
   whose GemmRewriter folds `add(dot, accumulator)` into the GEMM's output. No kernel of
   its own: this pass adds nothing.
 - `autograd`: PyTorch's AccumulateGrad adds each new gradient into `.grad` in place, in
-  the gradient's dtype (bf16/fp16: read 2 + 2, write 2 bytes per parameter): DeepSpeed's
-  fp16 engine, DDP under no_sync, InternEvo.
+  the gradient's dtype (`dtype`; bf16/fp16: read 2 + 2, write 2 bytes per parameter; f32,
+  the weights of a torch.autocast step: 4 + 4, 4): DeepSpeed's fp16 engine, InternEvo,
+  PyTorch DDP and FSDP2 (FSDP2 adds each reduce-scattered shard into the sharded `.grad`:
+  the step's parameter arguments are already this rank's shard).
 - `fp32-copy`: DeepSpeed's BF16_Optimizer (written for BLOOM, 2022) casts every bf16
   gradient to fp32 and adds it to an fp32 gradient after each micro-batch's backward
   (deepspeed/runtime/bf16_optimizer.py `update_hp_grads`: `hp.grad.add_(lp.grad.to(fp32))`,
@@ -61,6 +63,10 @@ class GradAccumulation:
     microbatches: int = 1       # of the step (the pipeline's depth)
     tied_copy: bool = False
     shards: int = 1             # ranks a (ZeRO-2) gradient buffer is sharded over
+    # autograd: the gradients' dtype, the parameters' own (AccumulateGrad adds in it):
+    # bf16/fp16 weights under DeepSpeed's fp16 engine and InternEvo, f32 weights under
+    # torch.autocast (the torch frameworks' twin)
+    dtype: str = "bf16"
     name: ClassVar[str] = "grad-accumulation"
 
     def __post_init__(self):
@@ -69,11 +75,15 @@ class GradAccumulation:
                              f"{' | '.join(MODES)}")
         if self.microbatches < 1 or self.shards < 1:
             raise FlintError("grad-accumulation: microbatches and shards must be >= 1")
+        if self.dtype not in ("bf16", "f16", "f32"):
+            raise FlintError(f"grad-accumulation: dtype {self.dtype!r} is not bf16, f16 or f32")
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
         steady = (self.microbatches - 1) / self.microbatches   # adds per micro-batch
         kernels = [(k, src, dst, steady if k == "accumulate" else 1.0)
                    for k, src, dst in _KERNELS.get(self.mode, ())]
+        if self.mode == "autograd":           # AccumulateGrad adds in the gradients' dtype
+            kernels = [(k, self.dtype, self.dtype, share) for k, _, _, share in kernels]
         kernels = [k for k in kernels if k[3] > 0]
         if not kernels:
             return graph
@@ -81,9 +91,13 @@ class GradAccumulation:
             raise FlintError(f"gradient accumulation {self.mode!r} needs a layer-templated "
                              f"step (a model with more than one layer)")
         counts = _parameters_by_block(graph.meta.get("arguments_sharding") or ())
+        if counts is None:      # a torch capture lists names and bytes: its weights' dtype
+            counts = _parameters_by_block([(name, None, nbytes) for name, nbytes in
+                                           graph.meta.get("arguments") or ()], self.dtype)
         if counts is None:
-            raise FlintError("gradient accumulation needs the program's argument shapes "
-                             "(meta arguments_sharding), which this graph lacks")
+            raise FlintError("gradient accumulation needs the program's parameter "
+                             "arguments (meta arguments_sharding or arguments), which this "
+                             "graph lacks")
         per_layer, embed, head = counts
         if self.tied_copy:
             head = (head[0] + embed[0], head[1] + embed[1])
@@ -145,9 +159,10 @@ def _bytes(dtype: str) -> int:
     return DTYPE_BITS[dtype] // 8
 
 
-def _parameters_by_block(sharding) -> tuple | None:
+def _parameters_by_block(sharding, dtype: str | None = None) -> tuple | None:
     """(elements, tensors) of one layer's parameters on this device, of the embedding's,
-    of the head's, from the template's argument shapes; None without shapes."""
+    of the head's, from the template's argument shapes (an entry without a shape holds
+    `dtype` elements); None without parameter arguments."""
     layers: dict[int, list] = {}
     embed, head = [0, 0], [0, 0]
     seen = False
@@ -157,8 +172,7 @@ def _parameters_by_block(sharding) -> tuple | None:
             continue
         seen = True
         try:
-            dtype = parse_shape(shape).dtype
-            elems = nbytes * 8 / DTYPE_BITS[dtype]
+            elems = nbytes * 8 / DTYPE_BITS[parse_shape(shape).dtype if shape else dtype]
         except Exception:  # noqa: BLE001 - an odd shape: count it at 4 bytes per element
             elems = nbytes / 4
         li = layer_index(name)

@@ -10,9 +10,16 @@ each launched by the host (`kernel_source: eager`); `torch-compile`: Inductor's 
 kernels (`inductor`; fuse the graph's pointwise chains first, passes/fuse.py). GEMMs and
 attention are library kernels in all of them.
 
+`attention_kernel` names the fused-attention kernel the run's library version has where
+the compiled step leaves it to the GPU's generation: `flash1`, FlashAttention v1 (a
+framework pinned to it, as InternEvo's flash-attention 1.0.5 submodule); it is stamped as
+meta["attention"]["impl"] on every fused-attention node (hardware_models.attention_kernels
+prices it). Unfused attention is a different program and is compiled as such.
+
 Contract: returns a copy whose nodes carry meta["kernel_source"] (one of
 hardware_models.populations.POPULATIONS) and meta["framework"] on the graph; shapes,
-flops, bytes and edges are unchanged. Raises FlintError for an unknown framework.
+flops, bytes and edges are unchanged. Raises FlintError for an unknown framework or
+attention kernel.
 """
 from __future__ import annotations
 
@@ -24,19 +31,32 @@ from flint.graph import WorkloadGraph
 
 FRAMEWORKS = {"megatron": "library", "xla": "generated", "torch-eager": "eager",
               "torch-compile": "inductor"}
+ATTENTION_KERNELS = ("", "flash1")        # "": the GPU generation's own (as compiled)
 
 
 @dataclass(frozen=True)
 class KernelPopulation:
     framework: str = "megatron"
+    attention_kernel: str = ""
     name: ClassVar[str] = "kernel-population"
 
     def __post_init__(self):
         if self.framework not in FRAMEWORKS:
             raise FlintError(f"kernel-population: unknown framework {self.framework!r}; use "
                              f"{' | '.join(FRAMEWORKS)}")
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise FlintError(f"kernel-population: unknown attention kernel "
+                             f"{self.attention_kernel!r}; use flash1 or leave it out")
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
         source = FRAMEWORKS[self.framework]
-        nodes = [replace(n, meta=dict(n.meta, kernel_source=source)) for n in graph.nodes]
+        nodes = [replace(n, meta=self._stamped(n.meta, source)) for n in graph.nodes]
         return replace(graph, nodes=nodes, meta=dict(graph.meta, framework=self.framework))
+
+    def _stamped(self, meta: dict, source: str) -> dict:
+        out = dict(meta, kernel_source=source)
+        attn = meta.get("attention")
+        if self.attention_kernel and isinstance(attn, dict) and attn.get("impl") in (
+                None, "native"):
+            out["attention"] = dict(attn, impl=self.attention_kernel)
+        return out

@@ -17,6 +17,8 @@ import json
 import statistics
 from pathlib import Path
 
+from flint.hardware_models.attention_kernels import FA1_A100_RANGE, FA2_A100_RANGE
+
 TRACES = Path(__file__).resolve().parents[2] / "shared/traces"
 MAXTEXT = TRACES / "jaxtoolbox_maxtext_fsdp4_4xH100.data.zip"
 TRACELENS = TRACES / "tracelens_qwen1.5-0.5b_fwd_1xH100.json.gz"
@@ -53,10 +55,11 @@ FA3_PAPER = {
 # PyTorch benchmark (pytorch/benchmark, commit ff65cb67, D60117034): FlashAttention-3
 # forward on H100, head dim 128, non-causal, same shapes as the paper: TFLOP/s.
 FA3_TORCHBENCH = (430.3, 517.1, 565.5, 590.2, 614.2, 620.7)
-# FlashAttention-2 paper (Dao, arXiv 2307.08691, abstract): 50-73% of the theoretical maximum
-# FLOP/s on A100 (forward and backward, head dims 64/128, sequence 512-16k).
-FA2_A100_RANGE = (0.50, 0.73)
-IMPLS = {"standard": "unfused", "flash2": "flash2", "cudnn": "cudnn", "flash3": "flash3"}
+# FlashAttention-2 paper (Dao, arXiv 2307.08691, abstract): FlashAttention-2 at 50-73% of the
+# theoretical maximum FLOP/s on A100 (forward and backward, head dims 64/128, sequence
+# 512-16k), FlashAttention (v1) at "only 25-40%" (hardware_models.attention_kernels)
+IMPLS = {"standard": "unfused", "flash1": "flash1", "flash2": "flash2", "cudnn": "cudnn",
+         "flash3": "flash3"}
 # NVIDIA Technical Blog, 'Making Softmax More Efficient with NVIDIA Blackwell Ultra' (2026):
 # doubling the SFUs' MUFU.EX2 rate gives GB300 ~35% more attention forward (FPROP)
 # throughput than GB200 (DeepSeek-V3, FP8). A ratio, so it checks the exponentials' share
@@ -136,12 +139,11 @@ def attention_rows() -> list[dict]:
                      "kernel": "flash3", "head_dim": 128, "causal": False, "seq": s,
                      "measured_TFLOPs": v, "predicted_TFLOPs": p, "error": v / p - 1})
     peak = a100.spec.peak("bf16") / 1e12
-    for d in (64, 128):
-        for s in (512, 16384):
-            p = predicted(a100, "flash2", d, s, False)
-            lo, hi = FA2_A100_RANGE
+    for kernel, (lo, hi) in (("flash2", FA2_A100_RANGE), ("flash1", FA1_A100_RANGE)):
+        for d, s in ((64, 512), (64, 16384), (128, 512), (128, 16384)):
+            p = predicted(a100, kernel, d, s, False)
             rows.append({"source": "FA2 paper (range)", "hardware": "a100-80gb-sxm",
-                         "kernel": "flash2", "head_dim": d, "causal": False, "seq": s,
+                         "kernel": kernel, "head_dim": d, "causal": False, "seq": s,
                          "measured_TFLOPs": f"{lo * peak:.0f}-{hi * peak:.0f}",
                          "predicted_TFLOPs": p,
                          "error": 0.0 if lo * peak <= p <= hi * peak else

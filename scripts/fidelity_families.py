@@ -131,6 +131,14 @@ MECHANISMS = (
               "AccumulateGrad, an in-place add into .grad in the gradient's dtype; neither "
               "uses Megatron's gradient-accumulation fusion",
               "- (from the frameworks' source, no family's error)"),
+    Mechanism("FlashAttention v1 where a framework pinned it",
+              (("attention", "flash1"),), ("internevo",),
+              "InternEvo doc/en/install.md (@1aea101b): 'Install flash-attention (version "
+              "v1.0.5)' from its third_party submodule, images torch1.13.1-cuda11.7.1-"
+              "flashatten1.0.5; the train_performance table is InternLM's first release's "
+              "(the same numbers in the InternLM docs of 2023-07), before FlashAttention-2 "
+              "(2023-07-17); later docs moved to flash-attn 2.2.1 and kept the table",
+              "- (from the framework's documented environment, no family's error)"),
 )
 
 

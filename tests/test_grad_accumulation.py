@@ -27,9 +27,11 @@ def test_defaults_follow_the_framework_and_bad_modes_are_one_line():
     with pytest.raises(FlintError, match="grad_accumulation"):
         TrainingRun.from_json(dict(BASE, grad_accumulation="fp64"))
     torch = dict(BASE, tp=1, pp=1, zero=3, framework="torch-eager", remat="none")
-    assert TrainingRun(**torch).grad_accumulation == "in-gemm"
-    with pytest.raises(FlintError, match="grad_accumulation: torch-eager prices the torch"):
-        TrainingRun(**torch, grad_accumulation="autograd")
+    assert TrainingRun(**torch).grad_accumulation == "autograd"
+    for mode, whose in (("in-gemm", "Megatron's gradient-accumulation fusion"),
+                        ("fp32-copy", "DeepSpeed's BF16 optimizer")):
+        with pytest.raises(FlintError, match=f"grad_accumulation: torch-eager .* {whose}"):
+            TrainingRun(**torch, grad_accumulation=mode)
 
 
 def test_fp32_copy_adds_a_cast_and_an_add_per_block_with_the_layer_parameters():
@@ -129,3 +131,83 @@ def test_a_one_layer_model_is_refused_not_left_unpriced():
     run = TrainingRun(model=one, devices=1, global_batch=4, grad_accumulation="autograd")
     with pytest.raises(FlintError, match="needs a layer-templated step"):
         predict(run)
+
+
+# --- when the gradients are reduced, and PyTorch's own accumulation ------------------
+TORCH = dict(model=LLAMA6, seq_len=2048, devices=4, micro_batch=1, global_batch=16,
+             remat="none", framework="torch-eager")
+
+
+def test_grad_sync_defaults_follow_the_framework_and_impossible_ones_are_refused():
+    """PyTorch DDP and FSDP2 reduce in every backward unless told not to (no_sync,
+    set_requires_gradient_sync(False)); Megatron's schedules and XLA's step once; ZeRO-2
+    must reduce every micro-batch."""
+    assert TrainingRun(**TORCH, zero=0).grad_sync == "every-microbatch"
+    assert TrainingRun(**TORCH, zero=3).grad_sync == "every-microbatch"
+    assert TrainingRun(**BASE).grad_sync == "last-microbatch"
+    assert TrainingRun(**dict(BASE, framework="xla")).grad_sync == "last-microbatch"
+    assert TrainingRun(**dict(BASE, zero=2)).grad_sync == "every-microbatch"
+    assert TrainingRun(**TORCH, zero=0, grad_sync="last-microbatch").grad_sync == \
+        "last-microbatch"
+    with pytest.raises(FlintError, match="grad_sync: zero 2 shards the gradient buffer"):
+        TrainingRun(**dict(BASE, zero=2), grad_sync="last-microbatch")
+    with pytest.raises(FlintError, match="grad_sync: last-microbatch under FSDP2"):
+        TrainingRun(**TORCH, zero=3, grad_sync="last-microbatch")
+    with pytest.raises(FlintError, match="grad_sync"):
+        TrainingRun.from_json(dict(BASE, grad_sync="sometimes"))
+
+
+def test_torch_ddp_reduces_every_micro_batch_and_accumulates_in_f32():
+    """DDP without no_sync all-reduces each micro-batch's (accumulated) gradients: m times
+    the bytes of one reduction; under no_sync once. Either way AccumulateGrad adds every
+    micro-batch after the first into the f32 .grad of the autocast weights: 4 + 4 bytes
+    read, 4 written per parameter, at (m - 1)/m per micro-batch."""
+    from flint.engine import predict
+
+    every = TrainingRun(**TORCH, zero=0)
+    last = TrainingRun(**TORCH, zero=0, grad_sync="last-microbatch")
+    m = every.microbatches
+    assert m == 4
+    p_every, p_last = predict(every), predict(last)
+    assert p_every.collectives_s["all-reduce"] == pytest.approx(
+        m * p_last.collectives_s["all-reduce"], rel=1e-6)
+    assert p_every.step_time_s >= p_last.step_time_s
+    g = _layered(every)
+    adds = [n for n in g.nodes if n.name.startswith("grad_acc.accumulate.layer_")]
+    assert len(adds) == every.model_config().n_layers
+    cfg = every.model_config()
+    d, kv = cfg.d_model, cfg.n_kv_heads * cfg.d_model // cfg.n_heads
+    per_layer = d * d * 2 + 2 * d * kv + 3 * d * cfg.d_ff           # + two norms
+    share = (m - 1) / m
+    assert adds[0].bytes_written == pytest.approx(4 * per_layer * share, rel=0.01)
+    assert adds[0].bytes_read == pytest.approx(8 * per_layer * share, rel=0.01)
+    assert p_every.facts["grad_sync"] == "every-microbatch"
+
+
+def test_torch_fsdp_accumulates_its_shard_and_reduce_scatters_every_micro_batch():
+    """FSDP2 reduce-scatters each micro-batch's gradients and adds the shard into the
+    sharded f32 .grad: the adds are 1/dp of DDP's; the reduce-scatters m times one."""
+    from flint.engine import predict
+
+    fsdp = TrainingRun(**TORCH, zero=3)
+    ddp = TrainingRun(**TORCH, zero=0)
+    per_rank = {run.zero: sum(n.bytes_written for n in _layered(run).nodes
+                              if n.name.startswith("grad_acc.accumulate.layer_"))
+                for run in (fsdp, ddp)}
+    assert per_rank[3] == pytest.approx(per_rank[0] / fsdp.dp, rel=0.01)
+    one = predict(TrainingRun(**dict(TORCH, global_batch=4), zero=3))
+    assert predict(fsdp).collectives_s["reduce-scatter"] == pytest.approx(
+        fsdp.microbatches * one.collectives_s["reduce-scatter"], rel=1e-6)
+
+
+def test_grad_sync_cli_flag_and_report_row():
+    argv = ["predict", "--model", "tiny", "--seq-len", "64", "--devices", "4",
+            "--global-batch", "16", "--framework", "torch-eager", "--zero", "0"]
+    code, stdout, stderr = run_cli(argv)
+    assert code == 0, stderr
+    assert "gradient reduction" in stdout and "every micro-batch" in stdout
+    code, stdout, stderr = run_cli(argv + ["--grad-sync", "last-microbatch"])
+    assert code == 0, stderr
+    assert "last micro-batch's backward only" in stdout
+    code, stdout, stderr = run_cli(argv + ["--grad-sync", "sometimes"])
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and "grad_sync" in stderr

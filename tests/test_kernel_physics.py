@@ -117,6 +117,55 @@ def test_attention_kernels_by_era():
     assert 0.1 * tflops("flash2", 128) < unfused < 0.5 * tflops("flash2", 128)
 
 
+def test_flash_attention_v1_runs_at_the_fa2_papers_range_for_it():
+    """FlashAttention (v1) on A100 at "25-40% of the theoretical maximum" and about half of
+    FlashAttention-2 (FA2 paper abstract); a run with attention flash1 compiles the same
+    program as flash (the kernel is stamped by the kernel-population pass) and its
+    attention nodes take about twice as long."""
+    from flint.engine import _cache, layered_graph, stage_program
+    from flint.errors import FlintError
+    from flint.hardware_models.attention_kernels import FA1_A100_RANGE
+    from flint.hardware_models.compute import RooflineCompute
+    from flint.passes.attention import attention_cost
+    from flint.passes.kernel_population import KernelPopulation
+    from flint.run import TrainingRun
+
+    a100 = RooflineCompute(load_spec("a100-80gb-sxm"))
+    b, h, s, d = 1, 16, 16384, 128
+    flops, rd, wr = attention_cost(b, h, h, s, s, d, False, False)
+    attn = {"batch": b, "heads": h, "kv_heads": h, "seq_q": s, "seq_kv": s, "head_dim": d,
+            "causal": False, "backward": False}
+    rate = {}
+    for impl in ("flash1", "flash2"):
+        node = Node(0, "a", NodeKind.COMPUTE, "fused-attention", "attention", flops=flops,
+                    bytes_read=rd, bytes_written=wr, operands=["bf16[1]"],
+                    meta={"attention": dict(attn, impl=impl)})
+        rate[impl] = flops / a100.time(node) / a100.spec.peak("bf16")
+    lo, hi = FA1_A100_RANGE
+    assert lo <= rate["flash1"] <= hi
+    assert rate["flash1"] == pytest.approx(0.53 * rate["flash2"], rel=0.03)
+
+    model = {"base": "llama3-8b", "layers": 4, "seq": 2048, "vocab": 32000}
+    runs = {a: TrainingRun(model=model, devices=8, hardware="a100-80gb-sxm", attention=a)
+            for a in ("flash", "flash1")}
+    assert stage_program(runs["flash"]) == stage_program(runs["flash1"])
+    from flint.engine import predict
+    from flint.hardware_models.composite import template_of
+
+    for a, run in runs.items():
+        g, _ = layered_graph(run, _cache(None))
+        attention = [n for n in template_of(g).nodes
+                     if isinstance(n.meta.get("attention"), dict)]
+        assert attention and all(n.meta["attention"].get("impl") == (
+            "flash1" if a == "flash1" else None) for n in attention)
+    seconds = {a: predict(run).by_class_s["attention"] for a, run in runs.items()}
+    assert seconds["flash1"] == pytest.approx(seconds["flash"] / 0.53, rel=0.1)
+    with pytest.raises(FlintError, match="unknown attention kernel"):
+        KernelPopulation("megatron", "flash4")
+    with pytest.raises(FlintError, match="attention"):
+        TrainingRun(model=model, devices=8, attention="flash4")
+
+
 def test_native_attention_on_blackwell_is_bound_by_its_exponentials():
     """With no fused-attention figure of its own, a GPU's native kernels run their GEMMs at
     Hopper's share of the dense peak (recovered from FA3's H100 anchor) and their

@@ -50,7 +50,8 @@ def predict(
     precision: Optional[str] = typer.Option(None, help="GEMM precision: bf16 | fp8 | mxfp8"),
     framework: Optional[str] = typer.Option(None, help="who makes the kernels: megatron | "
                                             "xla | torch-eager | torch-compile"),
-    attention: Optional[str] = typer.Option(None, help="attention core: flash | unfused"),
+    attention: Optional[str] = typer.Option(None, help="attention core: flash | flash1 "
+                                           "(FlashAttention v1) | unfused"),
     tp_comm_overlap: Optional[bool] = typer.Option(
         None, "--tp-comm-overlap/--no-tp-comm-overlap",
         help="TP collectives pipelined with their GEMMs (default: on for megatron with TP+SP)"),
@@ -64,7 +65,11 @@ def predict(
     grad_accumulation: Optional[str] = typer.Option(
         None, help="where micro-batch gradients are summed: in-gemm (Megatron's fusion, "
                    "XLA) | autograd (PyTorch's AccumulateGrad) | fp32-copy (DeepSpeed's "
-                   "BF16 optimizer) (default: in-gemm)"),
+                   "BF16 optimizer) (default: autograd for torch-*, else in-gemm)"),
+    grad_sync: Optional[str] = typer.Option(
+        None, help="when gradients are reduced: every-microbatch (PyTorch DDP/FSDP2's "
+                   "default, ZeRO-2) | last-microbatch (no_sync, Megatron) (default: "
+                   "every-microbatch for torch-* and zero 2, else last-microbatch)"),
     routing: Optional[str] = typer.Option(None, help="MoE tokens per expert: balanced | "
                                           "zipf:S | imbalance:F | histogram:..."),
     set_: list[str] = typer.Option([], "--set", help="hardware what-if, e.g. "
@@ -88,7 +93,8 @@ def predict(
                  framework=framework, attention=attention,
                  overlap_grad_reduce=overlap_grad_reduce, tp_comm_overlap=tp_comm_overlap,
                  reshard_after_forward=reshard_after_forward,
-                 grad_accumulation=grad_accumulation, routing=routing)
+                 grad_accumulation=grad_accumulation, grad_sync=grad_sync,
+                 routing=routing)
 
     def go():
         from flint.engine import predict as run_predict
