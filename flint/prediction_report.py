@@ -133,8 +133,11 @@ def _layout(run: dict, facts: dict) -> str:
         parts.append(run["schedule"])
     zero = {0: "all-reduce", 1: "ZeRO-1 (distributed optimizer)", 2: "ZeRO-2",
             3: "ZeRO-3 (FSDP)"}[run["zero"]]
+    if run.get("zero_sync") == "broadcast":
+        zero += ", gradients all-reduced, parameters broadcast by their owners"
     if run["hsdp"]:
-        zero += f", HSDP groups of {run['hsdp']}"
+        zero += (f", HSDP groups of {run['hsdp']}" if run["zero"] == 3 else
+                 f", state sharded over groups of {run['hsdp']}")
     parts.append(f"dp {dp} {zero}")
     parts.append(f"remat {run['remat']}")
     parts.append(run["precision"])

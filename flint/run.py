@@ -14,7 +14,9 @@ pipeline outermost): devices = dp x cp x tp x pp; the expert axis is carved out 
 data-parallel ranks (dp = ep x the rest); ZeRO: 0 = gradient all-reduce, 1 = Megatron's
 distributed optimizer (optimizer state sharded over DP), 2 = ZeRO-1 plus sharded gradients,
 3 = FSDP (parameters, gradients and optimizer state sharded: over all of DP, or over
-`hsdp` ranks with replicas across them, PyTorch's HYBRID_SHARD).
+`hsdp` ranks with replicas across them, PyTorch's HYBRID_SHARD). With zero 1/2, `hsdp` is
+the optimizer's shard group the same way (Megatron-Core's dp / --num-distributed-optimizer-
+instances, InternEvo's zero1=N).
 """
 from __future__ import annotations
 
@@ -56,6 +58,11 @@ ATTENTION = ("flash", "flash1", "unfused")
 # in the last one's (DDP under no_sync(), FSDP2 with set_requires_gradient_sync(False),
 # Megatron's schedules, an XLA step that sums its micro-batches first).
 GRAD_SYNC = ("every-microbatch", "last-microbatch")
+# How ZeRO-1/2's sharded optimizer moves data (passes.distributed_optimizer): gradients
+# reduce-scattered and parameters all-gathered (Megatron-Core's distributed optimizer,
+# DeepSpeed), or gradients all-reduced over every data-parallel rank and each shard's
+# owner broadcasting its parameters (InternEvo's HybridZeroOptimizer).
+ZERO_SYNC = ("reduce-scatter", "broadcast")
 
 _Degree = Annotated[PositiveInt, Field(le=MAX_DEVICES)]
 
@@ -89,6 +96,7 @@ class RunSchema(Strict):
     overlap_grad_reduce: Bool = True
     grad_accumulation: Optional[Literal[GRAD_ACCUMULATION]] = None
     grad_sync: Optional[Literal[GRAD_SYNC]] = None
+    zero_sync: Literal[ZERO_SYNC] = "reduce-scatter"
     tp_comm_overlap: Optional[Bool] = None
     reshard_after_forward: Bool = True
     routing: Str = "balanced"
@@ -141,6 +149,8 @@ class TrainingRun:
     # when the gradient reduction runs (GRAD_SYNC). None: every micro-batch for the torch
     # frameworks and zero 2, the last micro-batch otherwise
     grad_sync: Optional[str] = None
+    # zero 1/2: how the sharded optimizer moves gradients and parameters (ZERO_SYNC)
+    zero_sync: str = "reduce-scatter"
     # TP all-gathers / reduce-scatters pipelined in chunks with their GEMMs
     # (passes.tp_comm_overlap; Megatron-Core --tp-comm-overlap). None: the framework's
     # default, on for megatron with tp > 1 and sequence parallelism (the NeMo /

@@ -37,9 +37,9 @@ def _cluster(run) -> None:
         raise FlintError(f"ep: {run.ep} expert-parallel ranks do not divide the {dp} "
                          f"data-parallel ranks (EP is carved out of data parallelism)")
     if run.hsdp:
-        if run.zero != 3:
-            raise FlintError(f"hsdp: a hybrid-sharded group ({run.hsdp}) needs zero 3 (FSDP), "
-                             f"not zero {run.zero}")
+        if run.zero == 0:
+            raise FlintError(f"hsdp: a shard group ({run.hsdp}) needs a sharded optimizer "
+                             f"(zero 1 or 2) or FSDP (zero 3), not zero 0")
         if (dp // run.ep) % run.hsdp:
             raise FlintError(f"hsdp: {run.hsdp} does not divide the {dp // run.ep} "
                              f"data-parallel ranks it shards over")
@@ -51,6 +51,7 @@ def _cluster(run) -> None:
 def _framework(run) -> None:
     """What the PyTorch twin (flint/models/torch_decoder.py) cannot run, by field."""
     _grad_sync(run)
+    _zero_sync(run)
     if not run.reshard_after_forward:
         if run.zero != 3:
             raise FlintError("reshard_after_forward: only FSDP (zero 3) reshards parameters")
@@ -81,6 +82,12 @@ def _framework(run) -> None:
     if run.zero in (1, 2):
         raise FlintError(f"zero: {name} runs DDP-style data parallelism (zero 0) or FSDP2 "
                          f"(zero 3), not zero {run.zero}")
+
+
+def _zero_sync(run) -> None:
+    if run.zero_sync == "broadcast" and run.zero != 1:
+        raise FlintError(f"zero_sync: broadcast is InternEvo's ZeRO-1 (gradients all-reduced, "
+                         f"each owner broadcasting its parameters), not zero {run.zero}")
 
 
 def _grad_sync(run) -> None:

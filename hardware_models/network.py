@@ -117,9 +117,14 @@ class NetworkModel:
         place = self.placement(comm)
         if place.size <= 1:
             return {}
-        return self._options(node.collective.type, float(collective_size_bytes(node)), place,
-                             int(node.meta.get("moe_top_k") or 0),
-                             domain_skew(node, place.per_domain))
+        # a node may stand for `pieces` collectives of equal size issued one after another
+        # (InternEvo's parameter sync: one broadcast per owner rank): each pays its launch
+        # and pipeline fill
+        pieces = max(int(node.meta.get("pieces") or 1), 1)
+        one = self._options(node.collective.type, float(collective_size_bytes(node)) / pieces,
+                            place, int(node.meta.get("moe_top_k") or 0),
+                            domain_skew(node, place.per_domain))
+        return {k: v * pieces for k, v in one.items()} if pieces > 1 else one
 
     def time(self, node: Node, comm: Communicator) -> float:
         c = node.collective
@@ -147,7 +152,8 @@ class NetworkModel:
         p, k, m = pl.size, pl.domains, pl.per_domain
         if k == 1 and self.topology.is_torus:
             return self._torus_options(kind, s, pl)
-        if self.nccl and kind in ("all-reduce", "all-gather", "reduce-scatter"):
+        if self.nccl and kind in ("all-reduce", "all-gather", "reduce-scatter",
+                                  "collective-broadcast"):
             return self._nccl_options(kind, s, pl)
         up, out = self.up, self.out(pl.leaves)
         flat = up if k == 1 else out  # a flat ring is as fast as its slowest link
@@ -203,6 +209,13 @@ class NetworkModel:
         ring_level = Level(ring_bw, up.latency, up.link if k == 1 or m > 1 else "net",
                            up.hop_override if k == 1 or m > 1 else out.hop_override)
         log_k = math.ceil(math.log2(k)) if k > 1 else 0
+        if kind == "collective-broadcast":
+            # NCCL runs broadcast as a ring only, its chunks pipelined from the root round
+            # the ring: every link carries the buffer once (bus bandwidth = algorithm
+            # bandwidth), nRanks steps of which nNodes cross the network (tuning.cc
+            # ncclTopoTuneModel: nsteps = nRanks, nInterSteps = nNodes for Broadcast)
+            return {"ring": self.phase(s, p, ring_level, "ring", k,
+                                       inter_steps=k if k > 1 else 0)}
         if kind != "all-reduce":
             opts = {"ring": self.phase((p - 1) / p * s, p - 1, ring_level, "ring", k,
                                        inter_steps=k - 1 if m > 1 else 0)}

@@ -22,6 +22,23 @@ reduce those parameters, by their share of the parameters (a MoE model's experts
 over the expert-data-parallel group, its dense weights over the whole data-parallel
 group; experts no bucket reduces keep their whole state).
 
+Two other layouts of the same sharded optimizer (options `group` and `sync`):
+
+- `group` g < d: the state is sharded over groups of g data-parallel ranks and replicated
+  across the d/g groups (Megatron-Core's --num-distributed-optimizer-instances d/g,
+  InternEvo's zero1=g): each bucket is reduce-scattered inside its group, the shard
+  all-reduced across the groups, and the parameters all-gathered inside the group; the
+  state is 12/g bytes per parameter.
+- `sync="broadcast"` (InternEvo's HybridZeroOptimizer, 2023: internlm/solver/optimizer/
+  hybrid_zero_optim.py and utils.reduce_tensor): the gradients stay all-reduced over all d
+  ranks (reduce_tensor with no destination rank all-reduces), each rank updates the
+  parameters it owns, and every owner broadcasts its updated parameters to its group:
+  g broadcasts of 1/g of the bf16 parameters each, one after another on one communicator,
+  all waited for before the next forward (`broadcast_params` waits on every handle). Here
+  one collective-broadcast node of all the parameters with meta `pieces` = g (the network
+  model prices g broadcasts of 1/g). Memory is counted as Megatron's layout (fp32 main
+  gradients), 2 bytes per parameter more than InternEvo's bf16 gradients.
+
 Contract: input a loop-free graph; every all-reduce of a gradient once per step (task R
 of `pipeline_stages.task_of`) over data-parallel axes only becomes a reduce-scatter of
 the same input bytes; one all-gather per such bucket is added before all other nodes
@@ -36,7 +53,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from flint.errors import FlintError
-from flint.graph import Collective, Node, NodeKind, WorkloadGraph
+from flint.graph import Collective, Communicator, Node, NodeKind, WorkloadGraph
 from flint.passes.pipeline_stages import DATA_PARALLEL_AXES, task_of
 
 PARAMETER_BYTES = 2      # parameters are gathered in the compute dtype (bf16)
@@ -46,12 +63,27 @@ MOMENT_BYTES = 8         # the step's two f32 Adam moments per parameter
 _DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "f64": 8}
 
 
+SYNCS = ("reduce-scatter", "broadcast")
+
+
 @dataclass(frozen=True)
 class DistributedOptimizer:
     # ZeRO-2: the gradients are sharded too, so the fp32 gradient buffer (the parameter
     # arguments stand for it) holds only this rank's 1/d of what the buckets reduce
     shard_gradients: bool = False
+    sync: str = "reduce-scatter"
+    group: int = 0               # ranks sharing one copy of the state (0: all of them)
     name: ClassVar[str] = "distributed-optimizer"
+
+    def __post_init__(self):
+        if self.sync not in SYNCS:
+            raise FlintError(f"distributed-optimizer: sync {self.sync!r} is not "
+                             f"{' or '.join(SYNCS)}")
+        if self.group < 0:
+            raise FlintError("distributed-optimizer: group must be >= 0")
+        if self.sync == "broadcast" and self.shard_gradients:
+            raise FlintError("distributed-optimizer: broadcast keeps whole gradients "
+                             "(InternEvo's ZeRO-1); it does not shard them")
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
         if graph.loops:
@@ -61,6 +93,10 @@ class DistributedOptimizer:
         buckets = [n for n in graph.nodes if _gradient_all_reduce(graph, n, tasks[n.id])]
         if not buckets:
             return graph
+        if self.sync == "broadcast" or (self.group and any(
+                self.group < graph.communicators[n.collective.communicator].size
+                for n in buckets)):
+            return _grouped(self, graph, buckets, tasks)
         first_forward: dict[str, int] = {}
         for n in graph.nodes:
             if tasks[n.id] == "F":
@@ -123,7 +159,7 @@ class DistributedOptimizer:
 
 
 def _sharded_state(graph: WorkloadGraph, buckets: list[Node],
-                   shard_gradients: bool = False) -> list:
+                   shard_gradients: bool = False, groups: dict | None = None) -> list:
     """meta["arguments"] with every optimizer-state argument at this rank's share. The
     moments (8 B per parameter) stand for the parameters; the buckets' gradients (bytes /
     dtype size) say which share of them is reduced over which group d (per step, not per
@@ -138,8 +174,9 @@ def _sharded_state(graph: WorkloadGraph, buckets: list[Node],
     for n in buckets:
         c = n.collective
         reduced = c.bytes_in / _DTYPE_BYTES.get(c.dtype, 4)
-        shares.append((reduced / params if params else 0.0,
-                       graph.communicators[c.communicator].size))
+        d = (groups or {}).get(n.meta.get("layer", "")) or graph.communicators[
+            c.communicator].size
+        shares.append((reduced / params if params else 0.0, d))
     covered = sum(x for x, _ in shares)
     if covered > 1.0:                    # rounding, or more reduced than the moments say
         shares, covered = [(x / covered, d) for x, d in shares], 1.0
@@ -156,3 +193,139 @@ def _gradient_all_reduce(graph: WorkloadGraph, node: Node, task: str) -> bool:
         return False
     axes = graph.communicators[c.communicator].mesh_axes
     return bool(axes) and all(a in DATA_PARALLEL_AXES for a in axes)
+
+
+# --- shard groups smaller than the data-parallel group, InternEvo's broadcast ----------
+def _split(graph: WorkloadGraph, comm_id: int, g: int) -> tuple[int, int]:
+    """Communicators of g consecutive members of each group of `comm_id` (inside) and of
+    the members at the same place in those pieces (across), appended to the graph's."""
+    comm = graph.communicators[comm_id]
+    if comm.size % g:
+        raise FlintError(f"distributed-optimizer: a shard group of {g} ranks does not "
+                         f"divide the {comm.size} data-parallel ranks")
+    groups = comm.groups()
+    inside = groups.reshape(-1, g)
+    across = groups.reshape(groups.shape[0], comm.size // g, g).transpose(0, 2, 1).reshape(
+        -1, comm.size // g)
+
+    def add(rows) -> int:
+        if rows.shape[1] == 1:
+            return -1                       # one rank: nothing to talk to
+        spec = "{" + ",".join("{" + ",".join(map(str, r)) + "}" for r in rows.tolist()) + "}"
+        graph.communicators.append(Communicator(len(graph.communicators), "groups", spec,
+                                                comm.num_devices, int(rows.shape[1]),
+                                                int(rows.shape[0]), comm.mesh_axes))
+        return len(graph.communicators) - 1
+    return add(inside), add(across)
+
+
+def _grouped(opt: DistributedOptimizer, graph: WorkloadGraph, buckets: list, tasks) -> WorkloadGraph:
+    """The optimizer with a shard group smaller than the data-parallel group, or with
+    InternEvo's all-reduce + broadcast (module docstring)."""
+    graph = replace(graph, communicators=list(graph.communicators))
+    split: dict[int, tuple[int, int]] = {}
+    group_of: dict[str, int] = {}         # a layer's shard group (its state, its update)
+    g_of: dict[int, int] = {}             # a bucket's
+    for n in buckets:
+        c = n.collective
+        size = graph.communicators[c.communicator].size
+        g = g_of[n.id] = min(opt.group or size, size)
+        if c.communicator not in split:
+            split[c.communicator] = _split(graph, c.communicator, g)
+        group_of[n.meta.get("layer", "")] = g
+    first_forward: dict[str, int] = {}
+    for n in graph.nodes:
+        if tasks[n.id] == "F":
+            first_forward.setdefault(n.meta.get("layer", ""), n.id)
+    head: list[Node] = []                 # the parameter sync, before every other node
+    feeds: dict[int, list[int]] = {}
+    if opt.sync == "broadcast":
+        # one broadcast node per data-parallel group the buckets reduce over (a MoE
+        # model's experts over their own), standing for its g owners' broadcasts
+        by_comm: dict[int, list[Node]] = {}
+        for n in buckets:
+            by_comm.setdefault(n.collective.communicator, []).append(n)
+        for comm, members in sorted(by_comm.items()):
+            g = g_of[members[0].id]
+            params = sum(n.collective.bytes_in * PARAMETER_BYTES // _DTYPE_BYTES.get(
+                n.collective.dtype, 4) for n in members)
+            head.append(Node(len(head), f"param-broadcast.{comm}", NodeKind.COLLECTIVE,
+                             "collective-broadcast", "collective", [], outputs=[],
+                             collective=Collective("collective-broadcast", split[comm][0],
+                                                   params, params, "bf16", None, True),
+                             meta={"distributed_optimizer": "param-broadcast", "pieces": g}))
+            for target in sorted({first_forward[n.meta.get("layer", "")] for n in members
+                                  if n.meta.get("layer", "") in first_forward}):
+                feeds.setdefault(target, []).append(len(head) - 1)
+    else:
+        for n in buckets:
+            c = n.collective
+            inside = split[c.communicator][0]
+            g = g_of[n.id]
+            params = c.bytes_in * PARAMETER_BYTES // _DTYPE_BYTES.get(c.dtype, 4)
+            head.append(Node(len(head), f"param-all-gather.{n.name}", NodeKind.COLLECTIVE,
+                             "all-gather", "collective", [], outputs=[],
+                             collective=Collective("all-gather", inside, params // g, params,
+                                                   "bf16", None, True),
+                             meta={"layer": n.meta.get("layer", ""),
+                                   "distributed_optimizer": "param-gather"}))
+            target = first_forward.get(n.meta.get("layer", ""))
+            if target is not None:
+                feeds.setdefault(target, []).append(len(head) - 1)
+    # a bucket reduce-scattered inside a smaller group gets its all-reduce across the
+    # groups right after it; whatever read the reduction reads that sum
+    grouped = {n.id for n in buckets if opt.sync == "reduce-scatter"
+               and g_of[n.id] < graph.communicators[n.collective.communicator].size}
+    new_id, read_id, pos = {}, {}, len(head)
+    for n in graph.nodes:
+        new_id[n.id] = read_id[n.id] = pos
+        pos += 1
+        if n.id in grouped:
+            read_id[n.id] = pos
+            pos += 1
+    nodes: list[Node] = list(head)
+    for n in graph.nodes:
+        i = new_id[n.id]
+        node = replace(n, id=i, inputs=[read_id[j] for j in n.inputs] + feeds.get(n.id, []),
+                       control=[read_id[j] for j in n.control])
+        if n.collective is not None and n.collective.window is not None:
+            lo, hi = n.collective.window
+            node.collective = replace(n.collective, window=(new_id[lo], new_id[hi]))
+        if tasks[n.id] == "post" and "composite" in n.meta \
+                and n.meta.get("layer", "") in group_of:
+            composite = n.meta["composite"]
+            node.meta = dict(n.meta, composite=dict(
+                composite, scale=composite["scale"] / group_of[n.meta.get("layer", "")]))
+        if n.id in g_of and opt.sync == "reduce-scatter":
+            inside, across = split[n.collective.communicator]
+            g = g_of[n.id]
+            node.op = "reduce-scatter"
+            node.collective = replace(n.collective, type="reduce-scatter",
+                                      communicator=inside if n.id in grouped
+                                      else n.collective.communicator,
+                                      bytes_out=n.collective.bytes_in // g)
+            node.meta = dict(n.meta, distributed_optimizer="grad-reduce-scatter")
+        nodes.append(node)
+        if n.id in grouped:
+            shard = n.collective.bytes_in // g_of[n.id]
+            nodes.append(Node(read_id[n.id], f"{n.name}.across", NodeKind.COLLECTIVE,
+                              "all-reduce", "collective", [i], outputs=list(n.outputs),
+                              collective=Collective("all-reduce", split[n.collective.communicator][1],
+                                                    shard, shard, n.collective.dtype, "add",
+                                                    n.collective.is_async),
+                              meta={**n.meta, "distributed_optimizer": "grad-all-reduce-across"}))
+    arguments = _sharded_state(graph, buckets, opt.shard_gradients, group_of)
+    if opt.sync == "broadcast":
+        copies = [[f"params/bf16/{h.name}", h.collective.bytes_out] for h in head]
+    else:
+        copies = [[f"params/{h.meta['layer']}/bf16" if h.meta.get("layer") else "params/bf16",
+                   h.collective.bytes_out] for h in head]
+    aliased = set(graph.meta.get("aliased_arguments", ()))
+    shrunk = sum(old[1] - new[1] for k, (old, new) in
+                 enumerate(zip(graph.meta.get("arguments", ()), arguments)) if k in aliased)
+    meta = dict(graph.meta, distributed_optimizer=len(buckets), arguments=arguments + copies)
+    if "output_bytes" in meta:
+        meta["output_bytes"] = max(float(meta["output_bytes"]) - shrunk, 0.0)
+    out = replace(graph, nodes=nodes, meta=meta)
+    out.check()
+    return out

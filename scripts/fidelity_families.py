@@ -139,6 +139,15 @@ MECHANISMS = (
               "(the same numbers in the InternLM docs of 2023-07), before FlashAttention-2 "
               "(2023-07-17); later docs moved to flash-attn 2.2.1 and kept the table",
               "- (from the framework's documented environment, no family's error)"),
+    Mechanism("InternEvo's ZeRO-1: gradients all-reduced, parameters broadcast by owner",
+              (("zero_sync", "broadcast"),), ("internevo",),
+              "InternEvo internlm/solver/optimizer/hybrid_zero_optim.py: the AccumulateGrad "
+              "hooks reduce with reduce_rank=None, and utils.reduce_tensor all-reduces when "
+              "no destination rank is given; broadcast_params issues one dist.broadcast per "
+              "owner rank of the zero1 group and waits on every handle (overlap_sync_param "
+              "False in configs/7B_sft.py); NCCL prices a broadcast as a ring of nRanks "
+              "steps (tuning.cc)",
+              "- (from the framework's source, no family's error)", needs="zero_sync"),
 )
 
 

@@ -32,13 +32,12 @@ RMSNorm, RoPE, vocab 103168, untied):
   2048 tokens; with pack_sample_into_one=False attention stops at document boundaries,
   so the real attention work can only be smaller); global batch = DP x micro_bsz x
   micro_num with DP = GPUs / TP; recompute full when act_ckpt is True, else none; bf16.
-- ZeRO: `zero1=-1` shards the optimizer state over all DP ranks: run zero 1. `zero1=8`
-  (and 4 with TP 2) shards it within a node and keeps a replica per node; it runs as zero
-  1 too, which differs in two ways Flint cannot express yet: the updated parameters are
-  broadcast inside the node (NVLink) instead of gathered over all DP ranks, and each rank
-  updates 1/8 of the parameters instead of 1/DP. InternEvo also all-reduces gradients
-  (overlap_sync_grad=True) where zero 1 reduce-scatters, and broadcasts parameters after
-  the step without overlap (overlap_sync_param=False; configs/7B_sft.py).
+- ZeRO: `zero1=-1` shards the optimizer state over all DP ranks: zero 1. `zero1=8` (and 4
+  with TP 2) shards it within a node and keeps a replica per node: zero 1 with hsdp 8 (4),
+  the shard group the row states. How InternEvo moves the data (gradients all-reduced
+  over every DP rank, overlap_sync_grad=True; each owner broadcasting its parameters
+  after the step, overlap_sync_param=False; configs/7B_sft.py) is the framework's, a
+  mechanism of its era (zero_sync broadcast), not a row field.
 - Network: "4 x 100 Gb RoCE between machines" per 8-GPU node: nic_bandwidth=50Gb/s.
 
 Section 3, MT-NLG 530B (arXiv 2201.11990 via llm-analysis): 105 layers, hidden 20480, 128
@@ -167,6 +166,8 @@ def _internevo(k: int, r: dict) -> Case:
     case.fields = {"model": INTERNLM_7B, "devices": gpus, "seq_len": 2048, "hardware": A100,
                    "tp": tp, "micro_batch": mbs, "global_batch": dp * mbs * num,
                    "remat": "full" if ckpt else "none", "zero": 1}
+    if zero1 and int(zero1.group(1)) > 0:           # the optimizer's shard group
+        case.fields["hsdp"] = min(int(zero1.group(1)), dp)
     if not case.published_step_s:
         case.reason = "no TGS published"
     return case

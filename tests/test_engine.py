@@ -226,6 +226,41 @@ def test_zero_stages_shard_what_they_say():
     assert steps[2] > steps[1]          # 4 reduce-scatters instead of one
 
 
+def test_zero1_shard_groups_and_internevo_sync_move_what_they_say():
+    """The optimizer's shard group (hsdp with zero 1) and InternEvo's sync (gradients
+    all-reduced, owners broadcasting) each change the step's collectives and memory; the
+    impossible combinations are one line."""
+    from flint.engine import predict
+
+    base = dict(model=LLAMA6, devices=16, zero=1, global_batch=16)
+    plain, grouped = predict(TrainingRun(**base)), predict(TrainingRun(**base, hsdp=4))
+    bcast = predict(TrainingRun(**base, zero_sync="broadcast"))
+    assert set(plain.collectives_s) == {"reduce-scatter", "all-gather"}
+    assert set(grouped.collectives_s) == {"reduce-scatter", "all-reduce", "all-gather"}
+    assert set(bcast.collectives_s) == {"all-reduce", "collective-broadcast"}
+    assert grouped.memory["arguments_bytes"]["optimizer_state"] == pytest.approx(
+        4 * plain.memory["arguments_bytes"]["optimizer_state"], rel=1e-3)
+    assert "parameters broadcast by their owners" in _report(bcast)
+    with pytest.raises(FlintError, match="zero_sync: broadcast is InternEvo's ZeRO-1"):
+        TrainingRun(**dict(base, zero=2), zero_sync="broadcast")
+    with pytest.raises(FlintError, match="hsdp: a shard group"):
+        TrainingRun(**dict(base, zero=0), hsdp=4)
+    with pytest.raises(FlintError, match="zero_sync"):
+        TrainingRun.from_json(dict(base, zero_sync="gather"))
+
+
+def _report(p) -> str:
+    import io
+
+    from rich.console import Console
+
+    from flint.prediction_report import render_prediction
+
+    buf = io.StringIO()
+    render_prediction(p.to_json(), Console(file=buf, width=200))
+    return buf.getvalue()
+
+
 def test_fsdp2_reshard_after_forward_gathers_once():
     """FSDP2 with reshard_after_forward=False (ZeRO-2 style) gathers each unit's
     parameters once per micro-batch instead of twice; XLA's FSDP cannot be told."""

@@ -136,3 +136,84 @@ def test_distributed_optimizer_reduce_scatters_and_gathers_each_bucket():
     bf16 = sum(g.collective.bytes_out for g in gathered)
     assert after.arguments_bytes["parameters"] == pytest.approx(
         before.arguments_bytes["parameters"] + bf16)
+
+
+def test_shard_groups_and_internevo_broadcast_sync():
+    """A shard group g of d ranks: each bucket reduce-scattered inside its group of g,
+    the shard all-reduced across the d/g groups, the parameters gathered inside the
+    group, the state 12/g (Megatron-Core's distributed-optimizer instances). InternEvo's
+    sync: the all-reduces stay, and one broadcast of all the bf16 parameters in g pieces
+    (one per owner) over the group feeds the forward; NCCL prices a broadcast as a ring
+    of nRanks steps moving the buffer once over each link."""
+    from flint.errors import FlintError
+    from flint.hardware_models.memory import estimate_memory
+    from flint.passes.distributed_optimizer import DistributedOptimizer
+    from flint.passes.layer_template import LayerTemplate
+    from flint.template_cache import extract_program
+
+    template = extract_program(_program(devices=8, mesh=[["data", 8]], scan=False, layers=3))
+    layered = LayerTemplate(8).run(template)
+    before = [n for n in layered.nodes if n.collective is not None
+              and n.collective.type == "all-reduce" and n.collective.bytes_in > 1024]
+    grouped = DistributedOptimizer(group=2).run(layered)
+    rs = [n for n in grouped.nodes if n.meta.get("distributed_optimizer") == "grad-reduce-scatter"]
+    across = [n for n in grouped.nodes
+              if n.meta.get("distributed_optimizer") == "grad-all-reduce-across"]
+    gathers = [n for n in grouped.nodes if n.meta.get("distributed_optimizer") == "param-gather"]
+    assert len(rs) == len(across) == len(gathers) == len(before) > 0
+    comm = grouped.communicators
+    for ar, r, a in zip(before, rs, across):
+        assert comm[r.collective.communicator].size == 2 and r.collective.bytes_out == \
+            ar.collective.bytes_in // 2
+        assert comm[a.collective.communicator].size == 4 and a.inputs == [r.id]
+        assert a.collective.bytes_in == ar.collective.bytes_in // 2
+        # the two groups partition the ranks: {0,1},{2,3}.. inside, {0,2,4,6},{1,3,5,7} across
+        assert sorted(comm[r.collective.communicator].group_of(3)) == [2, 3]
+        assert sorted(comm[a.collective.communicator].group_of(3)) == [1, 3, 5, 7]
+    whole = DistributedOptimizer().run(layered)
+    state = lambda g: estimate_memory(g).arguments_bytes["optimizer_state"]  # noqa: E731
+    assert state(grouped) == pytest.approx(4 * state(whole), rel=1e-3)       # 12/2 vs 12/8
+
+    bcast = DistributedOptimizer(sync="broadcast", group=4).run(layered)
+    kinds = [n.collective.type for n in bcast.nodes if n.collective is not None
+             and n.collective.bytes_in > 1024]
+    assert kinds.count("all-reduce") == len(before) and "reduce-scatter" not in kinds
+    head = [n for n in bcast.nodes if n.meta.get("distributed_optimizer") == "param-broadcast"]
+    assert len(head) == 1 and head[0].meta["pieces"] == 4
+    params = sum(ar.collective.bytes_in * 2 // {"f32": 4, "bf16": 2}[ar.collective.dtype]
+                 for ar in before)
+    assert head[0].collective.bytes_in == params
+    assert bcast.communicators[head[0].collective.communicator].size == 4
+    assert all(bcast.nodes[u].meta.get("phase") == "forward" for u in bcast.users[head[0].id])
+    assert state(bcast) == pytest.approx(2 * state(whole), rel=1e-3)         # 12/4 vs 12/8
+    with pytest.raises(FlintError, match="does not divide"):
+        DistributedOptimizer(group=3).run(layered)
+    with pytest.raises(FlintError, match="not reduce-scatter or broadcast"):
+        DistributedOptimizer(sync="gather")
+
+
+def test_nccl_broadcast_is_a_ring_of_n_steps_and_pieces_pay_each_launch():
+    from flint.cluster import Cluster
+    from flint.graph import Collective, Communicator, Node, NodeKind
+    from flint.hardware_models.network import NetworkModel
+    from flint.hardware_models.spec import load_spec
+
+    spec = load_spec("a100-80gb-sxm")
+    n = 16
+    net = NetworkModel(spec, Cluster(n, (("data", n),), "a100-80gb-sxm", devices_per_host=8))
+    comm = Communicator(0, "groups", "{{" + ",".join(map(str, range(n))) + "}}", n, n, 1,
+                        ("data",))
+
+    def t(kind, size, pieces=1):
+        node = Node(0, kind, NodeKind.COLLECTIVE, kind, "collective",
+                    collective=Collective(kind, 0, size, size, "bf16"),
+                    meta={"pieces": pieces})
+        return net.time(node, comm)
+
+    big = 8e9
+    # every link carries the buffer once: the bandwidth of the node's NICs, as all-gather's
+    # ring, for S bytes instead of (n-1)/n S
+    assert t("collective-broadcast", big) == pytest.approx(
+        t("all-gather", big) * n / (n - 1), rel=0.05)
+    one, sixteen = t("collective-broadcast", big), t("collective-broadcast", big, 16)
+    assert sixteen > one and sixteen == pytest.approx(16 * t("collective-broadcast", big / 16))

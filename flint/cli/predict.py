@@ -37,8 +37,12 @@ def predict(
                                              "deepep"),
     zero: Optional[int] = typer.Option(None, help="0 all-reduce | 1 distributed optimizer | "
                                        "2 + sharded gradients | 3 FSDP (default 1)"),
-    hsdp: Optional[int] = typer.Option(None, help="zero 3: shard over groups of this many "
-                                       "ranks, replicate across them (HYBRID_SHARD)"),
+    hsdp: Optional[int] = typer.Option(None, help="shard over groups of this many ranks, "
+                                       "replicate across them (zero 3: HYBRID_SHARD; zero "
+                                       "1/2: the optimizer's shard group)"),
+    zero_sync: Optional[str] = typer.Option(None, help="zero 1: reduce-scatter (Megatron, "
+                                            "DeepSpeed; default) | broadcast (InternEvo: "
+                                            "gradients all-reduced, owners broadcast)"),
     micro_batch: Optional[int] = typer.Option(None, help="sequences per micro-batch per "
                                               "data-parallel rank"),
     global_batch: Optional[int] = typer.Option(None, help="sequences per step (default: "
@@ -87,7 +91,8 @@ def predict(
     flags = dict(model=model, seq_len=seq_len, devices=devices, hardware=hardware,
                  devices_per_host=devices_per_host, tp=tp, sp=sp, cp=cp, pp=pp, vp=vp,
                  schedule=schedule, pipeline_split=pipeline_split, ep=ep,
-                 dispatcher=dispatcher, zero=zero, hsdp=hsdp, micro_batch=micro_batch,
+                 dispatcher=dispatcher, zero=zero, hsdp=hsdp, zero_sync=zero_sync,
+                 micro_batch=micro_batch,
                  global_batch=global_batch, remat=remat, recompute_layers=recompute_layers,
                  precision=precision,
                  framework=framework, attention=attention,
