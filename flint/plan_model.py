@@ -287,6 +287,14 @@ def analytic(c, request, facts: ModelFacts, machine: Machine, memo: dict | None 
         replicas = rest // shard
         exposed += machine.ring(replicas, stride * shard, params_dev / shard * BF16, 2)
         state_over = shard
+    elif c.zero and c.hsdp and c.hsdp < rest:
+        # the optimizer's shard group: reduce-scatter inside it, the shard all-reduced
+        # across the groups, the parameters gathered inside it
+        grads = (machine.ring(c.hsdp, stride, params_dev * BF16)
+                 + machine.ring(rest // c.hsdp, stride * c.hsdp, params_dev / c.hsdp * BF16, 2))
+        gather = machine.ring(c.hsdp, stride, params_dev * BF16)
+        exposed = max(0.0, grads - micro * 2 / 3) + max(0.0, gather - micro / 3)
+        state_over = c.hsdp * ep
     else:
         grads = machine.ring(rest, stride, params_dev * BF16,
                           2 if c.zero == 0 else 1)
@@ -298,7 +306,8 @@ def analytic(c, request, facts: ModelFacts, machine: Machine, memo: dict | None 
 
     # --- memory ---------------------------------------------------------------------------
     weights = params_dev * FP32 / shard
-    grads_b = params_dev * FP32 / (shard if c.zero == 3 else dp if c.zero == 2 else 1)
+    grads_b = params_dev * FP32 / (shard if c.zero == 3 else state_over if c.zero == 2
+                                   else 1)
     optimizer = params_dev * ADAM_STATE_BYTES / state_over
     stored = facts.stored_per_token()
     per_layer = {"h": stored["h"] / (tp if sp else 1), "split": stored["split"] / tp}

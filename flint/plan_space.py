@@ -141,8 +141,8 @@ class Candidate:
         parts = [f"tp{self.tp}"] + [f"{k}{v}" for k, v in (
             ("cp", self.cp), ("pp", self.pp), ("vp", self.vp), ("ep", self.ep)) if v > 1]
         parts.append(f"dp{self.dp}")
-        parts.append("fsdp" + (f"/hsdp{self.hsdp}" if self.hsdp else "") if self.zero == 3
-                     else f"zero{self.zero}")
+        parts.append(("fsdp" if self.zero == 3 else f"zero{self.zero}")
+                     + (f"/hsdp{self.hsdp}" if self.hsdp else ""))
         parts += [f"mb{self.micro_batch}", self.remat, self.precision]
         return " ".join(parts)
 
@@ -242,8 +242,7 @@ def _axes(request: PlanRequest, cfg, spec, devices: int) -> dict:
 
 
 def invalid_reason(request: PlanRequest, cfg, devices: int, c: dict) -> str:
-    """Why a layout cannot run ("" if it can): flint.run_checks' rules, in its order,
-    plus the planner's own (hsdp only with FSDP)."""
+    """Why a layout cannot run ("" if it can): flint.run_checks' rules, in its order."""
     tp, cp, pp, vp, ep = c["tp"], c["cp"], c["pp"], c["vp"], c["ep"]
     per = tp * cp * pp
     if devices % per:
@@ -252,8 +251,8 @@ def invalid_reason(request: PlanRequest, cfg, devices: int, c: dict) -> str:
     if dp % ep:
         return "ep does not divide the data-parallel ranks"
     if c["hsdp"]:
-        if c["zero"] != 3:
-            return "hsdp needs zero 3"
+        if c["zero"] == 0:
+            return "hsdp needs a sharded optimizer (zero 1/2) or FSDP (zero 3)"
         if (dp // ep) % c["hsdp"]:
             return "hsdp does not divide the data-parallel ranks"
     if request.global_batch % (dp * c["micro_batch"]):

@@ -101,7 +101,12 @@ def test_before_and_after_run_fields(published, more):
     intern = more["2#1"]
     assert [m.name for m in applicable(intern)] == [
         "no sequence parallelism before Megatron-LM 2022-05",
-        "PyTorch autograd gradient accumulation"]
+        "PyTorch autograd gradient accumulation",
+        "FlashAttention v1 where a framework pinned it",
+        "InternEvo's ZeRO-1: gradients all-reduced, parameters broadcast by owner"]
+    run = TrainingRun(**variant_fields(more["2#9"], applicable(more["2#9"])))
+    assert (run.attention, run.zero_sync, run.hsdp) == ("flash1", "broadcast", 8)  # zero1=8
+    assert TrainingRun(**variant_fields(intern, applicable(intern))).hsdp == 0    # zero1=-1
     mtnlg = TrainingRun(**variant_fields(more["3#1"], applicable(more["3#1"])))
     assert mtnlg.grad_accumulation == "autograd"
 

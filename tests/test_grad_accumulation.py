@@ -211,3 +211,17 @@ def test_grad_sync_cli_flag_and_report_row():
     assert "last micro-batch's backward only" in stdout
     code, stdout, stderr = run_cli(argv + ["--grad-sync", "sometimes"])
     assert code == 2 and len(stderr.strip().splitlines()) == 1 and "grad_sync" in stderr
+
+
+def test_replace_re_derives_framework_defaults_unless_set_otherwise():
+    """run.replace(zero=2) or a change of framework takes the new framework's defaults;
+    a value set to something else than the default stays."""
+    run = TrainingRun(**BASE)
+    assert run.replace(zero=2).grad_sync == "every-microbatch"
+    torch = TrainingRun(**TORCH, zero=0)
+    assert torch.replace(framework="megatron", zero=1).grad_accumulation == "in-gemm"
+    kept = TrainingRun(**BASE, grad_accumulation="fp32-copy", grad_sync="every-microbatch")
+    assert (kept.replace(tp=1).grad_accumulation, kept.replace(tp=1).grad_sync) == (
+        "fp32-copy", "every-microbatch")
+    # sp and TP overlap were derived from tp 2: tp 1 derives them again (no SP, no overlap)
+    assert (kept.replace(tp=1).sp, kept.replace(tp=1).tp_comm_overlap) == (False, False)
