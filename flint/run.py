@@ -177,14 +177,9 @@ class TrainingRun:
             object.__setattr__(self, "model", tuple(sorted(self.model.items())))
         if self.sp is None:
             object.__setattr__(self, "sp", self.tp > 1)
-        if self.tp_comm_overlap is None:
-            object.__setattr__(self, "tp_comm_overlap", bool(
-                self.framework == "megatron" and self.tp > 1 and self.sp))
-        for name, value in framework_defaults(self.framework, self.zero).items():
+        for name, value in self.derived_defaults().items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
-        if self.schedule is None:
-            object.__setattr__(self, "schedule", "interleaved" if self.vp > 1 else "1f1b")
         if not self.global_batch:
             object.__setattr__(self, "global_batch", self.dp_if_valid() * self.micro_batch)
         from flint.run_checks import check_run
@@ -293,16 +288,29 @@ class TrainingRun:
         text = json.dumps(self.to_json(), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    def derived_defaults(self) -> dict:
+        """What the fields left out (None) take from the others: sp on with TP; TP
+        communication overlap for megatron with TP and SP (the performance recipes');
+        interleaved 1F1B with virtual stages; and the framework's gradient handling:
+        PyTorch sums micro-batch gradients with AccumulateGrad and reduces them in every
+        backward (DDP's and FSDP2's default, and ZeRO-2's need), Megatron's
+        gradient-accumulation fusion and XLA sum in the GEMM and reduce once."""
+        torch = self.framework.startswith("torch")
+        return {"sp": self.tp > 1,
+                "tp_comm_overlap": self.framework == "megatron" and self.tp > 1
+                and bool(self.sp),
+                "schedule": "interleaved" if self.vp > 1 else "1f1b",
+                "grad_accumulation": "autograd" if torch else "in-gemm",
+                "grad_sync": "every-microbatch" if torch or self.zero == 2
+                else "last-microbatch"}
+
     def replace(self, **changes) -> "TrainingRun":
         """The same run with some fields changed (checked again). A field holding the
         default derived from other fields (sp, tp_comm_overlap, schedule, the framework's
         grad_accumulation and grad_sync) is derived again from the new ones unless given;
         one set to something else stays, and so does global_batch."""
         doc = self.to_json()
-        derived = {"sp": self.tp > 1, "schedule": "interleaved" if self.vp > 1 else "1f1b",
-                   "tp_comm_overlap": self.framework == "megatron" and self.tp > 1
-                   and bool(self.sp), **framework_defaults(self.framework, self.zero)}
-        for name, value in derived.items():
+        for name, value in self.derived_defaults().items():
             if name not in changes and doc[name] == value:
                 doc[name] = None
         doc.update(changes)
@@ -319,16 +327,6 @@ class TrainingRun:
         name = self.model if isinstance(self.model, str) else dict(self.model).get(
             "name", dict(self.model).get("base", "custom"))
         return f"{name} seq {self.seq_len} gbs {self.global_batch}: " + " ".join(parts)
-
-
-def framework_defaults(framework: str, zero: int) -> dict:
-    """The fields whose default is the framework's way: PyTorch sums micro-batch gradients
-    with AccumulateGrad and reduces them in every backward (DDP's and FSDP2's default, and
-    ZeRO-2's need); Megatron's gradient-accumulation fusion and XLA sum in the GEMM and
-    reduce once."""
-    torch = framework.startswith("torch")
-    return {"grad_accumulation": "autograd" if torch else "in-gemm",
-            "grad_sync": "every-microbatch" if torch or zero == 2 else "last-microbatch"}
 
 
 def stated_seq_len(model, where: str = "run") -> int:

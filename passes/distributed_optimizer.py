@@ -93,69 +93,7 @@ class DistributedOptimizer:
         buckets = [n for n in graph.nodes if _gradient_all_reduce(graph, n, tasks[n.id])]
         if not buckets:
             return graph
-        if self.sync == "broadcast" or (self.group and any(
-                self.group < graph.communicators[n.collective.communicator].size
-                for n in buckets)):
-            return _grouped(self, graph, buckets, tasks)
-        first_forward: dict[str, int] = {}
-        for n in graph.nodes:
-            if tasks[n.id] == "F":
-                first_forward.setdefault(n.meta.get("layer", ""), n.id)
-        k = len(buckets)
-        gathers, feeds = [], {}
-        for j, n in enumerate(buckets):
-            c = n.collective
-            group = graph.communicators[c.communicator].size
-            params = c.bytes_in * PARAMETER_BYTES // _DTYPE_BYTES.get(c.dtype, 4)
-            gathers.append(Node(j, f"param-all-gather.{n.name}", NodeKind.COLLECTIVE,
-                                "all-gather", "collective", [], outputs=[],
-                                collective=Collective("all-gather", c.communicator,
-                                                      params // group, params, "bf16",
-                                                      None, True),
-                                meta={"layer": n.meta.get("layer", ""),
-                                      "distributed_optimizer": "param-gather"}))
-            target = first_forward.get(n.meta.get("layer", ""))
-            if target is not None:
-                feeds.setdefault(target, []).append(j)
-        group_of = {n.meta.get("layer", ""): graph.communicators[n.collective.communicator].size
-                    for n in buckets}
-        reduced = {n.id for n in buckets}
-        nodes = list(gathers)
-        for n in graph.nodes:
-            node = replace(n, id=n.id + k, inputs=[i + k for i in n.inputs] + feeds.get(n.id, []),
-                           control=[i + k for i in n.control])
-            if n.id in reduced:
-                group = graph.communicators[n.collective.communicator].size
-                node.op = "reduce-scatter"
-                node.collective = replace(n.collective, type="reduce-scatter",
-                                          bytes_out=n.collective.bytes_in // group)
-                node.meta = dict(n.meta, distributed_optimizer="grad-reduce-scatter")
-            elif n.collective is not None and n.collective.window is not None:
-                lo, hi = n.collective.window
-                node.collective = replace(n.collective, window=(lo + k, hi + k))
-            if tasks[n.id] == "post" and "composite" in n.meta \
-                    and n.meta.get("layer", "") in group_of:
-                composite = n.meta["composite"]
-                node.meta = dict(n.meta, composite=dict(
-                    composite, scale=composite["scale"] / group_of[n.meta.get("layer", "")]))
-            nodes.append(node)
-        arguments = _sharded_state(graph, buckets, self.shard_gradients)
-        # the bf16 parameters the all-gathers write: a buffer Megatron keeps for the whole
-        # step (forward and backward read it), one per bucket, with the bucket's layer
-        copies = [[f"params/{g.meta['layer']}/bf16" if g.meta.get("layer") else
-                   "params/bf16", g.collective.bytes_out] for g in gathers]
-        # the step's outputs that update those arguments in place shrink with them
-        aliased = set(graph.meta.get("aliased_arguments", ()))
-        shrunk = sum(old[1] - new[1] for k, (old, new) in
-                     enumerate(zip(graph.meta.get("arguments", ()), arguments))
-                     if k in aliased)
-        meta = dict(graph.meta, distributed_optimizer=len(buckets),
-                    arguments=arguments + copies)
-        if "output_bytes" in meta:
-            meta["output_bytes"] = max(float(meta["output_bytes"]) - shrunk, 0.0)
-        out = replace(graph, nodes=nodes, meta=meta)
-        out.check()
-        return out
+        return _sharded(self, graph, buckets, tasks)
 
 
 def _sharded_state(graph: WorkloadGraph, buckets: list[Node],
@@ -195,11 +133,14 @@ def _gradient_all_reduce(graph: WorkloadGraph, node: Node, task: str) -> bool:
     return bool(axes) and all(a in DATA_PARALLEL_AXES for a in axes)
 
 
-# --- shard groups smaller than the data-parallel group, InternEvo's broadcast ----------
+# --- the rewrite: shard groups, Megatron's gathers or InternEvo's broadcasts ------------
 def _split(graph: WorkloadGraph, comm_id: int, g: int) -> tuple[int, int]:
     """Communicators of g consecutive members of each group of `comm_id` (inside) and of
-    the members at the same place in those pieces (across), appended to the graph's."""
+    the members at the same place in those pieces (across), appended to the graph's;
+    a group of all the members is `comm_id` itself, with nothing across (-1)."""
     comm = graph.communicators[comm_id]
+    if g == comm.size:
+        return comm_id, -1
     if comm.size % g:
         raise FlintError(f"distributed-optimizer: a shard group of {g} ranks does not "
                          f"divide the {comm.size} data-parallel ranks")
@@ -219,9 +160,10 @@ def _split(graph: WorkloadGraph, comm_id: int, g: int) -> tuple[int, int]:
     return add(inside), add(across)
 
 
-def _grouped(opt: DistributedOptimizer, graph: WorkloadGraph, buckets: list, tasks) -> WorkloadGraph:
-    """The optimizer with a shard group smaller than the data-parallel group, or with
-    InternEvo's all-reduce + broadcast (module docstring)."""
+def _sharded(opt: DistributedOptimizer, graph: WorkloadGraph, buckets: list,
+             tasks) -> WorkloadGraph:
+    """The step with its gradient buckets `buckets` synced as `opt` says (module
+    docstring)."""
     graph = replace(graph, communicators=list(graph.communicators))
     split: dict[int, tuple[int, int]] = {}
     group_of: dict[str, int] = {}         # a layer's shard group (its state, its update)
@@ -315,11 +257,14 @@ def _grouped(opt: DistributedOptimizer, graph: WorkloadGraph, buckets: list, tas
                                                     n.collective.is_async),
                               meta={**n.meta, "distributed_optimizer": "grad-all-reduce-across"}))
     arguments = _sharded_state(graph, buckets, opt.shard_gradients, group_of)
+    # the bf16 parameters the sync writes: a buffer kept for the whole step (forward and
+    # backward read it), one per bucket (with its layer) or per broadcast
     if opt.sync == "broadcast":
         copies = [[f"params/bf16/{h.name}", h.collective.bytes_out] for h in head]
     else:
         copies = [[f"params/{h.meta['layer']}/bf16" if h.meta.get("layer") else "params/bf16",
                    h.collective.bytes_out] for h in head]
+    # the step's outputs that update those arguments in place shrink with them
     aliased = set(graph.meta.get("aliased_arguments", ()))
     shrunk = sum(old[1] - new[1] for k, (old, new) in
                  enumerate(zip(graph.meta.get("arguments", ()), arguments)) if k in aliased)
