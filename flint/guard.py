@@ -80,6 +80,51 @@ def install_signal_handlers() -> dict:
     return {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
+class HeldSignals:
+    """Inside `with HeldSignals() as held:` SIGINT and SIGTERM are recorded, not acted on;
+    `held.check()` (and leaving the block) runs the handler a held signal would have run,
+    which raises KeyboardInterrupt. Why: CPython runs a signal handler between any two
+    bytecodes of the main thread, including between a lock's acquire and the `with` that
+    releases it (bpo-29988). A KeyboardInterrupt raised there leaves the lock held, and
+    threads waiting on it wait for ever: an interrupted Chakra export once hung on
+    ThreadPoolExecutor's idle-semaphore lock. Code that shares locks with worker threads
+    runs inside this block and takes the interrupt at the points it chooses.
+    Outside the main thread (where Python delivers no signals) it holds nothing."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self._displaced: dict = {}
+        self._pending: list[int] = []
+
+    def __enter__(self) -> "HeldSignals":
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self._displaced[s] = signal.signal(s, self._record)
+        return self
+
+    def _record(self, signum, frame) -> None:
+        self._pending.append(signum)
+
+    def check(self) -> None:
+        """Act on a held signal now: run the handler it displaced (KeyboardInterrupt for
+        Python's SIGINT handler and Flint's)."""
+        if not self._pending:
+            return
+        signum = self._pending.pop(0)
+        handler = self._displaced.get(signum)
+        if callable(handler):
+            handler(signum, None)
+        elif handler == signal.SIG_DFL:
+            raise KeyboardInterrupt   # the default would end the process: unwind instead
+
+    def __exit__(self, kind, value, tb) -> None:
+        for s, handler in self._displaced.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        if kind is None:
+            self.check()
+
+
 def run_command(fn) -> int:
     """Run `fn()`; return the exit code after printing at most one line for a failure."""
     global _interrupt_seen, _interrupt_reported

@@ -115,10 +115,12 @@ def test_interrupted_export_leaves_nothing_and_exits_130(tmp_path, signum):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["big.json"]
 
 
-def test_interrupt_while_ranks_are_queued_cancels_the_queued_writes(tmp_path, monkeypatch):
-    """Ctrl-C can land while the writer pool is still being handed ranks (before map()
-    returns its iterator, which would cancel them on close): the queued writes are dropped,
-    not all written before the interrupt finishes (CI once waited over a minute on this)."""
+def test_signal_during_the_writes_is_taken_between_files(tmp_path, monkeypatch):
+    """A SIGINT while writer threads run is held until the main thread is between files
+    (flint.guard.HeldSignals), then raised: few files after it, the pool's threads gone,
+    nothing left behind. Raised at an arbitrary point, it once left the pool's lock held
+    and the export hung (CI)."""
+    import os
     import threading
 
     from hostile_cases import tiny_graph
@@ -131,28 +133,49 @@ def test_interrupt_while_ranks_are_queued_cancels_the_queued_writes(tmp_path, mo
     graph = WorkloadGraph(Cluster(512, (("data", 512),), "h100-sxm"), g.nodes[:1] +
                           g.nodes[2:3], [], [], {})
     graph.nodes[1].inputs, graph.nodes[1].id = [0], 1
-    release, ran = threading.Event(), []
+    started, handlers, threads_before = [], [], threading.active_count()
+    rank_bytes = chakra.ChakraPlan.rank_bytes
 
-    class InterruptedWhileQueueing(chakra.ThreadPoolExecutor):
-        queued = 0
+    def signalling(plan, rank):
+        started.append(rank)
+        if rank == 0:          # what a signal would run in the main thread meanwhile
+            handlers.append(signal.getsignal(signal.SIGINT))
+        if rank == 100:
+            os.kill(os.getpid(), signal.SIGINT)   # from a writer thread, as a terminal's would
+        return rank_bytes(plan, rank)
 
-        def submit(self, fn, *args, **kwargs):
-            if self.queued == 200:
-                release.set()
-                raise KeyboardInterrupt
-            self.queued += 1
-
-            def held(*a):
-                release.wait(10)
-                ran.append(a)
-                return fn(*a)
-            return super().submit(held, *args, **kwargs)
-
-    monkeypatch.setattr(chakra, "ThreadPoolExecutor", InterruptedWhileQueueing)
+    monkeypatch.setattr(chakra.ChakraPlan, "rank_bytes", signalling)
     with pytest.raises(KeyboardInterrupt):
-        chakra.export_chakra(graph, tmp_path / "et", workers=1, check=False)
-    assert len(ran) < 20, f"{len(ran)} of 200 queued rank files were still written"
+        chakra.export_chakra(graph, tmp_path / "et", workers=2, check=False)
+    assert 100 in started and len(started) <= 110, f"{len(started)} ranks were written"
+    assert handlers[0] is not signal.default_int_handler, "a signal would raise mid-write"
+    assert threading.active_count() == threads_before
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_held_signals_act_only_at_a_check_or_the_end():
+    import os
+
+    from flint.guard import HeldSignals
+
+    with pytest.raises(KeyboardInterrupt):
+        with HeldSignals() as held:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)                      # a handler would have run by now
+            reached = True
+            held.check()
+            raise AssertionError("check() did not raise")
+    assert reached
+    with pytest.raises(KeyboardInterrupt):
+        with HeldSignals():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            reached_end = True
+    assert reached_end
+    with HeldSignals() as held:
+        held.check()                              # nothing held: nothing happens
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_unwritable_output_directory_is_refused_before_work(tmp_path, monkeypatch):

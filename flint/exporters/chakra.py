@@ -22,6 +22,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from flint.exporters.chakra_alltoallv import ALL_TO_ALL, expert_work_by_rank
 from flint.exporters.chakra_check import check_plan
 from flint.exporters.chakra_plan import ChakraPlan
 from flint.graph import WorkloadGraph, dumps_json
+from flint.guard import HeldSignals
 from flint.io import current_umask
 from flint.hardware_models.estimate import durations_as_run, node_durations
 from flint.hardware_models.pluggable import cost_model_name
@@ -116,18 +118,7 @@ def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
                 f.write(data)
             return len(data)
 
-        total = 0
-        pool = ThreadPoolExecutor(max_workers=max(1, workers))
-        try:
-            for done, size in enumerate(pool.map(write, ranks), 1):
-                total += size
-                if progress is not None:
-                    progress(done)
-        finally:
-            # map() queued every rank up front: on Ctrl-C drop the queued ones rather
-            # than writing all of them before the interrupt can finish (65536 ranks
-            # took over a minute on a loaded CI machine).
-            pool.shutdown(wait=True, cancel_futures=True)
+        total = write_ranks(write, ranks, workers, progress)
         write_s = time.perf_counter() - t1
         side = {
             "comm_groups.json": json.dumps(plan.comm_groups(), separators=(",", ":")) + "\n",
@@ -153,6 +144,37 @@ def export_chakra(graph: WorkloadGraph, out_dir, *, prefix: str = "workload",
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return ExportStats(n, len(plan.graph.nodes), total, encode_s, write_s, files)
+
+
+def write_ranks(write, ranks, workers: int, progress=None) -> int:
+    """`write(rank)` for every rank on `workers` threads; returns the sum of what the calls
+    return. At most twice `workers` ranks are queued at a time, so an interrupt drops little
+    queued work (and 65,536 ranks are not 65,536 futures). Interrupts are taken between
+    files (HeldSignals): one raised inside the pool's own locking left a writer waiting on
+    a lock the interrupted main thread held, and the export hung."""
+    total = done = 0
+    queued: deque = deque()
+    with HeldSignals() as held:
+        pool = ThreadPoolExecutor(max_workers=max(1, workers))
+        try:
+            for rank in ranks:
+                held.check()
+                queued.append(pool.submit(write, rank))
+                while len(queued) >= 2 * max(1, workers) or (queued and queued[0].done()):
+                    total += queued.popleft().result()
+                    done += 1
+                    if progress is not None:
+                        progress(done)
+                    held.check()
+            while queued:
+                total += queued.popleft().result()
+                done += 1
+                if progress is not None:
+                    progress(done)
+                held.check()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    return total
 
 
 def check_export(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
