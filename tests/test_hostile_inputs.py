@@ -115,7 +115,17 @@ def test_interrupted_export_leaves_nothing_and_exits_130(tmp_path, signum):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["big.json"]
 
 
-def test_signal_during_the_writes_is_taken_between_files(tmp_path, monkeypatch):
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler for the test (an earlier test's library may have left
+    SIGINT ignored, which HeldSignals then rightly keeps ignoring), restored after."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_signal_during_the_writes_is_taken_between_files(tmp_path, monkeypatch,
+                                                         python_sigint):
     """A SIGINT while writer threads run is held until the main thread is between files
     (flint.guard.HeldSignals), then raised: few files after it, the pool's threads gone,
     nothing left behind. Raised at an arbitrary point, it once left the pool's lock held
@@ -154,7 +164,7 @@ def test_signal_during_the_writes_is_taken_between_files(tmp_path, monkeypatch):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_held_signals_act_only_at_a_check_or_the_end():
+def test_held_signals_act_only_at_a_check_or_the_end(python_sigint):
     import os
 
     from flint.guard import HeldSignals
