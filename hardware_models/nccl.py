@@ -64,11 +64,15 @@ TREE_LL128 = {True: 7.0 / 9.0, False: 120.0 / 128.0}   # tree LL128: one node / 
 # NVLS bandwidth on the NVLink bandwidth NCCL sees (tuning.cc nvlsEfficiency): Hopper
 # 0.85, Blackwell 0.74; no NVLS before Hopper.
 NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
-# Bytes of a collective (per rank, as the bandwidth term counts them) that move before its
-# pipeline is full: a message of S bytes pays min(S, fill) / bandwidth on top of S /
-# bandwidth (below the fill the stages run one after the other, above it they overlap
-# after the first fill). Fitted on one curve only, NVIDIA's DGX H100 nccl-tests sample
-# (more-published.md 4a: one process per GPU as in training; 10-14 MiB give the same
+# Bytes of an all-reduce's buffer that move before its pipeline is full: a buffer of S
+# bytes pays min(S, fill) / algbw on top of its time at full rate, algbw being the buffer's
+# bandwidth (nccl-tests' algbw; a ring's bus moves 2(p-1)/p bytes per buffer byte, so its
+# fill is that much longer in bus bytes). Below the fill the stages run one after the
+# other, above it they overlap after the first fill. Counted on the buffer because that
+# is how the fit below reads it (the DGX H100 curve is NVLS there, whose bandwidth term
+# counts the buffer) and because every NVLink curve of section 4, ring or NVLS, reaches
+# half its plateau at a 16-20 MB buffer. Fitted on one curve only, NVIDIA's DGX H100
+# nccl-tests sample (more-published.md 4a: one process per GPU as in training; 10-14 MiB give the same
 # median there) and checked on the others (scripts/compare_nccl.py: Azure ND H100/H200
 # NVLS, ND A100 ring, ND GB200 ring, A3 Mega over TCPXO). A reading of the figure: one
 # 512 KiB NCCL step (its default 4 MiB buffer over NCCL_STEPS = 8) in each of 24 channels.
@@ -128,7 +132,8 @@ def _ll_cap(arch: str, nodes: int) -> float:
 def collective_time(bus_bytes: float, steps: int, bus_bw: float, link: str, algorithm: str,
                     arch: str, nodes: int, all_reduce: bool, protocol: str = "auto",
                     hop_latency_s: float | None = None, launch: bool = True,
-                    inter_steps: int = 0, net_hop_s: float | None = None) -> float:
+                    inter_steps: int = 0, net_hop_s: float | None = None,
+                    buffer_bytes: float | None = None) -> float:
     """Seconds for one ring or tree phase: the fastest protocol (or the one given).
     `steps` algorithm steps, of which `inter_steps` cross the network (NCCL's nInterSteps)
     and the rest run on `link`; `hop_latency_s` / `net_hop_s` replace NCCL's per-step
@@ -136,7 +141,9 @@ def collective_time(bus_bytes: float, steps: int, bus_bw: float, link: str, algo
     the base latency (an operation inside an NCCL group whose launch another member pays).
     The protocol is the one NCCL's tuning model picks; an all-reduce's time adds the
     pipeline fill (the curves that show it are all-reduce curves: all-gather, reduce-scatter
-    and point-to-point are left as NCCL's model prices them)."""
+    and point-to-point are left as NCCL's model prices them), counted on the all-reduce's
+    buffer (`buffer_bytes`, default `bus_bytes`: a tree's bus bytes are its buffer, a
+    ring's are 2(p-1)/p of it)."""
     algo = "tree" if algorithm == "tree" else "ring"
     best, best_bw, chosen = float("inf"), 0.0, ""
     for proto in PROTOCOLS if protocol == "auto" else (protocol,):
@@ -155,8 +162,11 @@ def collective_time(bus_bytes: float, steps: int, bus_bw: float, link: str, algo
         tuned = latency + (bus_bytes / bw if bw else 0.0)      # NCCL's own estimate
         if tuned < best:
             best, best_bw, chosen = tuned, bw, proto
-    fill = all_reduce and chosen in PIPELINED
-    return best + (pipeline_fill(bus_bytes, best_bw) if fill else 0.0)
+    if not (all_reduce and chosen in PIPELINED):
+        return best
+    buffer = bus_bytes if buffer_bytes is None else buffer_bytes
+    # the buffer's bandwidth (NCCL's algbw): the bus's, times buffer bytes per bus byte
+    return best + pipeline_fill(buffer, best_bw * buffer / bus_bytes if bus_bytes else 0.0)
 
 
 def pipeline_fill(size: float, bandwidth: float) -> float:

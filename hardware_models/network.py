@@ -90,9 +90,11 @@ class NetworkModel:
 
     def phase(self, bus_bytes: float, steps: int, level: Level, algorithm: str = "ring",
               nodes: int = 1, all_reduce: bool = False, launch: bool = True,
-              inter_steps: int = 0) -> float:
+              inter_steps: int = 0, buffer: float | None = None) -> float:
         """One algorithm phase: `bus_bytes` per rank over `steps` hops on `level`, of
-        which `inter_steps` cross the network (NCCL's latency class of those steps)."""
+        which `inter_steps` cross the network (NCCL's latency class of those steps).
+        `buffer`: an all-reduce's buffer, where the bus bytes are not it (a ring's are
+        2(p-1)/p of it): its pipeline fill is counted on the buffer."""
         if self.latency_free:
             return bus_bytes / level.bandwidth
         if not self.nccl:
@@ -100,7 +102,7 @@ class NetworkModel:
         return nccl.collective_time(bus_bytes, steps, level.bandwidth, level.link, algorithm,
                                     nccl.architecture(self.spec.name, self.spec.model), nodes, all_reduce,
                                     self.protocol, level.hop_override, launch, inter_steps,
-                                    self._given("nic_latency"))
+                                    self._given("nic_latency"), buffer)
 
     @property
     def torus_link(self) -> Level:
@@ -229,7 +231,7 @@ class NetworkModel:
                                                      "ring", k))
             return opts
         opts = {"ring": self.phase(2 * (p - 1) / p * s, 2 * (p - 1), ring_level, "ring", k,
-                                   True, inter_steps=2 * (k - 1) if m > 1 else 0)}
+                                   True, inter_steps=2 * (k - 1) if m > 1 else 0, buffer=s)}
         nvls = (self.spec.switch_reduction == "nvls" and self.spec.scale_up_link == "nvlink"
                 and m > 1)
         if k > 1:
@@ -245,7 +247,7 @@ class NetworkModel:
             if m > 1 and self.algorithm == "hierarchical":
                 opts["hierarchical"] = (2 * self._intra("reduce-scatter", s, pl)
                                         + self.phase(2 * (k - 1) / k * (s / m), 2 * (k - 1),
-                                                     out, "ring", k, True))
+                                                     out, "ring", k, True, buffer=s / m))
         elif nvls:
             opts["nvls"] = self._nvls(s, nccl.nvls_bandwidth(up.bandwidth, arch, p), 1, out)
         return opts

@@ -102,8 +102,9 @@ def test_network_levels_and_algorithms(spec_path):
     across = _comm("[8,8]<=[8,8]T(1,0)", 64)   # data axis: one rank per node
     # NCCL ring, Simple protocol at 1 GiB: base latency 8.4 us + 14 steps of the spec's
     # stated 2 us + the bus bytes at 80% of the link (bus efficiency) + filling the
-    # pipeline (nccl.PIPELINE_FILL_BYTES at the same bandwidth).
-    ring_inside = 8.4e-6 + (2 * 7 / 8 * s + 12 * 2**20) / (400e9 * 0.8) + 2 * 7 * 2e-6
+    # pipeline (nccl.PIPELINE_FILL_BYTES of the buffer at the ring's algorithm bandwidth,
+    # i.e. 2(p-1)/p of them at the bus bandwidth).
+    ring_inside = 8.4e-6 + 2 * 7 / 8 * (s + 12 * 2**20) / (400e9 * 0.8) + 2 * 7 * 2e-6
     assert net.time(node, inside) == pytest.approx(ring_inside)
     assert net.placement(across).domains == 8
     assert net.time(node, across) > 5 * net.time(node, inside)  # NIC is 8x slower
@@ -328,8 +329,14 @@ def test_nccl_protocols_by_size():
     assert ar(8) == pytest.approx(6.6e-6 + 14 * 0.6e-6 + 2 * 7 / 8 * 8 / min(141e9, bus / 2))
     big = 1 << 30
     fill = nccl.PIPELINE_FILL_BYTES
+    # the fill is counted on the buffer, as on the NVLS curve it was read off: a ring's
+    # bus carries 2(p-1)/p of every buffer byte, so its fill takes that much longer
     assert ar(big, algorithm="ring") == pytest.approx(8.4e-6 + 14 * 3.4e-6
-                                                      + (2 * 7 / 8 * big + fill) / bus)
+                                                      + 2 * 7 / 8 * (big + fill) / bus)
+    # below the fill alike: a 1 MiB ring fills with the whole buffer (bus bytes at bus bw)
+    mib = 1 << 20
+    assert ar(mib, algorithm="ring", protocol="Simple") == pytest.approx(
+        8.4e-6 + 14 * 3.4e-6 + 2 * (2 * 7 / 8 * mib) / bus)
     # LL is a latency protocol (flags in every line, nothing to pipeline): no fill
     assert ar(big, algorithm="ring", protocol="LL") == pytest.approx(
         6.6e-6 + 14 * 0.6e-6 + 2 * 7 / 8 * big / min(141e9, bus / 2))
