@@ -100,7 +100,8 @@ def plan(
     vp: Optional[str] = typer.Option(None, help="pin virtual stages per pipeline stage"),
     ep: Optional[str] = typer.Option(None, help="pin expert-parallel degrees (MoE)"),
     zero: Optional[str] = typer.Option(None, help="ZeRO stages to consider (default 1,3)"),
-    hsdp: Optional[str] = typer.Option(None, help="zero 3 shard-group sizes (0 = all of DP)"),
+    hsdp: Optional[str] = typer.Option(None, help="shard-group sizes: zero 3's FSDP groups, "
+                                       "zero 1/2's optimizer groups (0 = all of DP)"),
     micro_batch: Optional[str] = typer.Option(None, help="micro-batch sizes (default "
                                               "1,2,4,8)"),
     remat: Optional[str] = typer.Option(None, help="remat policies (default none,selective,"
