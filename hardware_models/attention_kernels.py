@@ -5,9 +5,9 @@ meta["attention"]["impl"] names the kernel a run uses: "unfused" (2021 Megatron,
 math SDPA: QK^T and PV as batched GEMMs with the S x S scores written to and read back from
 HBM by the softmax), "flash1" (FlashAttention v1, 2022-05 to 2023-07: the same tiling with
 the work split per head and batch and more non-matmul work, priced as FlashAttention-2's
-kernel at FLASH1_SHARE of its rate), "flash2" (FlashAttention-2 and the portable kernels of its class:
-PyTorch's flash/memory-efficient SDPA, Triton), "flash3" (FlashAttention-3, Hopper),
-"cudnn" (cuDNN fused attention), "native" or absent (the GPU generation's fastest library
+kernel at FLASH1_SHARE of its rate), "flash2" (FlashAttention-2 and the portable kernels
+of its class: PyTorch's flash/memory-efficient SDPA, Triton), "flash3" (FlashAttention-3,
+Hopper), "cudnn" (cuDNN fused attention), "native" or absent (the GPU generation's fastest library
 kernel: FlashAttention-3 / cuDNN on Hopper and later, FlashAttention-2 on Ampere; the
 spec's `attention_fraction_native` says which rate that reaches).
 

@@ -72,8 +72,8 @@ NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
 # is how the fit below reads it (the DGX H100 curve is NVLS there, whose bandwidth term
 # counts the buffer) and because every NVLink curve of section 4, ring or NVLS, reaches
 # half its plateau at a 16-20 MB buffer. Fitted on one curve only, NVIDIA's DGX H100
-# nccl-tests sample (more-published.md 4a: one process per GPU as in training; 10-14 MiB give the same
-# median there) and checked on the others (scripts/compare_nccl.py: Azure ND H100/H200
+# nccl-tests sample (more-published.md 4a: one process per GPU as in training; 10-14 MiB
+# give the same median there) and checked on the others (scripts/compare_nccl.py: Azure ND H100/H200
 # NVLS, ND A100 ring, ND GB200 ring, A3 Mega over TCPXO). A reading of the figure: one
 # 512 KiB NCCL step (its default 4 MiB buffer over NCCL_STEPS = 8) in each of 24 channels.
 # Rule for other hardware: the same bytes (a property of NCCL's buffering, not of the

@@ -153,25 +153,27 @@ def write_ranks(write, ranks, workers: int, progress=None) -> int:
     files (HeldSignals): one raised inside the pool's own locking left a writer waiting on
     a lock the interrupted main thread held, and the export hung."""
     total = done = 0
+    depth = 2 * max(1, workers)
     queued: deque = deque()
     with HeldSignals() as held:
         pool = ThreadPoolExecutor(max_workers=max(1, workers))
+
+        def collect() -> None:          # the oldest queued rank's file, then a safe point
+            nonlocal total, done
+            total += queued.popleft().result()
+            done += 1
+            if progress is not None:
+                progress(done)
+            held.check()
+
         try:
             for rank in ranks:
                 held.check()
                 queued.append(pool.submit(write, rank))
-                while len(queued) >= 2 * max(1, workers) or (queued and queued[0].done()):
-                    total += queued.popleft().result()
-                    done += 1
-                    if progress is not None:
-                        progress(done)
-                    held.check()
+                while queued and (len(queued) >= depth or queued[0].done()):
+                    collect()
             while queued:
-                total += queued.popleft().result()
-                done += 1
-                if progress is not None:
-                    progress(done)
-                held.check()
+                collect()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
     return total
