@@ -133,3 +133,24 @@ def test_capture_decorator_on_jitted_function_with_rules():
     # two matmuls, sharded 2 x 4 (the fused ReLU adds 32 x 256 flops)
     assert gemm == pytest.approx(2 * 2 * 32 * 256 * 256, rel=0.01)
     assert any(graph.communicator(n).mesh_axes == ("model",) for n in graph.collectives())
+
+
+def _attention_projection(q, v, w):
+    out = jax.numpy.einsum("bhqk,bkhd->bqhd", q, v)
+    return out.reshape(-1, out.shape[2] * out.shape[3]) @ w
+
+
+@pytest.mark.parametrize("head_dim", [225, 224])
+def test_dot_xla_triton_cannot_tile_compiles_as_library_gemm(head_dim):
+    # XLA's Triton GEMM emitter, un-autotuned on compile-only devices, finds no tiling for
+    # the output projection of 225-wide heads (BLOOM's h14400 with 64 heads) and fails the
+    # whole compile; Flint compiles such a program with library GEMMs and says so
+    S = jax.ShapeDtypeStruct
+    bf16 = jax.numpy.bfloat16
+    step = capture(_attention_projection, devices=1, hardware="a100-80gb-sxm")
+    compiled = step.lower(S((2, 8, 256, 256), bf16), S((2, 256, 8, head_dim), bf16),
+                          S((8 * head_dim, 64 * head_dim), bf16)).compile()
+    graph = compiled.workload()
+    notes = [n for n in graph.meta["compiler_notes"] if "xla_gpu_enable_triton_gemm" in n]
+    assert len(notes) == (1 if head_dim == 225 else 0)
+    assert graph.total_flops() >= 2 * 512 * 8 * head_dim * 64 * head_dim

@@ -282,3 +282,19 @@ def test_torchax_exported_model(tmp_path):
     assert graph.meta["sharded"] is False and graph.collectives() == []
     assert len(gemms(graph)) == 2
     assert gemm_flops(graph) == pytest.approx(2 * 2 * 128 * 256 * 1024, rel=0.01)
+
+
+def test_file_whose_dot_xla_triton_cannot_tile_compiles_as_library_gemm():
+    # the output projection of 225-wide heads: XLA's un-autotuned Triton GEMM emitter finds
+    # no tiling for it (tests/test_extract_jax.py has the JAX path's twin of this test)
+    def project(q, v, w):
+        out = jnp.einsum("bhqk,bkhd->bqhd", q, v)
+        return out.reshape(-1, out.shape[2] * out.shape[3]) @ w
+
+    S = jax.ShapeDtypeStruct
+    text = jax.jit(project).lower(S((2, 8, 256, 256), jnp.bfloat16),
+                                  S((2, 256, 8, 225), jnp.bfloat16),
+                                  S((8 * 225, 64 * 225), jnp.bfloat16)).as_text()
+    graph = load_stablehlo(text, devices=1, hardware="a100-80gb-sxm")
+    assert any("xla_gpu_enable_triton_gemm=false" in n for n in graph.meta["compiler_notes"])
+    assert gemm_flops(graph) >= 2 * 512 * 1800 * 14400

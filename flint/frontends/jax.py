@@ -19,8 +19,9 @@ from typing import Callable
 
 from flint.cluster import Cluster, parse_mesh
 from flint.errors import FlintError
-from flint.frontends.targets import (default_devices_per_host, devices_for,
-                                     prepare_environment, quiet_native_stderr, resolve_target)
+from flint.frontends.targets import (compile_with_fallback, default_devices_per_host,
+                                     devices_for, prepare_environment, quiet_native_stderr,
+                                     resolve_target)
 
 prepare_environment()
 with quiet_native_stderr():  # the CUDA plugin probes for drivers while JAX imports
@@ -135,8 +136,9 @@ class FlintLowered:
         t0 = time.perf_counter()
         notes: list[str] = []
         try:
-            with quiet_native_stderr(notes):
-                compiled = self.lowered.compile(self.compiler_options or None)
+            compiled = compile_with_fallback(
+                lambda extra: self.lowered.compile({**self.compiler_options, **extra} or None),
+                notes)
         except Exception as e:
             raise FlintError(f"XLA could not compile {self.name} for {self.cluster.devices} "
                              f"{self.cluster.hardware} devices: {_first_line(e)}") from None

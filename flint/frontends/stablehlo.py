@@ -21,8 +21,9 @@ from pathlib import Path
 
 from flint.cluster import Cluster, validate_mesh
 from flint.errors import FlintError
-from flint.frontends.targets import (devices_for, prepare_environment, quiet_native_stderr,
-                                     resolve_target, tpu_devices_per_host)
+from flint.frontends.targets import (compile_with_fallback, devices_for, prepare_environment,
+                                     quiet_native_stderr, resolve_target,
+                                     tpu_devices_per_host)
 
 prepare_environment()
 with quiet_native_stderr():  # jaxlib's native libraries probe for CUDA drivers on import
@@ -98,16 +99,13 @@ def load_stablehlo(path_or_text, *, devices: int, mesh: tuple[tuple[str, int], .
         compile_devices = devices_for(target, replicas, min(per_host, replicas))
     t_parse = time.perf_counter()
     notes: list[str] = []
-    failure = None
-    with quiet_native_stderr(notes):  # XLA's RET_CHECK dumps stacks on fd 2: keep it there
-        try:
-            hlo_text = _compile(program.module, compile_devices, replicas, partitions,
-                                load=target.platform == "cpu")
-        except Exception as e:  # XLA raises JaxRuntimeError with a multi-line status
-            failure = e
-    if failure is not None:
+    try:  # XLA's RET_CHECK dumps stacks on fd 2: compile_with_fallback keeps it there
+        hlo_text = compile_with_fallback(
+            lambda extra: _compile(program.module, compile_devices, replicas, partitions,
+                                   load=target.platform == "cpu", overrides=extra), notes)
+    except Exception as e:  # XLA raises JaxRuntimeError with a multi-line status
         raise FlintError(f"XLA could not compile {where} for {devices} {target.hardware} "
-                         f"devices: {_first_line(failure)}")
+                         f"devices: {_first_line(e)}") from None
     t_compile = time.perf_counter()
     cluster = Cluster(devices, mesh, target.spec, target.platform, min(per_host, devices))
     graph = lower_hlo(parse_module(hlo_text), cluster)
@@ -343,8 +341,10 @@ def _int_attr(attrs, name: str) -> int | None:
 
 
 # --- compiling --------------------------------------------------------------------------
-def _compile(module, devices: list, replicas: int, partitions: int, load: bool) -> str:
-    """Optimized HLO text of `module` compiled by XLA for `devices` (replica-major).
+def _compile(module, devices: list, replicas: int, partitions: int, load: bool,
+             overrides: dict | None = None) -> str:
+    """Optimized HLO text of `module` compiled by XLA for `devices` (replica-major), with
+    XLA debug options `overrides`.
 
     Private JAX API, kept here alone: `jax._src.compiler.get_compile_options` builds the
     options jit itself uses (optimization levels, CUDA data dir, SPMD partitioning), so a
@@ -359,7 +359,8 @@ def _compile(module, devices: list, replicas: int, partitions: int, load: bool) 
 
     assignment = np.array(devices, dtype=object).reshape(replicas, partitions)
     options = compiler.get_compile_options(num_replicas=replicas, num_partitions=partitions,
-                                           device_assignment=assignment)
+                                           device_assignment=assignment,
+                                           env_options_overrides=overrides or None)
     client = devices[0].client
     # Host CPU devices belong to a real client, whose bare `compile` has no CPU compiler
     # registered; compiling and loading onto them is cheap. Compile-only clients only compile.

@@ -137,6 +137,35 @@ def quiet_native_stderr(notes: list | None = None):
                 notes.extend(_xla_warnings(sink.read().decode(errors="replace")))
 
 
+# XLA's Triton GEMM emitter, un-autotuned on compile-only devices (no device to time its
+# candidate tilings on), finds no tiling for some fused dots (the output projection of
+# 225-wide heads) and fails the whole compile with this status; with the emitter off those
+# dots run as library GEMMs (cuBLAS), as XLA's own fallback does wherever Triton declines one
+TRITON_GEMM = "xla_gpu_enable_triton_gemm"
+_TRITON_TILING = "Couldn't find output tile sizes"
+
+
+def compile_with_fallback(compile_fn, notes: list):
+    """`compile_fn(overrides)` (XLA debug options to add: {} first) with fd 2 captured; run
+    once more with the Triton GEMM emitter off when it is what failed (said in `notes`).
+    Raises the compile's own exception otherwise."""
+    overrides: dict = {}
+    while True:
+        failure = None
+        with quiet_native_stderr(notes):
+            try:
+                return compile_fn(overrides)
+            except Exception as e:  # XLA raises JaxRuntimeError with a multi-line status
+                failure = e
+        if _TRITON_TILING not in str(failure) or overrides:
+            raise failure
+        first = str(failure).strip().splitlines()[0]
+        notes.append(f"XLA's Triton GEMM emitter found no tiling for a dot "
+                     f"({first[:160]}...): compiled with {TRITON_GEMM}=false, the dots as "
+                     f"library GEMMs")
+        overrides = {TRITON_GEMM: False}
+
+
 _LOG_LINE = re.compile(r"^[WE]\d{4} [\d:.]+\s+\d+ ([\w.]+):\d+\] (.*)$")
 
 
