@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fidelity_families import MECHANISMS, applicable, available, variant_fields  # noqa: E402
 from fidelity_lofo import (holdout_sets, holdout_table, mechanism_table,  # noqa: E402
                            mech_id, variant_name, without)
-from fidelity_stats import family_table, spearman  # noqa: E402
+from fidelity_stats import family_table, median, spearman  # noqa: E402
 from published_rows import REPO  # noqa: E402
 
 
@@ -215,6 +215,38 @@ def spearman_table(cases) -> tuple[str, dict]:
     return "\n".join(lines), doc
 
 
+def alignment_table(cases) -> tuple[str, dict]:
+    """BLOOM's after-errors by how its attention head width aligns: tensor-core GEMMs load
+    16-byte vectors (cuBLAS documentation, 'Tensor Core Usage'), so a 16-bit batched GEMM
+    of the unfused attention with a head width not a multiple of 8 runs a kernel of lower
+    alignment, one that Flint does not price (no published A100 rate for it)."""
+    rows = [c for c in cases if c.section == "1" and c.file == "more-published"
+            and not c.reason and c.predicted.get("after", {}).get("step_s")]
+    groups: dict[str, list[float]] = {}
+    for c in rows:
+        m = c.fields["model"]
+        width = m["hidden"] // m["heads"]
+        key = ("multiple of 8" if width % 8 == 0 else "even, not a multiple of 8"
+               if width % 2 == 0 else "odd")
+        groups.setdefault(key, []).append(
+            100 * (c.predicted["after"]["step_s"] / c.published_step_s - 1))
+    if not groups:
+        return "", {}
+    lines = ["", "BLOOM-176B sweep by attention head width: after, signed error of the step",
+             f"{'head width':28s} {'rows':>5s} {'median':>8s} {'<=10%':>6s} {'<=15%':>6s}"]
+    doc = {}
+    for key in ("multiple of 8", "even, not a multiple of 8", "odd"):
+        errs = groups.get(key)
+        if not errs:
+            continue
+        doc[key] = {"rows": len(errs), "median_pct": median(errs),
+                    "within_10": sum(abs(e) <= 10 for e in errs),
+                    "within_15": sum(abs(e) <= 15 for e in errs)}
+        lines.append(f"{key:28s} {len(errs):5d} {median(errs):+7.1f}% "
+                     f"{doc[key]['within_10']:6d} {doc[key]['within_15']:6d}")
+    return "\n".join(lines), doc
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--file", choices=("published", "more", "both"), default="both")
@@ -277,6 +309,8 @@ def main(argv=None) -> int:
         text, report["lofo_holdout"] = holdout_table(cases, sets)
         print(text)
     text, report["bloom_spearman"] = spearman_table(cases)
+    print(text)
+    text, report["bloom_head_width"] = alignment_table(cases)
     print(text)
     skipped = [c for c in cases if c.reason]
     print(f"\nnot rebuildable: {len(skipped)} of {len(cases)} rows (reasons in --json); "

@@ -112,7 +112,8 @@ def _not_rebuildable(section: str, r: dict, name: str) -> str:
     if section == "5":
         return "no per-step configuration (batch ramp, pods, parallel blocks) is published"
     if section == "2a":
-        return "head_dim 256 differs from emb/heads; the zoo decoder ties them"
+        # (head_dim 256 apart from emb/heads is fine: the zoo takes head_dim)
+        return "plain (non-gated) ReLU MLP: the zoo's MLPs are swiglu | gelu | relu2"
     prec = str(r.get("precision", "")).lower()
     if "fp4" in prec:
         return "NVFP4 GEMMs are not modelled"

@@ -122,6 +122,25 @@ def test_rank_correlation_averages_ties():
     assert median([3, 1, 2]) == 2 and median([4, 1, 2, 3]) == 2.5 and median([]) is None
 
 
+def test_bloom_errors_grouped_by_head_width(more):
+    import fidelity
+
+    def priced(label, step):
+        case = more[label]
+        return type(case)(**{**vars(case), "predicted": {"after": {"step_s": step}}})
+
+    # 1-L583: 13824 / 64 = 216 wide; 1-L582: 14400 / 64 = 225; 1-L389: 14400 / 32 = 450
+    cases = [priced("1-L583", 144.261), priced("1-L582", 110.605),
+             priced("1-L389", 846.989), more["1-L518"]]
+    text, doc = fidelity.alignment_table(cases)
+    assert doc["multiple of 8"] == {"rows": 1, "median_pct": pytest.approx(-10.0, abs=0.01),
+                                    "within_10": 1, "within_15": 1}
+    assert doc["odd"]["rows"] == 1 and doc["odd"]["median_pct"] == pytest.approx(-50.0, abs=0.01)
+    assert doc["even, not a multiple of 8"]["median_pct"] == pytest.approx(10.0, abs=0.01)
+    assert "odd" in text and "-50.0%" in text
+    assert fidelity.alignment_table([more["1-L518"]]) == ("", {})
+
+
 def test_documented_command_bounded_by_cached_only(more, tmp_path, capsys):
     """`scripts/fidelity.py --cached-only` on an empty cache prices nothing and says so;
     a bad regex is one line and exit 2."""
