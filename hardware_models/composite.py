@@ -52,10 +52,12 @@ class BlockPrices:
 
     seconds: dict
     by_class: dict
-    network: dict
+    network: dict           # block -> {link class: seconds}
 
-    def network_time(self, composite: dict) -> float:
-        return self.network.get(composite["block"], 0.0) * float(composite.get("scale", 1.0))
+    def network_time(self, composite: dict) -> dict[str, float]:
+        """{link class (hardware_models.links): seconds} the block holds of them."""
+        scale = float(composite.get("scale", 1.0))
+        return {k: v * scale for k, v in self.network.get(composite["block"], {}).items()}
 
     def time(self, composite: dict) -> float:
         # a block the template has no node in (no embedding work on this stage) takes 0
@@ -94,10 +96,12 @@ def template_of(graph: WorkloadGraph) -> WorkloadGraph | None:
 
 
 def price_blocks(template: WorkloadGraph, node_time: Callable[[Node], float],
-                 slowdown=None) -> BlockPrices:
+                 slowdown=None, links_of=None) -> BlockPrices:
     """Every block's seconds (and split by op class) with `node_time(template node)`;
     `slowdown(node, collective)`: how compute overlapping the block's own collectives
-    slows (the cost model's overlap_slowdown), as in hardware_models.estimate."""
+    slows (the cost model's overlap_slowdown), as in hardware_models.estimate;
+    `links_of(collective)`: the link classes it uses (hardware_models.links; None: all)."""
+    from flint.hardware_models.links import BOTH
     from flint.hardware_models.schedule import simulate
 
     blocks = [n.meta.get("block", "") for n in template.nodes]
@@ -108,9 +112,13 @@ def price_blocks(template: WorkloadGraph, node_time: Callable[[Node], float],
     tl = simulate(template, quiet, slowdown)
     seconds: dict[str, float] = defaultdict(float)
     by_class: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    busy = _Intervals([(tl.start[i], tl.finish[i]) for i, s in enumerate(tl.stream)
-                       if s == "collectives" and tl.finish[i] > tl.start[i]])
-    network: dict[str, float] = defaultdict(float)
+    spans: dict[str, list] = defaultdict(list)
+    for i, s in enumerate(tl.stream):
+        if s == "collectives" and tl.finish[i] > tl.start[i]:
+            for link in (links_of(template.nodes[i]) if links_of else BOTH):
+                spans[link].append((tl.start[i], tl.finish[i]))
+    busy = {link: _Intervals(v) for link, v in spans.items()}
+    network: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     last = 0.0
     order = sorted((i for i, s in enumerate(tl.stream) if s == "compute"),
                    key=lambda i: (tl.start[i], i))
@@ -131,7 +139,8 @@ def price_blocks(template: WorkloadGraph, node_time: Callable[[Node], float],
                 by_class[block][WAIT] += wait - launch
             # the collective channels' busy time while the block ran (its own collectives
             # and those prefetched for it alike): what it holds of them in a layered graph
-            network[block] += busy.overlap(min(last, tl.start[i]), tl.finish[i])
+            for link, held in busy.items():
+                network[block][link] += held.overlap(min(last, tl.start[i]), tl.finish[i])
         last = max(last, tl.finish[i])
     # "the layer": the template's interior layers (the first runs beside the embedding,
     # the last beside the head: their collectives overlap other work than a middle
@@ -146,25 +155,31 @@ def price_blocks(template: WorkloadGraph, node_time: Callable[[Node], float],
                 for cls, v in by_class.get(k, {}).items():
                     mean[cls] += v / len(keys)
             by_class[f"{phase}:{LAYER}"] = mean
-            network[f"{phase}:{LAYER}"] = sum(network.get(k, 0.0) for k in keys) / len(keys)
+            held: dict[str, float] = defaultdict(float)
+            for k in keys:
+                for link, v in network.get(k, {}).items():
+                    held[link] += v / len(keys)
+            network[f"{phase}:{LAYER}"] = held
     return BlockPrices(dict(seconds), {k: dict(v) for k, v in by_class.items()},
-                       dict(network))
+                       {k: dict(v) for k, v in network.items()})
 
 
 def composite_prices(graph: WorkloadGraph, model) -> BlockPrices | None:
     """The block prices of `graph`'s template under `model` (any CostModel: the template's
     nodes are priced with its node_time, its collectives on the template's communicators,
     whose ranks are those of the first pipeline stage); None when `graph` has none."""
+    from flint.hardware_models.links import links_of
+
     template = template_of(graph)
     if template is None:
         return None
     return price_blocks(template, lambda n: model.node_time(n, template),
-                        getattr(model, "overlap_slowdown", None))
+                        getattr(model, "overlap_slowdown", None), links_of(template, model))
 
 
-def network_times(flat: WorkloadGraph, prices: BlockPrices | None) -> list[float] | None:
-    """Per node of `flat`, the seconds a composite node holds its device's collective
-    channels (None when the graph has no composite nodes)."""
+def network_times(flat: WorkloadGraph, prices: BlockPrices | None) -> list | None:
+    """Per node of `flat`, {link class: seconds} a composite node holds of its device's
+    collective links (0.0 for other nodes; None when the graph has no composite nodes)."""
     if prices is None:
         return None
     return [prices.network_time(n.meta["composite"]) if "composite" in n.meta else 0.0

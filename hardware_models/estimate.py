@@ -8,6 +8,7 @@ from flint.graph import NodeKind, WorkloadGraph
 from flint.hardware_models.composite import (composite_prices, composite_slowdown,
                                              network_times)
 from flint.hardware_models.cost_model import CostModel
+from flint.hardware_models.links import collective_links
 from flint.hardware_models.memory import MemoryEstimate, estimate_memory
 from flint.hardware_models.pluggable import CostModelFactory, cost_model_for
 from flint.hardware_models.schedule import Timeline, simulate
@@ -171,7 +172,8 @@ def durations_as_run(flat: WorkloadGraph, durations: list[float], model) -> list
     prices = composite_prices(flat, model)
     return as_run(simulate(flat, durations,
                            composite_slowdown(prices, getattr(model, "overlap_slowdown", None)),
-                           holds=network_times(flat, prices)))
+                           holds=network_times(flat, prices),
+                           links=collective_links(flat, model)))
 
 
 def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
@@ -183,7 +185,7 @@ def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
     prices = composite_prices(flat, model)
     tl = simulate(flat, durations,
                   composite_slowdown(prices, getattr(model, "overlap_slowdown", None)),
-                  holds=network_times(flat, prices))
+                  holds=network_times(flat, prices), links=collective_links(flat, model))
     alone = durations
     durations = as_run(tl)
     step = tl.step_time

@@ -16,8 +16,11 @@ A device's asynchronous collectives share its links whichever stream issues them
 (FSDP2's all-gather stream beside the reduce-scatters): NCCL kernels on two streams move
 their bytes over the same NVLink and NIC ports, and each collective's time here is priced
 with the full bandwidth, so two in flight at once would each get bandwidth that only one
-has. They run one at a time: each takes the earliest interval, from when it could start,
-in which the device's collective channels are free. A pipeline's point-to-point sends
+has. Two that share a link run one at a time: each takes the earliest interval, from
+when it could start, in which its links (hardware_models.links: the scale-up domain, the
+NIC) are free on the device; a tensor-parallel all-reduce inside the NVLink domain and a
+data-parallel reduction that leaves through the NIC share none and run at once, as their
+NCCL communicators do. A pipeline's point-to-point sends
 (and their receives, the far end of the same transfer) are not queued behind them: NCCL
 runs send/recv on its own point-to-point channels, and a stage-boundary activation is
 small beside a data-parallel reduction, which would otherwise hold the pipeline's
@@ -41,6 +44,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from flint.graph import NodeKind, WorkloadGraph
+from flint.hardware_models.links import BOTH
 from flint.hardware_models.populations import LAUNCH_S, host_launches
 
 
@@ -79,13 +83,17 @@ def stream_of(node, duplex: bool = True) -> str:
 
 
 def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
-             duplex: bool = True, holds: list[float] | None = None) -> Timeline:
+             duplex: bool = True, holds: list | None = None,
+             links: list[frozenset] | None = None) -> Timeline:
     """Place every node of a loop-free graph; `durations[i]` is node i's time in seconds
     when it runs alone; `slowdown(node, comm_node)` (>= 1) stretches overlapped compute;
     `duplex` as in stream_of; `holds[i]`: seconds compute node i holds its device's
     collective channels itself (a layer-template block's own collectives, which run
-    between its compute): they take the free time of the channels from its start, and
-    the node ends when its own time and theirs are both done."""
+    between its compute), a number (all of its links) or {link class: seconds}: they take
+    the free time of those links from its start, and the node ends when its own time and
+    theirs are both done. `links[i]`: the link classes (hardware_models.links) collective i
+    moves its bytes over; collectives queue per device and link class, so two on disjoint
+    links run at once (None: one queue per device)."""
     if graph.loops:
         raise ValueError("simulate() needs a loop-free graph: run ExpandLoops first")
     n = len(graph.nodes)
@@ -99,7 +107,8 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
     in_flight: dict[int, list[int]] = defaultdict(list)   # device -> async comm nodes
     kinds = [node.kind for node in graph.nodes]
     own_stream = [bool(node.meta.get("stream")) for node in graph.nodes]
-    network: dict[int, _Busy] = defaultdict(_Busy)      # device -> its transfers' intervals
+    # (device, link class) -> its transfers' intervals
+    network: dict[tuple[int, str], _Busy] = defaultdict(_Busy)
     host: dict[int, float] = defaultdict(float)          # device -> its launch thread's clock
     launches = [0 if "composite" in node.meta else host_launches(node) for node in graph.nodes]
     launch_wait = [0.0] * n
@@ -129,14 +138,18 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
         d = durations[i]
         if node.collective is not None and streams[i] != "compute" and kinds[i] not in (
                 NodeKind.RECV, NodeKind.SEND):
-            start_at, blocker = network[dev].place(start_at, d, i)
+            used = links[i] if links is not None else BOTH
+            start_at, blocker = _place_all([network[(dev, k)] for k in sorted(used)],
+                                           start_at, d, i)
             if blocker >= 0:
                 because = blocker
         start[i] = start_at
         if slowdown is not None and streams[i] == "compute" and in_flight[dev]:
             d = _stretched(node, d, start_at, in_flight, dev, finish, graph, slowdown)
-        if holds is not None and holds[i] > 0 and streams[i] == "compute":
-            d = network[dev].fill(start_at, d, holds[i], i) - start_at
+        if holds is not None and holds[i] and streams[i] == "compute":
+            held = holds[i] if isinstance(holds[i], dict) else dict.fromkeys(BOTH, holds[i])
+            d = max([start_at + d] + [network[(dev, k)].fill(start_at, d, c, i)
+                                      for k, c in sorted(held.items()) if c > 0]) - start_at
         finish[i] = start_at + d
         if streams[i] != "compute" and node.collective is not None:
             in_flight[dev].append(i)
@@ -164,19 +177,29 @@ class _Busy:
         self.ends: list[float] = []
         self.nodes: list[int] = []
 
-    def place(self, t: float, d: float, node: int) -> tuple[float, int]:
+    def earliest(self, t: float, d: float) -> tuple[float, int]:
         """(the earliest start >= t of a free interval of length d, the node whose end
-        it waited for or -1); the interval is then taken."""
+        it waited for or -1)."""
         k = bisect_right(self.ends, t)
         blocker = -1
         while k < len(self.starts) and self.starts[k] < t + d:
             if self.ends[k] > t:
                 t, blocker = self.ends[k], self.nodes[k]
             k += 1
+        return t, blocker
+
+    def take(self, t: float, d: float, node: int) -> None:
+        """Mark [t, t + d) busy (free: found by `earliest`)."""
         if d > 0:
+            k = bisect_right(self.starts, t)
             self.starts.insert(k, t)
             self.ends.insert(k, t + d)
             self.nodes.insert(k, node)
+
+    def place(self, t: float, d: float, node: int) -> tuple[float, int]:
+        """`earliest`, then the interval is taken."""
+        t, blocker = self.earliest(t, d)
+        self.take(t, d, node)
         return t, blocker
 
     def fill(self, t0: float, d: float, c: float, node: int) -> float:
@@ -200,6 +223,21 @@ class _Busy:
             self.ends.insert(j, b)
             self.nodes.insert(j, node)
         return max(t0 + d, pieces[-1][1] if pieces else t0)
+
+
+def _place_all(busy: list[_Busy], t: float, d: float, node: int) -> tuple[float, int]:
+    """The earliest start >= t at which every one of `busy` is free for d (and the node
+    whose end it waited for, or -1); the interval is then taken on all of them."""
+    blocker, moved = -1, True
+    while moved:
+        moved = False
+        for b in busy:
+            t2, who = b.earliest(t, d)
+            if t2 > t:
+                t, blocker, moved = t2, who, True
+    for b in busy:
+        b.take(t, d, node)
+    return t, blocker
 
 
 def _stretched(node, d: float, t: float, in_flight: dict, dev: int, finish: list, graph,

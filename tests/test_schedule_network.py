@@ -44,3 +44,49 @@ def test_one_stream_keeps_its_order_and_zero_time_takes_no_turn():
     tl = simulate(g, [0.3, 0.2, 0.0, 0.1])
     assert (tl.start[0], tl.start[1]) == (0.0, 0.3)
     assert tl.start[2] == 0.0                  # no time on the network: never waits
+
+
+def _tp_and_dp_graph() -> WorkloadGraph:
+    """16 H100s, 2 nodes: a TP all-reduce inside node 0's NVLink domain and a DP
+    reduce-scatter over one GPU per node (through the NIC), both issued at t = 0 on two
+    streams of device 0, then a second DP reduce-scatter."""
+    cluster = Cluster(16, (("data", 2), ("model", 8)), "h100-sxm")
+    comms = [Communicator(0, "groups", "{{0,1,2,3,4,5,6,7},{8,9,10,11,12,13,14,15}}", 16, 2,
+                          8, ("model",)),
+             Communicator(1, "groups", "{{0,8},{1,9},{2,10},{3,11},{4,12},{5,13},{6,14},"
+                          "{7,15}}", 16, 8, 2, ("data",))]
+
+    def coll(i, kind, comm, stream):
+        return Node(i, f"{kind}.{i}", NodeKind.COLLECTIVE, kind, "collective",
+                    meta={"stream": stream},
+                    collective=Collective(kind, comm, 64 << 20, 64 << 20, "bf16", None, True))
+
+    nodes = [coll(0, "all-reduce", 0, "tp"), coll(1, "reduce-scatter", 1, "dp"),
+             coll(2, "reduce-scatter", 1, "dp2")]
+    return WorkloadGraph(cluster, nodes, comms, [], {})
+
+
+def test_collectives_on_disjoint_links_run_at_once():
+    from flint.hardware_models.cost_model import default_cost_model
+    from flint.hardware_models.links import SCALE_OUT, SCALE_UP, collective_links
+
+    g = _tp_and_dp_graph()
+    links = collective_links(g, default_cost_model(g, "h100-sxm"))
+    assert links == [frozenset({SCALE_UP}), frozenset({SCALE_OUT}), frozenset({SCALE_OUT})]
+    tl = simulate(g, [0.5, 1.0, 1.0], links=links)
+    # NVLink and the NIC: both at once; two over the NIC: one after the other
+    assert tl.start[:2] == [0.0, 0.0] and tl.start[2] == 1.0
+    # without link classes every collective of the device queues on one list
+    assert simulate(g, [0.5, 1.0, 1.0]).start == [0.0, 0.5, 1.5]
+
+
+def test_a_blocks_held_collectives_wait_only_on_their_own_links():
+    g = _graph([("coll", "dp", [], []), ("compute", None, [], [])])
+    # the block's TP collectives (0.2 s of NVLink) beside a 1 s reduction over the NIC
+    tl = simulate(g, [1.0, 0.5], links=[frozenset({"scale-out"}), frozenset()],
+                  holds=[0.0, {"scale-up": 0.2}])
+    assert tl.finish[1] == 0.5
+    # the same hold on every link (a number) waits for the reduction to end
+    tl = simulate(g, [1.0, 0.5], links=[frozenset({"scale-out"}), frozenset()],
+                  holds=[0.0, 0.2])
+    assert tl.finish[1] == 1.2

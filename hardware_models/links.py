@@ -1,0 +1,61 @@
+"""Which of a GPU's links a collective's bytes cross: its scale-up domain (NVLink, NVSwitch)
+or the scale-out network (its NIC), or both.
+
+Two collectives in flight on one GPU slow each other only where they share a link. A
+tensor-parallel all-reduce inside an NVLink domain and a data-parallel reduce-scatter over
+one GPU per node (which leaves through the NIC; NCCL runs the two on different
+communicators, each with its own CTAs) move their bytes over disjoint links and run at
+once; an FSDP all-gather and a reduce-scatter over the same ranks share both. The
+schedule (schedule.py) queues collectives per device and link class accordingly.
+
+A communicator's first group says which: ranks in one scale-up domain (Placement
+per_domain > 1) use its links, ranks in several domains (domains > 1) use the network.
+TPUs, CPUs and cost models without a placement keep one queue for everything (BOTH).
+"""
+from __future__ import annotations
+
+from flint.graph import Node, WorkloadGraph
+
+SCALE_UP = "scale-up"
+SCALE_OUT = "scale-out"
+BOTH = frozenset((SCALE_UP, SCALE_OUT))
+
+
+def collective_links(graph: WorkloadGraph, model) -> list[frozenset] | None:
+    """Per node of `graph`, the link classes of its collective (BOTH for other nodes and
+    where the model cannot say); None when no node would differ from BOTH."""
+    of = links_of(graph, model)
+    if of is None:
+        return None
+    out = [of(n) if n.collective is not None else BOTH for n in graph.nodes]
+    return out if any(x != BOTH for x in out) else None
+
+
+def links_of(graph: WorkloadGraph, model):
+    """`f(node) -> frozenset` of link classes for `graph`'s collectives under `model`, or
+    None where the model has no placement of groups on a GPU topology."""
+    network = getattr(model, "network", None)
+    place = getattr(network, "placement", None)
+    topology = getattr(network, "topology", None)
+    spec = getattr(model, "spec", None)
+    if place is None or spec is None or spec.kind != "gpu" or getattr(topology, "torus", ()):
+        return None
+    known: dict[int, frozenset] = {}
+
+    def of(node: Node) -> frozenset:
+        c = node.collective
+        if c is None:
+            return BOTH
+        if c.communicator not in known:
+            try:
+                pl = place(graph.communicator(node))
+            except Exception:   # a communicator the model cannot lay out: queue with all
+                known[c.communicator] = BOTH
+            else:
+                used = {SCALE_UP} if pl.per_domain > 1 else set()
+                if pl.domains > 1:
+                    used.add(SCALE_OUT)
+                known[c.communicator] = frozenset(used) or BOTH
+        return known[c.communicator]
+
+    return of
