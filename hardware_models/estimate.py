@@ -169,11 +169,15 @@ def as_run(tl: Timeline) -> list[float]:
 def durations_as_run(flat: WorkloadGraph, durations: list[float], model) -> list[float]:
     """`durations` of a loop-free graph after the overlap slowdown of `model`: what a
     consumer that does not model contention (a Chakra export) should be given."""
-    prices = composite_prices(flat, model)
-    return as_run(simulate(flat, durations,
-                           composite_slowdown(prices, getattr(model, "overlap_slowdown", None)),
-                           holds=network_times(flat, prices),
-                           links=collective_links(flat, model)))
+    return as_run(_schedule(flat, durations, model, composite_prices(flat, model)))
+
+
+def _schedule(flat: WorkloadGraph, durations: list[float], model, prices) -> Timeline:
+    """The step's timeline under `model`: compute slowed by the communication it overlaps,
+    layer blocks holding their own collectives' links, collectives queued per link."""
+    return simulate(flat, durations,
+                    composite_slowdown(prices, getattr(model, "overlap_slowdown", None)),
+                    holds=network_times(flat, prices), links=collective_links(flat, model))
 
 
 def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
@@ -183,9 +187,7 @@ def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),
     depends on the graph only, so hardware what-ifs of one graph can share it)."""
     flat, durations, model = node_durations(graph, hardware, overrides, cost_model, algorithm)
     prices = composite_prices(flat, model)
-    tl = simulate(flat, durations,
-                  composite_slowdown(prices, getattr(model, "overlap_slowdown", None)),
-                  holds=network_times(flat, prices), links=collective_links(flat, model))
+    tl = _schedule(flat, durations, model, prices)
     alone = durations
     durations = as_run(tl)
     step = tl.step_time

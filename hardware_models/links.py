@@ -47,15 +47,11 @@ def links_of(graph: WorkloadGraph, model):
         if c is None:
             return BOTH
         if c.communicator not in known:
-            try:
-                pl = place(graph.communicator(node))
-            except Exception:   # a communicator the model cannot lay out: queue with all
-                known[c.communicator] = BOTH
-            else:
-                used = {SCALE_UP} if pl.per_domain > 1 else set()
-                if pl.domains > 1:
-                    used.add(SCALE_OUT)
-                known[c.communicator] = frozenset(used) or BOTH
+            pl = place(graph.communicator(node))
+            used = {SCALE_UP} if pl.per_domain > 1 else set()
+            if pl.domains > 1:
+                used.add(SCALE_OUT)
+            known[c.communicator] = frozenset(used) or BOTH
         return known[c.communicator]
 
     return of

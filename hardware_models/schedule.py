@@ -196,12 +196,6 @@ class _Busy:
             self.ends.insert(k, t + d)
             self.nodes.insert(k, node)
 
-    def place(self, t: float, d: float, node: int) -> tuple[float, int]:
-        """`earliest`, then the interval is taken."""
-        t, blocker = self.earliest(t, d)
-        self.take(t, d, node)
-        return t, blocker
-
     def fill(self, t0: float, d: float, c: float, node: int) -> float:
         """Work of length `d` from `t0` whose own transfers need `c` seconds of the
         network, taken piece by piece in its free gaps from `t0` on: when the work and

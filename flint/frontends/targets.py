@@ -149,21 +149,19 @@ def compile_with_fallback(compile_fn, notes: list):
     """`compile_fn(overrides)` (XLA debug options to add: {} first) with fd 2 captured; run
     once more with the Triton GEMM emitter off when it is what failed (said in `notes`).
     Raises the compile's own exception otherwise."""
-    overrides: dict = {}
-    while True:
+    for overrides in ({}, {TRITON_GEMM: False}):
         failure = None
         with quiet_native_stderr(notes):
             try:
                 return compile_fn(overrides)
             except Exception as e:  # XLA raises JaxRuntimeError with a multi-line status
                 failure = e
-        if _TRITON_TILING not in str(failure) or overrides:
+        if overrides or _TRITON_TILING not in str(failure):
             raise failure
         first = str(failure).strip().splitlines()[0]
         notes.append(f"XLA's Triton GEMM emitter found no tiling for a dot "
                      f"({first[:160]}...): compiled with {TRITON_GEMM}=false, the dots as "
                      f"library GEMMs")
-        overrides = {TRITON_GEMM: False}
 
 
 _LOG_LINE = re.compile(r"^[WE]\d{4} [\d:.]+\s+\d+ ([\w.]+):\d+\] (.*)$")
