@@ -9,7 +9,16 @@ once; an FSDP all-gather and a reduce-scatter over the same ranks share both. Th
 schedule (schedule.py) queues collectives per device and link class accordingly.
 
 A communicator's first group says which: ranks in one scale-up domain (Placement
-per_domain > 1) use its links, ranks in several domains (domains > 1) use the network.
+per_domain > 1) use its links; ranks in several domains (domains > 1) use the network,
+and that bounds their time. Their hops inside a domain carry the same bytes at the
+network's pace, which is a small share of a scale-up link: per GPU and direction, DGX
+A100 has a 200 Gb/s HDR NIC (25 GB/s) beside 300 GB/s of NVLink 3, DGX H100 a 400 Gb/s
+NDR NIC (50 GB/s) beside 450 GB/s of NVLink 4 (NVIDIA DGX A100 / DGX H100 user guides):
+8% and 11%. A collective inside the domain then still gets nearly all of it, so a
+group that spans domains queues only on the network; it queues on the scale-up link as
+well where that share is half or more (a PCIe "scale-up" no faster than the NIC).
+Before, it queued on both, and a seconds-long data-parallel reduction over two GPUs per
+node held every tensor-parallel all-reduce of the pipeline's last backward.
 TPUs, CPUs and cost models without a placement keep one queue for everything (BOTH).
 """
 from __future__ import annotations
@@ -48,9 +57,12 @@ def links_of(graph: WorkloadGraph, model):
             return BOTH
         if c.communicator not in known:
             pl = place(graph.communicator(node))
-            used = {SCALE_UP} if pl.per_domain > 1 else set()
             if pl.domains > 1:
-                used.add(SCALE_OUT)
+                used = {SCALE_OUT}
+                if pl.per_domain > 1 and 2 * spec.nic_bandwidth >= spec.scale_up_bandwidth:
+                    used.add(SCALE_UP)
+            else:
+                used = {SCALE_UP} if pl.per_domain > 1 else set()
             known[c.communicator] = frozenset(used) or BOTH
         return known[c.communicator]
 

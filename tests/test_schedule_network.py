@@ -90,3 +90,38 @@ def test_a_blocks_held_collectives_wait_only_on_their_own_links():
     tl = simulate(g, [1.0, 0.5], links=[frozenset({"scale-out"}), frozenset()],
                   holds=[0.0, 0.2])
     assert tl.finish[1] == 1.2
+
+
+def _two_per_node_graph() -> WorkloadGraph:
+    """16 H100s in 2 nodes: TP 4 inside a node and DP 4 over two GPUs of each node
+    (Megatron's rank order, TP fastest): the DP ring has hops inside the node and hops
+    through the NIC, and its time is the NIC's."""
+    cluster = Cluster(16, (("data", 4), ("model", 4)), "h100-sxm")
+    tp = ",".join("{%s}" % ",".join(str(4 * g + r) for r in range(4)) for g in range(4))
+    dp = ",".join("{%s}" % ",".join(str(r + 4 * d) for d in range(4)) for r in range(4))
+    comms = [Communicator(0, "groups", "{%s}" % tp, 16, 4, 4, ("model",)),
+             Communicator(1, "groups", "{%s}" % dp, 16, 4, 4, ("data",))]
+    nodes = [Node(i, f"{kind}.{i}", NodeKind.COLLECTIVE, kind, "collective",
+                  meta={"stream": stream},
+                  collective=Collective(kind, comm, 64 << 20, 64 << 20, "bf16", None, True))
+             for i, (kind, comm, stream) in enumerate([("all-reduce", 0, "tp"),
+                                                       ("reduce-scatter", 1, "dp")])]
+    return WorkloadGraph(cluster, nodes, comms, [], {})
+
+
+def test_a_group_that_spans_nodes_queues_on_the_nic_only_where_nvlink_is_far_faster():
+    from flint.hardware_models.cost_model import default_cost_model
+    from flint.hardware_models.links import BOTH, SCALE_OUT, SCALE_UP, collective_links
+
+    g = _two_per_node_graph()
+    model = default_cost_model(g, "h100-sxm")
+    assert model.network.placement(g.communicators[1]).per_domain == 2
+    # NIC 50 GB/s beside NVLink 450 GB/s: its NVLink hops use 11% of the link
+    links = collective_links(g, model)
+    assert links == [frozenset({SCALE_UP}), frozenset({SCALE_OUT})]
+    tl = simulate(g, [0.5, 2.0], links=links)
+    assert tl.start == [0.0, 0.0]
+    # a scale-up link no faster than twice the NIC is a shared one: both queue on it
+    slow = default_cost_model(g, "h100-sxm", ["scale_up_bandwidth=100GB/s"])
+    assert collective_links(g, slow) == [frozenset({SCALE_UP}), BOTH]
+    assert simulate(g, [0.5, 2.0], links=collective_links(g, slow)).start == [0.0, 0.5]
