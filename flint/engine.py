@@ -271,7 +271,7 @@ def layered_graph(run: TrainingRun, cache) -> tuple:
     program = stage_program(run)
     key = (program_key(program), run.mesh(), run.hsdp, run.devices_per_host, run.routing,
            run.dispatcher, run.framework, run.attention, run.zero, run.zero_sync,
-           run.overlap_grad_reduce,
+           run.grad_reduce_dtype, run.overlap_grad_reduce,
            run.tp_comm_overlap, run.grad_accumulation,
            # the accumulation's first micro-batch differs, and a tied embedding's copy
            # is its own only on another stage than the embedding's
@@ -320,8 +320,11 @@ def _passes(run: TrainingRun, template):
         if run.framework == "megatron":
             _megatron_activations(graph, cfg, run)
     if run.zero in (1, 2):
-        graph = DistributedOptimizer(shard_gradients=run.zero == 2, sync=run.zero_sync,
-                                     group=run.hsdp).run(graph)
+        graph = DistributedOptimizer(
+            shard_gradients=run.zero == 2, sync=run.zero_sync, group=run.hsdp,
+            grad_dtype={"fp32": "f32"}.get(run.grad_reduce_dtype, run.grad_reduce_dtype),
+            # DeepSpeed's BF16_Optimizer accumulates into fp32 gradients whatever it sends
+            buffer_dtype="f32" if run.grad_accumulation == "fp32-copy" else "").run(graph)
     if run.grad_accumulation != "in-gemm":      # a one-layer model's step: one clear error
         from flint.passes.grad_accumulation import GradAccumulation
 

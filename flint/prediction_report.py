@@ -135,6 +135,10 @@ def _layout(run: dict, facts: dict) -> str:
             3: "ZeRO-3 (FSDP)"}[run["zero"]]
     if run.get("zero_sync") == "broadcast":
         zero += ", gradients all-reduced, parameters broadcast by their owners"
+    elif run.get("zero_sync") == "all-reduce":
+        zero += ", gradients all-reduced, parameters all-gathered"
+    if run.get("grad_reduce_dtype", "fp32") != "fp32":
+        zero += f", gradients reduced in {run['grad_reduce_dtype']}"
     if run["hsdp"]:
         zero += (f", HSDP groups of {run['hsdp']}" if run["zero"] == 3 else
                  f", state sharded over groups of {run['hsdp']}")

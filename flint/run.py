@@ -60,9 +60,18 @@ ATTENTION = ("flash", "flash1", "unfused")
 GRAD_SYNC = ("every-microbatch", "last-microbatch")
 # How ZeRO-1/2's sharded optimizer moves data (passes.distributed_optimizer): gradients
 # reduce-scattered and parameters all-gathered (Megatron-Core's distributed optimizer,
-# DeepSpeed), or gradients all-reduced over every data-parallel rank and each shard's
-# owner broadcasting its parameters (InternEvo's HybridZeroOptimizer).
-ZERO_SYNC = ("reduce-scatter", "broadcast")
+# DeepSpeed's ZeRO stage 1/2 optimizer), gradients all-reduced over every data-parallel
+# rank and each shard's owner broadcasting its parameters (InternEvo's
+# HybridZeroOptimizer), or gradients all-reduced and parameters all-gathered (DeepSpeed's
+# BF16_Optimizer, BLOOM's ZeRO-1).
+ZERO_SYNC = ("reduce-scatter", "broadcast", "all-reduce")
+# The dtype zero 1/2 keep and reduce gradients in: fp32 main gradients (Megatron-LM forces
+# them for bf16 runs; Megatron-Core's default) or bf16 (Megatron-Core's
+# grad_reduce_in_fp32=False, set by NVIDIA's NeMo 2.0 / Megatron-Bridge performance
+# recipes; DeepSpeed's bf16 communication_data_type; InternEvo's gradients, reduced in
+# the model's dtype): half the bytes reduced, 2 bytes per parameter less
+# (passes.distributed_optimizer)
+GRAD_REDUCE_DTYPES = ("fp32", "bf16")
 
 _Degree = Annotated[PositiveInt, Field(le=MAX_DEVICES)]
 
@@ -97,6 +106,7 @@ class RunSchema(Strict):
     grad_accumulation: Optional[Literal[GRAD_ACCUMULATION]] = None
     grad_sync: Optional[Literal[GRAD_SYNC]] = None
     zero_sync: Literal[ZERO_SYNC] = "reduce-scatter"
+    grad_reduce_dtype: Literal[GRAD_REDUCE_DTYPES] = "fp32"
     tp_comm_overlap: Optional[Bool] = None
     reshard_after_forward: Bool = True
     routing: Str = "balanced"
@@ -151,6 +161,9 @@ class TrainingRun:
     grad_sync: Optional[str] = None
     # zero 1/2: how the sharded optimizer moves gradients and parameters (ZERO_SYNC)
     zero_sync: str = "reduce-scatter"
+    # zero 1/2: the gradients' dtype in their reduction, and in their buffer unless the
+# accumulation keeps an fp32 copy (grad_accumulation fp32-copy) (GRAD_REDUCE_DTYPES)
+    grad_reduce_dtype: str = "fp32"
     # TP all-gathers / reduce-scatters pipelined in chunks with their GEMMs
     # (passes.tp_comm_overlap; Megatron-Core --tp-comm-overlap). None: the framework's
     # default, on for megatron with tp > 1 and sequence parallelism (the NeMo /

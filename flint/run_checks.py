@@ -88,6 +88,17 @@ def _zero_sync(run) -> None:
     if run.zero_sync == "broadcast" and run.zero != 1:
         raise FlintError(f"zero_sync: broadcast is InternEvo's ZeRO-1 (gradients all-reduced, "
                          f"each owner broadcasting its parameters), not zero {run.zero}")
+    if run.zero_sync == "all-reduce" and run.zero != 1:
+        raise FlintError(f"zero_sync: all-reduce is DeepSpeed BF16_Optimizer's ZeRO-1 "
+                         f"(gradients all-reduced, parameters all-gathered), not zero "
+                         f"{run.zero}")
+    if run.grad_reduce_dtype != "fp32" and (run.zero not in (1, 2)
+                                            or run.framework != "megatron"):
+        raise FlintError(f"grad_reduce_dtype: {run.grad_reduce_dtype} gradients are priced for "
+                         f"a sharded optimizer's buffer (zero 1 or 2, framework megatron: "
+                         f"Megatron-Core's grad_reduce_in_fp32=False); this run "
+                         f"(zero {run.zero}, {run.framework}) reduces the gradients its "
+                         f"program computes")
 
 
 def _grad_sync(run) -> None:

@@ -22,6 +22,20 @@ reduce those parameters, by their share of the parameters (a MoE model's experts
 over the expert-data-parallel group, its dense weights over the whole data-parallel
 group; experts no bucket reduces keep their whole state).
 
+Gradients reduced in bf16 (option `grad_dtype`): Megatron-Core's
+DistributedDataParallelConfig(grad_reduce_in_fp32=False) makes the main-gradient buffer
+the parameters' dtype, so the wgrad GEMMs accumulate into bf16 and the buckets are
+reduce-scattered in bf16: half the bytes on the wire and 4 + 12/d bytes per parameter.
+Megatron-LM's own arguments force fp32 for bf16 runs (arguments.py: "bfloat16 requires
+gradient accumulation and all-reduce to be done in fp32"); NVIDIA's performance recipes
+turn it off (Megatron-Bridge perf_recipes/_common.py `_perf_precision`: "Always sets
+grad_reduce_in_fp32=False"; NeMo 2.0 scripts/performance/helpers.py
+`set_precision_configs`). Every gradient bucket is reduced in `grad_dtype` (the
+extracted step's reductions are bf16 or f32 per weight, `_in_grad_dtype`), and the
+parameter arguments (standing for the main-gradient buffer) are 4 or 2 bytes each.
+DeepSpeed's engine communicates gradients in the model's dtype when bf16 is enabled
+(engine.py `communication_data_type`), InternEvo reduces them in the model's dtype: bf16.
+
 Two other layouts of the same sharded optimizer (options `group` and `sync`):
 
 - `group` g < d: the state is sharded over groups of g data-parallel ranks and replicated
@@ -36,12 +50,19 @@ Two other layouts of the same sharded optimizer (options `group` and `sync`):
   g broadcasts of 1/g of the bf16 parameters each, one after another on one communicator,
   all waited for before the next forward (`broadcast_params` waits on every handle). Here
   one collective-broadcast node of all the parameters with meta `pieces` = g (the network
-  model prices g broadcasts of 1/g). Memory is counted as Megatron's layout (fp32 main
-  gradients), 2 bytes per parameter more than InternEvo's bf16 gradients.
+  model prices g broadcasts of 1/g). InternEvo keeps and all-reduces its gradients in
+  the model's dtype: grad_dtype bf16 says so (f32: Megatron's fp32 main gradients).
+- `sync="all-reduce"` (DeepSpeed's BF16_Optimizer, BLOOM's ZeRO-1, 2022): the optimizer
+  has no reduce_gradients, so the engine's allreduce_gradients takes its
+  buffered_allreduce_fallback on get_grads_for_reduction() (deepspeed/runtime/engine.py):
+  the whole fp32 gradients all-reduced in communication_data_type (bf16 when bf16 is
+  enabled); each rank updates its partition and all_gather_dp_groups gathers the bf16
+  parameters. The buckets stay all-reduces (in `grad_dtype`), one all-gather per bucket
+  as Megatron's, whole gradients in an fp32 buffer (`buffer_dtype` f32).
 
 Contract: input a loop-free graph; every all-reduce of a gradient once per step (task R
 of `pipeline_stages.task_of`) over data-parallel axes only becomes a reduce-scatter of
-the same input bytes; one all-gather per such bucket is added before all other nodes
+the same input bytes (in `grad_dtype`); one all-gather per such bucket is added before all other nodes
 (ids shift by their count) and feeds the first forward node of the bucket's layer;
 optimizer nodes of that layer that stand for a template block (layer templates) have
 their scale divided by the group size; the optimizer-state arguments shrink as above (meta["arguments"]).
@@ -63,7 +84,8 @@ MOMENT_BYTES = 8         # the step's two f32 Adam moments per parameter
 _DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "f64": 8}
 
 
-SYNCS = ("reduce-scatter", "broadcast")
+SYNCS = ("reduce-scatter", "broadcast", "all-reduce")
+GRAD_DTYPES = ("f32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -73,17 +95,24 @@ class DistributedOptimizer:
     shard_gradients: bool = False
     sync: str = "reduce-scatter"
     group: int = 0               # ranks sharing one copy of the state (0: all of them)
+    grad_dtype: str = "f32"      # the main-gradient buffer and its reduction (bf16: half)
+    buffer_dtype: str = ""       # the gradient buffer's, where not grad_dtype
     name: ClassVar[str] = "distributed-optimizer"
 
     def __post_init__(self):
         if self.sync not in SYNCS:
             raise FlintError(f"distributed-optimizer: sync {self.sync!r} is not "
                              f"{' or '.join(SYNCS)}")
+        for name in ("grad_dtype", "buffer_dtype"):
+            value = getattr(self, name)
+            if value not in GRAD_DTYPES and (name == "grad_dtype" or value):
+                raise FlintError(f"distributed-optimizer: {name} {value!r} is not "
+                                 f"{' or '.join(GRAD_DTYPES)}")
         if self.group < 0:
             raise FlintError("distributed-optimizer: group must be >= 0")
-        if self.sync == "broadcast" and self.shard_gradients:
-            raise FlintError("distributed-optimizer: broadcast keeps whole gradients "
-                             "(InternEvo's ZeRO-1); it does not shard them")
+        if self.sync != "reduce-scatter" and self.shard_gradients:
+            raise FlintError(f"distributed-optimizer: {self.sync} keeps whole gradients "
+                             f"(a ZeRO-1 flavour); it does not shard them")
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
         if graph.loops:
@@ -97,7 +126,8 @@ class DistributedOptimizer:
 
 
 def _sharded_state(graph: WorkloadGraph, buckets: list[Node],
-                   shard_gradients: bool = False, groups: dict | None = None) -> list:
+                   shard_gradients: bool = False, groups: dict | None = None,
+                   grad_bytes: int = 4) -> list:
     """meta["arguments"] with every optimizer-state argument at this rank's share. The
     moments (8 B per parameter) stand for the parameters; the buckets' gradients (bytes /
     dtype size) say which share of them is reduced over which group d (per step, not per
@@ -120,7 +150,7 @@ def _sharded_state(graph: WorkloadGraph, buckets: list[Node],
         shares, covered = [(x / covered, d) for x, d in shares], 1.0
     sharded = sum(x / d for x, d in shares) + (1.0 - covered)   # share of a parameter
     factors = {"optimizer_state": STATE_RATIO * sharded,
-               "parameters": sharded if shard_gradients else 1.0}
+               "parameters": (sharded if shard_gradients else 1.0) * grad_bytes / 4}
     return [[name, int(round(nbytes * factors.get(argument_category(str(name)), 1.0)))]
             for name, nbytes in graph.meta.get("arguments", ())]
 
@@ -238,25 +268,29 @@ def _sharded(opt: DistributedOptimizer, graph: WorkloadGraph, buckets: list,
             composite = n.meta["composite"]
             node.meta = dict(n.meta, composite=dict(
                 composite, scale=composite["scale"] / group_of[n.meta.get("layer", "")]))
+        reduced = _in_grad_dtype(n.collective, opt.grad_dtype) if n.id in g_of else None
+        if reduced is not None and opt.sync != "reduce-scatter":
+            node.collective = reduced
         if n.id in g_of and opt.sync == "reduce-scatter":
             inside, across = split[n.collective.communicator]
             g = g_of[n.id]
             node.op = "reduce-scatter"
-            node.collective = replace(n.collective, type="reduce-scatter",
+            node.collective = replace(reduced, type="reduce-scatter",
                                       communicator=inside if n.id in grouped
                                       else n.collective.communicator,
-                                      bytes_out=n.collective.bytes_in // g)
+                                      bytes_out=reduced.bytes_in // g)
             node.meta = dict(n.meta, distributed_optimizer="grad-reduce-scatter")
         nodes.append(node)
         if n.id in grouped:
-            shard = n.collective.bytes_in // g_of[n.id]
+            shard = reduced.bytes_in // g_of[n.id]
             nodes.append(Node(read_id[n.id], f"{n.name}.across", NodeKind.COLLECTIVE,
                               "all-reduce", "collective", [i], outputs=list(n.outputs),
                               collective=Collective("all-reduce", split[n.collective.communicator][1],
-                                                    shard, shard, n.collective.dtype, "add",
+                                                    shard, shard, reduced.dtype, "add",
                                                     n.collective.is_async),
                               meta={**n.meta, "distributed_optimizer": "grad-all-reduce-across"}))
-    arguments = _sharded_state(graph, buckets, opt.shard_gradients, group_of)
+    arguments = _sharded_state(graph, buckets, opt.shard_gradients, group_of,
+                               _DTYPE_BYTES[opt.buffer_dtype or opt.grad_dtype])
     # the bf16 parameters the sync writes: a buffer kept for the whole step (forward and
     # backward read it), one per bucket (with its layer) or per broadcast
     if opt.sync == "broadcast":
@@ -274,3 +308,16 @@ def _sharded(opt: DistributedOptimizer, graph: WorkloadGraph, buckets: list,
     out = replace(graph, nodes=nodes, meta=meta)
     out.check()
     return out
+
+
+def _in_grad_dtype(c: Collective, grad_dtype: str) -> Collective:
+    """Gradient reduction `c` moving its gradients in `grad_dtype`. The extracted step
+    reduces a weight's gradient in the dtype its wgrad GEMM wrote (XLA places the
+    partitioner's all-reduce before the convert to the f32 parameter: bf16 for the
+    layers' matrices, f32 for norms and the head); Megatron reduces its main-gradient
+    buffer, all of one dtype."""
+    have, want = _DTYPE_BYTES.get(c.dtype, 4), _DTYPE_BYTES[grad_dtype]
+    if want == have:
+        return c
+    return replace(c, bytes_in=c.bytes_in * want // have, bytes_out=c.bytes_out * want // have,
+                   dtype=grad_dtype)

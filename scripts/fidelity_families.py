@@ -29,6 +29,10 @@ ERAS = {
                       "Megatron-LM examples / MLPerf v5.1 NeMo: Transformer Engine kernels, "
                       "flash (cuDNN) attention, distributed optimizer with overlapped grad "
                       "reduce and param gather, TP communication overlap in the perf recipes"),
+    "nvidia-perf-recipes": ("Megatron-Core+TE", "NeMo 2.0 performance recipes (containers "
+                            "25.02-25.07) and Megatron-Bridge perf recipes (25.09+): "
+                            "megatron-core with the recipes' own settings, e.g. gradients "
+                            "reduced in bf16"),
     "automodel": ("PyTorch FSDP2+TE", "NeMo AutoModel: FSDP2 with Transformer Engine kernels"),
     "maxtext": ("MaxText/XLA", "MaxText on JAX: XLA's fusions (framework xla)"),
     "pathways": ("PaLM/Pathways XLA", "PaLM on TPU v4 through Pathways"),
@@ -36,12 +40,20 @@ ERAS = {
                          "TP + sequence parallelism + selective recompute, no flash attention"),
     "megatron-deepspeed-2022": ("Megatron-DeepSpeed 2022", "BigScience tr11 (Feb-Mar 2022): "
                                 "Megatron TP inside DeepSpeed's pipeline engine, ZeRO-1"),
+    # the same sweep's bf16 rows (02-28 on, the "bf16" sections, production): DeepSpeed's
+    # BF16_Optimizer instead of its fp16 ZeRO-1 optimizer (more-published.md, tr11 README)
+    "megatron-deepspeed-2022-bf16": ("Megatron-DeepSpeed 2022", "BigScience tr11 bf16 "
+                                     "rows: Megatron TP inside DeepSpeed's pipeline engine, "
+                                     "BF16_Optimizer (its own ZeRO stage 1)"),
     "megatron-deepspeed-2021": ("Megatron-DeepSpeed 2021", "MT-NLG (arXiv 2201.11990): "
                                 "Megatron tensor slicing, DeepSpeed pipeline and data "
                                 "parallelism"),
     "internevo": ("InternEvo", "InternEvo 7B: PyTorch, flash-attn, Megatron TP without SP "
                   "('mtp'), hybrid ZeRO-1"),
 }
+
+
+DEEPSPEED_2022 = ("megatron-deepspeed-2022", "megatron-deepspeed-2022-bf16")
 
 
 @dataclass(frozen=True)
@@ -58,11 +70,14 @@ class Mechanism:
     # not a field assignment: the run as stated when it fits, else the least block
     # recompute that fits (flint.fit_memory.least_recompute)
     fit_memory: bool = False
+    # ((field, allowed values), ...): rows whose fields (as built) hold other values keep
+    # their run as it is, where the engine prices the assignment for only some layouts
+    only: tuple = ()
 
 
 MECHANISMS = (
     Mechanism("unfused attention before FlashAttention", (("attention", "unfused"),),
-              ("megatron-lm-2022", "megatron-deepspeed-2022", "megatron-deepspeed-2021"),
+              ("megatron-lm-2022", *DEEPSPEED_2022, "megatron-deepspeed-2021"),
               "FlashAttention (Dao et al., arXiv 2205.14135) appeared 2022-05, after MT-NLG "
               "(2021) and BLOOM's 2022-02 sweep; Megatron-LM/DeepSpeed of that time write "
               "the S x S scores and run the fused scale-mask-softmax kernel on them "
@@ -70,27 +85,27 @@ MECHANISMS = (
               "was not used'",
               "published 4 Korthikanti 2022 x Megatron-LM 2022 x A100"),
     Mechanism("no sequence parallelism before Megatron-LM 2022-05", (("sp", False),),
-              ("megatron-deepspeed-2022", "megatron-deepspeed-2021", "internevo"),
+              (*DEEPSPEED_2022, "megatron-deepspeed-2021", "internevo"),
               "sequence parallelism is Korthikanti et al. 2022 (arXiv 2205.05198, 2022-05); "
               "InternEvo's tensor mode 'mtp' is 'pure megatron tensor parallel without "
               "sequence parallel' (InternLM/InternEvo configs/7B_sft.py)",
               "more 2 InternEvo train_performance x InternEvo x A100"),
     Mechanism("grad reduce after the pipeline flush (DeepSpeed PipelineEngine)",
               (("overlap_grad_reduce", False),),
-              ("megatron-deepspeed-2022", "megatron-deepspeed-2021"),
+              (*DEEPSPEED_2022, "megatron-deepspeed-2021"),
               "DeepSpeed deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceTiedGrads, "
               "ReduceGrads and OptimizerStep are issued after the last BackwardPass; the "
               "engine disables the per-backward all-reduce ('We schedule the all-reduces')",
               "more 1 BigScience tr11 x Megatron-DeepSpeed 2022 x A100"),
     Mechanism("stages split by layer count", (("pipeline_split", "layers"),),
-              ("megatron-lm-2022", "megatron-deepspeed-2022", "megatron-deepspeed-2021"),
+              ("megatron-lm-2022", *DEEPSPEED_2022, "megatron-deepspeed-2021"),
               "Megatron-DeepSpeed GPTModelPipe: PipelineModule(partition_method="
               "'type:transformer') (BLOOM later 'type:transformer|embedding', an embedding "
               "counted as a block); Megatron-LM 2022 gives each stage num_layers // pp "
               "layers (--account-for-embedding-in-pipeline-split came in 2024)",
               "more 1 BigScience tr11 x Megatron-DeepSpeed 2022 x A100"),
     Mechanism("TP communication overlap in Megatron-Core recipes",
-              (("tp_comm_overlap", None),), ("megatron-core",),
+              (("tp_comm_overlap", None),), ("megatron-core", "nvidia-perf-recipes"),
               "Megatron-Core --tp-comm-overlap (Transformer Engine userbuffers, 2023+), on in "
               "the NeMo/Megatron-Bridge performance recipes (e.g. Llama3-70B H100 'TP-comm "
               "overlap via userbuffers', published.md caveats); the run's framework default",
@@ -106,7 +121,7 @@ MECHANISMS = (
               "Transformer Engine), i.e. framework megatron; the torch twin that prices "
               "eager kernels refuses zero 1 (InternEvo's hybrid ZeRO) and cp > 1 "
               "(AutoModel's Llama3-70B row)", "-"),
-    Mechanism("block recompute to fit memory", (), ("megatron-core",),
+    Mechanism("block recompute to fit memory", (), ("megatron-core", "nvidia-perf-recipes"),
               "the NVIDIA tables list no activation recompute (published.md); the runs ran, "
               "and the recipes set Megatron's block recompute to the layers per chunk that "
               "make them fit (Megatron-Bridge perf_recipes, e.g. 'Llama3-8B H100 FP8-CS: "
@@ -114,7 +129,7 @@ MECHANISMS = (
               "selective recompute is kept where it fits",
               "published 1a Megatron-Bridge x Megatron-Core+TE x GB200", fit_memory=True),
     Mechanism("DeepSpeed BF16_Optimizer's fp32 gradient accumulation",
-              (("grad_accumulation", "fp32-copy"),), ("megatron-deepspeed-2022",),
+              (("grad_accumulation", "fp32-copy"),), ("megatron-deepspeed-2022-bf16",),
               "DeepSpeed deepspeed/runtime/bf16_optimizer.py (written for BLOOM, 2022): "
               "update_hp_grads casts each bf16 gradient to fp32 and adds it to the fp32 "
               "gradient after every micro-batch's backward (pipe/engine.py "
@@ -124,8 +139,8 @@ MECHANISMS = (
               "more 1 BigScience tr11 x Megatron-DeepSpeed 2022 x A100"),
     Mechanism("PyTorch autograd gradient accumulation",
               (("grad_accumulation", "autograd"),),
-              ("megatron-deepspeed-2021", "internevo"),
-              "DeepSpeed's fp16 pipeline engine (2021) and InternEvo's HybridZeroOptimizer "
+              ("megatron-deepspeed-2021", "megatron-deepspeed-2022", "internevo"),
+              "DeepSpeed's fp16 pipeline engine (2021; BLOOM's fp16 rows, 2022) and InternEvo's HybridZeroOptimizer "
               "(hooks on the AccumulateGrad nodes, reduction skipped until the last "
               "micro-batch) leave the sum of the micro-batches' gradients to PyTorch's "
               "AccumulateGrad, an in-place add into .grad in the gradient's dtype; neither "
@@ -148,6 +163,40 @@ MECHANISMS = (
               "False in configs/7B_sft.py); NCCL prices a broadcast as a ring of nRanks "
               "steps (tuning.cc)",
               "- (from the framework's source, no family's error)", needs="zero_sync"),
+    Mechanism("bf16 gradient reduction in NVIDIA's performance recipes",
+              (("grad_reduce_dtype", "bf16"),), ("nvidia-perf-recipes",),
+              "Megatron-Bridge src/megatron/bridge/perf_recipes/_common.py @f64bff14 "
+              "_perf_precision: 'Always sets grad_reduce_in_fp32=False' (and "
+              "cfg.ddp.grad_reduce_in_fp32 = False in _benchmark_common); NeMo 2.0 "
+              "scripts/performance/helpers.py @e8509a92 set_precision_configs: "
+              "recipe.trainer.plugins.grad_reduce_in_fp32 = False, and the recipes' "
+              "performance_optimizations set the same; the libraries' defaults are fp32 "
+              "(Megatron-LM arguments.py forces fp32 for bf16; bf16_mixed() has "
+              "grad_reduce_in_fp32=True); NeMo 24.07's launcher configs leave "
+              "optim.grad_sync_dtype at its fp32 default except a few (nemotron_340b.yaml)",
+              "published 1c NeMo docs 24.09-25.07 x Megatron-Core+TE x B200",
+              needs="grad_reduce_dtype",
+              # Flint prices bf16 gradients in the distributed optimizer's buffer; a
+              # Megatron-FSDP row (zero 3) reduces the gradients its program computes
+              only=(("zero", (1, 2)),)),
+    Mechanism("gradients reduced in the model's dtype (DeepSpeed, InternEvo)",
+              (("grad_reduce_dtype", "bf16"),), (*DEEPSPEED_2022, "internevo"),
+              "DeepSpeed deepspeed/runtime/engine.py communication_data_type: fp16 when "
+              "fp16 is enabled, bf16 when bf16 is (both 2 bytes; ZeRO stage_1_and_2 and the "
+              "BF16_Optimizer fallback cast to it before reducing); InternEvo "
+              "hybrid_zero_optim.py reduces the bf16 .grad of its bf16 parameters; Flint's "
+              "default is Megatron's fp32 main gradients",
+              "- (from the frameworks' source, no family's error)", needs="grad_reduce_dtype",
+              only=(("zero", (1, 2)),)),
+    Mechanism("DeepSpeed BF16_Optimizer's ZeRO-1: gradients all-reduced, parameters "
+              "all-gathered", (("zero_sync", "all-reduce"),), ("megatron-deepspeed-2022-bf16",),
+              "DeepSpeed deepspeed/runtime/engine.py allreduce_gradients: an optimizer "
+              "without reduce_gradients (BF16_Optimizer) takes buffered_allreduce_fallback on "
+              "get_grads_for_reduction(), its whole fp32 gradients; bf16_optimizer.py step "
+              "updates this rank's partition and all_gather_dp_groups gathers the bf16 "
+              "parameters (tr11 README: it 'implements its own ZeRO Stage 1')",
+              "- (from the framework's source, no family's error)", needs="zero_sync",
+              only=(("zero", (1,)),)),
 )
 
 
@@ -175,7 +224,15 @@ def before_fields(case) -> dict:
 
 
 def applicable(case) -> list:
-    return [m for m in MECHANISMS if available(m) and case.era in m.eras]
+    built = variant_fields(case, [])
+    return [m for m in MECHANISMS if available(m) and case.era in m.eras and all(
+        built.get(name, _default(name)) in values for name, values in m.only)]
+
+
+def _default(name: str):
+    from flint.run import TrainingRun
+
+    return {f.name: f.default for f in fields(TrainingRun)}.get(name)
 
 
 def variant_fields(case, mechanisms) -> dict:
@@ -217,8 +274,9 @@ def family_name(file: str, section: str, source: str, era: str, gpu: str) -> str
 
 # published.md: section -> (source in words, era)
 PUBLISHED_SECTIONS = {
-    "1a": ("Megatron-Bridge", "megatron-core"), "1b": ("NeMo 24.07", "megatron-core"),
-    "1c": ("NeMo docs 24.09-25.07", "megatron-core"),
+    "1a": ("Megatron-Bridge", "nvidia-perf-recipes"), "1b": ("NeMo 24.07", "megatron-core"),
+    # the rows priced are 25.02-25.07's (NeMo 2.0; 24.09's repeat 1b v3 and are not listed)
+    "1c": ("NeMo docs 24.09-25.07", "nvidia-perf-recipes"),
     "1d": ("NeMo long-sequence", "megatron-core"),
     "1f": ("Megatron-LM examples", "megatron-core"),
     "1g": ("DeepSeek-V3 ladder", "megatron-core"), "1h": ("NeMo AutoModel", "automodel"),

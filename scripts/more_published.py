@@ -17,7 +17,9 @@ Section 1, BLOOM-176B (BigScience tr11, Megatron-DeepSpeed, Jean Zay A100-80GB):
   default (line 669, ZS=1, repeats line 608's 37 GB) and the production BF16_Optimizer
   ("implements its own ZeRO Stage 1", tr11 README).
 - fp16 before 02-28, bf16 from then on and in the explicit bf16 rows: both run bf16 GEMMs
-  at the same A100 tensor rate (datasheet: 312 TFLOP/s dense for FP16 and BF16).
+  at the same A100 tensor rate (datasheet: 312 TFLOP/s dense for FP16 and BF16). The
+  optimizers differ (DeepSpeed's fp16 ZeRO-1 vs its BF16_Optimizer): the bf16 rows are
+  era megatron-deepspeed-2022-bf16, the same family.
 - Network: "8 GPUs per node ..., 4 OmniPath links" (tr11 README); Omni-Path 100 Series
   links run 100 Gb/s, so 400 Gb/s per 8-GPU node: the what-if nic_bandwidth=50Gb/s per
   GPU on the a100-80gb-sxm spec (whose default is DGX A100's 200 Gb/s HDR per GPU).
@@ -97,10 +99,12 @@ BLOOM_FAMILY = family_name("more", "1", "BigScience tr11", "megatron-deepspeed-2
 
 
 def _bloom_case(label: str, r: dict, hidden: int, layers: int, heads: int, zero: int,
-                group: str) -> Case:
+                group: str, bf16: bool) -> Case:
     gpus, tp, pp = (int(first_number(r.get(c)) or 0) for c in ("gpus", "tp", "pp"))
     dp, mbs, gbs = (int(first_number(r.get(c)) or 0) for c in ("dp", "mbs", "gbs"))
-    case = Case(label, "more-published", "1", BLOOM_FAMILY, "megatron-deepspeed-2022",
+    # fp16 rows ran DeepSpeed's fp16 ZeRO optimizer, bf16 rows its BF16_Optimizer
+    era = "megatron-deepspeed-2022-bf16" if bf16 else "megatron-deepspeed-2022"
+    case = Case(label, "more-published", "1", BLOOM_FAMILY, era,
                 what_if=FOUR_100G_PER_NODE, group=group)
     if dp * tp * pp != gpus:
         case.reason = f"DP {dp} x TP {tp} x PP {pp} is not the {gpus} GPUs of the row"
@@ -114,7 +118,7 @@ def _bloom_case(label: str, r: dict, hidden: int, layers: int, heads: int, zero:
 def _bloom_production(k: int, r: dict) -> Case:
     phase = str(r.get("phase", ""))
     label = f"1-P{k + 1} production {phase}"
-    case = _bloom_case(label, r, 14336, 70, 112, 1, "14336x70x112")
+    case = _bloom_case(label, r, 14336, 70, 112, 1, "14336x70x112", bf16=True)
     if "degraded" in phase:
         case.reason = "measured with a degraded node (the log says so); Flint prices " \
                       "healthy hardware"
@@ -131,8 +135,10 @@ def _bloom_sweep(r: dict) -> Case:
     label = f"1-L{line} {r.get('date')} {r.get('size')} h{hidden} L{layers} a{heads} " \
             f"tp{r.get('tp')} pp{r.get('pp')} dp{r.get('dp')} mbs{r.get('mbs')} " \
             f"gbs{r.get('gbs')}"
+    # the table's note: fp16 before 02-28, bf16 from then on and in the "bf16" sections
+    bf16 = "bf16" in str(r.get("section", "")).lower() or str(r.get("date", "")) >= "02-28"
     case = _bloom_case(label, r, hidden, layers, heads, int(zero) if zero is not None else 1,
-                       f"{hidden}x{layers}x{heads}")
+                       f"{hidden}x{layers}x{heads}", bf16)
     step = first_number(r.get("sec_per_it"))
     mem = str(r.get("mem") or "")
     if str(r.get("cuda_launch_blocking") or "").strip():

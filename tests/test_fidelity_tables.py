@@ -94,6 +94,13 @@ def test_before_and_after_run_fields(published, more):
     assert (after.attention, after.sp, after.pipeline_split) == ("unfused", False, "layers")
     assert after.remat == "full" and after.zero == 1         # stated, in both
     assert (before.grad_accumulation, after.grad_accumulation) == ("in-gemm", "fp32-copy")
+    # the production rows are bf16: BF16_Optimizer's all-reduce and bf16 communication
+    assert (before.zero_sync, before.grad_reduce_dtype) == ("reduce-scatter", "fp32")
+    assert (after.zero_sync, after.grad_reduce_dtype) == ("all-reduce", "bf16")
+    fp16 = more["1-L389"]                                  # 02-17, fp16
+    run = TrainingRun(**variant_fields(fp16, applicable(fp16)))
+    assert (run.grad_accumulation, run.zero_sync, run.grad_reduce_dtype) == (
+        "autograd", "reduce-scatter", "bf16")
     nemo = next(c for c in published if c.family.startswith("published 1a") and not c.reason)
     assert variant_fields(nemo, [])["framework"] == "megatron"
     assert before_fields(nemo)["attention"] == "flash"
@@ -103,7 +110,8 @@ def test_before_and_after_run_fields(published, more):
         "no sequence parallelism before Megatron-LM 2022-05",
         "PyTorch autograd gradient accumulation",
         "FlashAttention v1 where a framework pinned it",
-        "InternEvo's ZeRO-1: gradients all-reduced, parameters broadcast by owner"]
+        "InternEvo's ZeRO-1: gradients all-reduced, parameters broadcast by owner",
+        "gradients reduced in the model's dtype (DeepSpeed, InternEvo)"]
     run = TrainingRun(**variant_fields(more["2#9"], applicable(more["2#9"])))
     assert (run.attention, run.zero_sync, run.hsdp) == ("flash1", "broadcast", 8)  # zero1=8
     assert TrainingRun(**variant_fields(intern, applicable(intern))).hsdp == 0    # zero1=-1

@@ -42,7 +42,12 @@ def predict(
                                        "1/2: the optimizer's shard group)"),
     zero_sync: Optional[str] = typer.Option(None, help="zero 1: reduce-scatter (Megatron, "
                                             "DeepSpeed; default) | broadcast (InternEvo: "
-                                            "gradients all-reduced, owners broadcast)"),
+                                            "gradients all-reduced, owners broadcast) | "
+                                            "all-reduce (DeepSpeed BF16_Optimizer: "
+                                            "gradients all-reduced, parameters gathered)"),
+    grad_reduce_dtype: Optional[str] = typer.Option(
+        None, help="zero 1/2 (megatron): gradients kept and reduced in fp32 (default) | "
+                   "bf16 (Megatron-Core grad_reduce_in_fp32=False, NVIDIA's perf recipes)"),
     micro_batch: Optional[int] = typer.Option(None, help="sequences per micro-batch per "
                                               "data-parallel rank"),
     global_batch: Optional[int] = typer.Option(None, help="sequences per step (default: "
@@ -92,7 +97,7 @@ def predict(
                  devices_per_host=devices_per_host, tp=tp, sp=sp, cp=cp, pp=pp, vp=vp,
                  schedule=schedule, pipeline_split=pipeline_split, ep=ep,
                  dispatcher=dispatcher, zero=zero, hsdp=hsdp, zero_sync=zero_sync,
-                 micro_batch=micro_batch,
+                 grad_reduce_dtype=grad_reduce_dtype, micro_batch=micro_batch,
                  global_batch=global_batch, remat=remat, recompute_layers=recompute_layers,
                  precision=precision,
                  framework=framework, attention=attention,
