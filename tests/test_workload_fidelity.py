@@ -116,8 +116,11 @@ def test_distributed_optimizer_reduce_scatters_and_gathers_each_bucket():
     assert len(scattered) == len(gathered) == len(before) > 0
     for ar, rs, ag in zip(before, scattered, gathered):
         grad = {"f32": 4, "bf16": 2}[ar.collective.dtype]
-        assert rs.collective.bytes_in == ar.collective.bytes_in
-        assert rs.collective.bytes_out == ar.collective.bytes_in // 4   # 1/DP each
+        # Megatron's fp32 main gradients: every bucket reduced in f32, whatever dtype the
+        # extracted step's all-reduce had (bf16 for the matrices XLA reduced before the cast)
+        main = ar.collective.bytes_in * 4 // grad
+        assert (rs.collective.dtype, rs.collective.bytes_in) == ("f32", main)
+        assert rs.collective.bytes_out == main // 4                     # 1/DP each
         assert ag.collective.bytes_out == ar.collective.bytes_in * 2 // grad   # bf16 params
     # every parameter all-gather feeds a forward node, and the step gets no slower
     users = zero1.users
@@ -163,10 +166,11 @@ def test_shard_groups_and_internevo_broadcast_sync():
     assert len(rs) == len(across) == len(gathers) == len(before) > 0
     comm = grouped.communicators
     for ar, r, a in zip(before, rs, across):
+        main = ar.collective.bytes_in * 4 // {"f32": 4, "bf16": 2}[ar.collective.dtype]
         assert comm[r.collective.communicator].size == 2 and r.collective.bytes_out == \
-            ar.collective.bytes_in // 2
+            main // 2
         assert comm[a.collective.communicator].size == 4 and a.inputs == [r.id]
-        assert a.collective.bytes_in == ar.collective.bytes_in // 2
+        assert a.collective.bytes_in == main // 2
         # the two groups partition the ranks: {0,1},{2,3}.. inside, {0,2,4,6},{1,3,5,7} across
         assert sorted(comm[r.collective.communicator].group_of(3)) == [2, 3]
         assert sorted(comm[a.collective.communicator].group_of(3)) == [1, 3, 5, 7]
