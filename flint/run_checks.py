@@ -1,6 +1,6 @@
 """Why a TrainingRun cannot run: one line naming the field and the reason.
 
-The schema (flint.run.RunSchema) checks each field alone; these check fields against each
+The schema (flint.run_schema.RunSchema) checks each field alone; these check fields against each
 other, against the model's shape and against the hardware spec, in the order a user would
 fix them (cluster split first, then batch, then model fit)."""
 from __future__ import annotations

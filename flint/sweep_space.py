@@ -24,7 +24,8 @@ import random
 from dataclasses import dataclass, fields
 
 from flint.errors import FlintError
-from flint.run import RunSchema, TrainingRun
+from flint.run import TrainingRun
+from flint.run_schema import RunSchema
 from flint.schema import did_you_mean, validated
 
 RUN_FIELDS = tuple(f.name for f in fields(TrainingRun))

@@ -62,8 +62,8 @@ Two other layouts of the same sharded optimizer (options `group` and `sync`):
 
 Contract: input a loop-free graph; every all-reduce of a gradient once per step (task R
 of `pipeline_stages.task_of`) over data-parallel axes only becomes a reduce-scatter of
-the same input bytes (in `grad_dtype`); one all-gather per such bucket is added before all other nodes
-(ids shift by their count) and feeds the first forward node of the bucket's layer;
+the same gradients (in `grad_dtype`); one all-gather per such bucket is added before all
+other nodes (ids shift by their count) and feeds the first forward node of the bucket's layer;
 optimizer nodes of that layer that stand for a template block (layer templates) have
 their scale divided by the group size; the optimizer-state arguments shrink as above (meta["arguments"]).
 Other nodes are unchanged. Raises FlintError on a graph with loops.
@@ -103,9 +103,9 @@ class DistributedOptimizer:
         if self.sync not in SYNCS:
             raise FlintError(f"distributed-optimizer: sync {self.sync!r} is not "
                              f"{' or '.join(SYNCS)}")
-        for name in ("grad_dtype", "buffer_dtype"):
-            value = getattr(self, name)
-            if value not in GRAD_DTYPES and (name == "grad_dtype" or value):
+        for name, value in (("grad_dtype", self.grad_dtype),
+                            ("buffer_dtype", self.buffer_dtype or self.grad_dtype)):
+            if value not in GRAD_DTYPES:
                 raise FlintError(f"distributed-optimizer: {name} {value!r} is not "
                                  f"{' or '.join(GRAD_DTYPES)}")
         if self.group < 0:

@@ -20,6 +20,7 @@ tensor rates: A100 datasheet 312 TFLOP/s dense each, H100 SXM 989).
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field, fields
 
@@ -140,7 +141,8 @@ MECHANISMS = (
     Mechanism("PyTorch autograd gradient accumulation",
               (("grad_accumulation", "autograd"),),
               ("megatron-deepspeed-2021", "megatron-deepspeed-2022", "internevo"),
-              "DeepSpeed's fp16 pipeline engine (2021; BLOOM's fp16 rows, 2022) and InternEvo's HybridZeroOptimizer "
+              "DeepSpeed's fp16 pipeline engine (2021; BLOOM's fp16 rows, 2022) and "
+              "InternEvo's HybridZeroOptimizer "
               "(hooks on the AccumulateGrad nodes, reduction skipped until the last "
               "micro-batch) leave the sum of the micro-batches' gradients to PyTorch's "
               "AccumulateGrad, an in-place add into .grad in the gradient's dtype; neither "
@@ -226,13 +228,14 @@ def before_fields(case) -> dict:
 def applicable(case) -> list:
     built = variant_fields(case, [])
     return [m for m in MECHANISMS if available(m) and case.era in m.eras and all(
-        built.get(name, _default(name)) in values for name, values in m.only)]
+        built.get(name, _run_defaults().get(name)) in values for name, values in m.only)]
 
 
-def _default(name: str):
+@functools.cache
+def _run_defaults() -> dict:
     from flint.run import TrainingRun
 
-    return {f.name: f.default for f in fields(TrainingRun)}.get(name)
+    return {f.name: f.default for f in fields(TrainingRun)}
 
 
 def variant_fields(case, mechanisms) -> dict:

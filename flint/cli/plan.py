@@ -165,7 +165,7 @@ def plan(
                                  f"tokens are not whole sequences of {seq_len}")
             gbs = tokens // seq_len
         from flint.models import REMAT_POLICIES
-        from flint.run import PRECISIONS
+        from flint.run_schema import PRECISIONS
 
         request = PlanRequest(
             model=model, devices=parse_devices(devices), seq_len=seq_len, global_batch=gbs,
