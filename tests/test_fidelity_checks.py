@@ -72,9 +72,24 @@ def test_attention_and_gemm_tables_against_published_figures():
     fa3 = [abs(r["error"]) for r in rows if r["kernel"] == "flash3"
            and r["source"].startswith("FA3 paper")]
     assert sorted(fa3)[len(fa3) // 2] < 0.10
-    mamf = [r for r in kernels.MAMF]
-    assert len(mamf) == 2
+    gemms = {(r["hardware"], r["shape"]): r for r in kernels.gemm_rows()
+             if r["source"].startswith("MAMF")}
+    assert len(gemms) == len(kernels.MAMF) == 7
+    # every GPU's step GEMMs below its measured best shape by the same rule (0.919), give or
+    # take the tile model's fit to the shape: never faster, never 15% slower
+    for (hardware, _), row in gemms.items():
+        assert 0.04 < row["error"] < 0.15, (hardware, row["error"])
 
+
+def test_gemm_fractions_follow_one_rule_from_measured_mamf():
+    """Every NVIDIA spec's gemm_fraction is RULE x the fraction at which Flint's tile model
+    reproduces that GPU's measured MAMF rows: one rule, not a figure per GPU read off a
+    training row."""
+    rows = {r["hardware"]: r for r in _script("compare_kernels").mamf_rule_rows()}
+    assert set(rows) == {"a100-80gb-sxm", "h100-sxm", "b200", "b300", "gb200-nvl72"}
+    assert rows["a100-80gb-sxm"]["mamf_rows"] == rows["h100-sxm"]["mamf_rows"] == 2
+    for name, row in rows.items():
+        assert abs(row["ratio"] - 0.919) < 0.01, (name, row["ratio"])
 
 def test_memory_verdict_picks_the_better_founded_figure():
     from flint.hardware_models.memory import estimate_memory
