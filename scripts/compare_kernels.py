@@ -27,7 +27,8 @@ HTA = TRACES / "hta_resnet50_ddp_2xA100_nccl_data.json.gz"
 # Maximum Achievable Matmul FLOPS (torch.mm, bf16, cuBLAS; the best shape of a sweep):
 # stas00/ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS
 # comparison table": the CUDA 12.1 revision (A100 SXM, H100 SXM) and a later one (torch
-# 2.6-2.10: A100, H100, B200, B300, GB200). The best of a search over thousands of shapes: a
+# 2.5-2.10: A100, H100, B200, B300, GB200, and MI300X on ROCm 6.2 and 6.3). The best of a
+# search over thousands of shapes: a
 # training step's GEMMs run below it. Every spec's gemm_fraction is 0.919 of the fraction that
 # reproduces its MAMF row (B200's measured 8192^3 against its MAMF row), so these rows read
 # about +9% by construction; the check is that one rule holds for every GPU.
@@ -35,7 +36,8 @@ RULE = 0.919     # B200: 0.72 of its dense peak in a step against the 0.784 of i
 MAMF = (("a100-80gb-sxm", 6912, 16384, 2048, 267.9), ("h100-sxm", 6144, 17920, 2816, 792.1),
         ("a100-80gb-sxm", 1024, 10240, 5120, 271.2), ("h100-sxm", 2048, 2048, 13312, 794.5),
         ("b200", 1792, 16128, 3072, 1745.0), ("b300", 12288, 18432, 1024, 1769.0),
-        ("gb200-nvl72", 4096, 9728, 2048, 1822.0))
+        ("gb200-nvl72", 4096, 9728, 2048, 1822.0), ("mi300x", 4096, 10240, 4864, 781.9),
+        ("mi300x", 10240, 15360, 8192, 668.4))
 
 # FlashAttention-3 paper (Shah et al., arXiv 2407.08608), Fig. 5: attention forward speed,
 # BF16, H100 80GB SXM5, batch x seqlen = 16k, heads x head dim = 2048; TFLOP/s per bar at
