@@ -33,6 +33,11 @@ HTA = TRACES / "hta_resnet50_ddp_2xA100_nccl_data.json.gz"
 # reproduces its MAMF row (B200's measured 8192^3 against its MAMF row), so these rows read
 # about +9% by construction; the check is that one rule holds for every GPU.
 RULE = 0.919     # B200: 0.72 of its dense peak in a step against the 0.784 of its MAMF row
+# The same table's FP8 (float8_e4m3fn) rows: a check of the rule, which is set from the bf16
+# rows alone and applies one gemm_fraction to every tensor dtype.
+MAMF_FP8 = (("h100-sxm", 1024, 9216, 14336, 1402.6), ("h200", 1280, 4096, 12032, 1453.4),
+            ("b200", 15360, 4096, 3072, 3432.5), ("b300", 3072, 6144, 7168, 3353.3),
+            ("gb200-nvl72", 19456, 5120, 1536, 3615.6))
 MAMF = (("a100-80gb-sxm", 6912, 16384, 2048, 267.9), ("h100-sxm", 6144, 17920, 2816, 792.1),
         ("a100-80gb-sxm", 1024, 10240, 5120, 271.2), ("h100-sxm", 2048, 2048, 13312, 794.5),
         ("b200", 1792, 16128, 3072, 1745.0), ("b300", 12288, 18432, 1024, 1769.0),
@@ -83,16 +88,19 @@ def gemm_rows() -> list[dict]:
     from flint.hardware_models.spec import load_spec
 
     rows = []
-    for hardware, m, n, k, tflops in MAMF:
-        model = RooflineCompute(load_spec(hardware))
-        node = Node(0, "mm", NodeKind.COMPUTE, "dot", "gemm", flops=2.0 * m * n * k,
-                    operands=[f"bf16[{m},{k}]", f"bf16[{k},{n}]"], outputs=[f"bf16[{m},{n}]"],
-                    bytes_read=2.0 * (m * k + k * n), bytes_written=2.0 * m * n)
-        t = model.time(node)
-        measured = 2.0 * m * n * k / (tflops * 1e12)
-        rows.append({"source": "MAMF (ml-engineering)", "hardware": hardware,
-                     "shape": f"{m}x{n}x{k} bf16", "measured_TFLOPs": tflops,
-                     "predicted_TFLOPs": 2.0 * m * n * k / t / 1e12, "error": t / measured - 1})
+    for table, dtype, width in ((MAMF, "bf16", 2), (MAMF_FP8, "f8e4m3fn", 1)):
+        for hardware, m, n, k, tflops in table:
+            model = RooflineCompute(load_spec(hardware))
+            node = Node(0, "mm", NodeKind.COMPUTE, "dot", "gemm", flops=2.0 * m * n * k,
+                        operands=[f"{dtype}[{m},{k}]", f"{dtype}[{k},{n}]"],
+                        outputs=[f"bf16[{m},{n}]"], bytes_read=width * (m * k + k * n),
+                        bytes_written=2.0 * m * n)
+            t = model.time(node)
+            measured = 2.0 * m * n * k / (tflops * 1e12)
+            rows.append({"source": "MAMF (ml-engineering)", "hardware": hardware,
+                         "shape": f"{m}x{n}x{k} {'bf16' if width == 2 else 'fp8'}",
+                         "measured_TFLOPs": tflops, "predicted_TFLOPs": 2.0 * m * n * k / t / 1e12,
+                         "error": t / measured - 1})
     for g in _tracelens()["gemm_groups"]:
         rows.append({"source": "TraceLens trace (cuBLAS)", "hardware": "h100-sxm",
                      "shape": f"{g['shape']} x{g['count']}",
