@@ -28,21 +28,20 @@ HTA = TRACES / "hta_resnet50_ddp_2xA100_nccl_data.json.gz"
 # stas00/ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS
 # comparison table": the CUDA 12.1 revision (A100 SXM, H100 SXM) and a later one (torch
 # 2.5-2.10: A100, H100, B200, B300, GB200, and MI300X on ROCm 6.2 and 6.3). The best of a
-# search over thousands of shapes: a
-# training step's GEMMs run below it. Every spec's gemm_fraction is 0.919 of the fraction that
-# reproduces its MAMF row (B200's measured 8192^3 against its MAMF row), so these rows read
+# search over thousands of shapes: a training step's GEMMs run below it. Every spec's
+# gemm_fraction is RULE x the fraction that reproduces its MAMF rows, so these rows read
 # about +9% by construction; the check is that one rule holds for every GPU.
 RULE = 0.919     # B200: 0.72 of its dense peak in a step against the 0.784 of its MAMF row
-# The same table's FP8 (float8_e4m3fn) rows: a check of the rule, which is set from the bf16
-# rows alone and applies one gemm_fraction to every tensor dtype.
-MAMF_FP8 = (("h100-sxm", 1024, 9216, 14336, 1402.6), ("h200", 1280, 4096, 12032, 1453.4),
-            ("b200", 15360, 4096, 3072, 3432.5), ("b300", 3072, 6144, 7168, 3353.3),
-            ("gb200-nvl72", 19456, 5120, 1536, 3615.6))
 MAMF = (("a100-80gb-sxm", 6912, 16384, 2048, 267.9), ("h100-sxm", 6144, 17920, 2816, 792.1),
         ("a100-80gb-sxm", 1024, 10240, 5120, 271.2), ("h100-sxm", 2048, 2048, 13312, 794.5),
         ("b200", 1792, 16128, 3072, 1745.0), ("b300", 12288, 18432, 1024, 1769.0),
         ("gb200-nvl72", 4096, 9728, 2048, 1822.0), ("mi300x", 4096, 10240, 4864, 781.9),
         ("mi300x", 10240, 15360, 8192, 668.4))
+# The same table's FP8 (float8_e4m3fn) rows: a check of the rule, which is set from the bf16
+# rows alone and applies one gemm_fraction to every tensor dtype.
+MAMF_FP8 = (("h100-sxm", 1024, 9216, 14336, 1402.6), ("h200", 1280, 4096, 12032, 1453.4),
+            ("b200", 15360, 4096, 3072, 3432.5), ("b300", 3072, 6144, 7168, 3353.3),
+            ("gb200-nvl72", 19456, 5120, 1536, 3615.6))
 
 # FlashAttention-3 paper (Shah et al., arXiv 2407.08608), Fig. 5: attention forward speed,
 # BF16, H100 80GB SXM5, batch x seqlen = 16k, heads x head dim = 2048; TFLOP/s per bar at
@@ -88,7 +87,8 @@ def gemm_rows() -> list[dict]:
     from flint.hardware_models.spec import load_spec
 
     rows = []
-    for table, dtype, width in ((MAMF, "bf16", 2), (MAMF_FP8, "f8e4m3fn", 1)):
+    for table, label, dtype, width in ((MAMF, "bf16", "bf16", 2),
+                                       (MAMF_FP8, "fp8", "f8e4m3fn", 1)):
         for hardware, m, n, k, tflops in table:
             model = RooflineCompute(load_spec(hardware))
             node = Node(0, "mm", NodeKind.COMPUTE, "dot", "gemm", flops=2.0 * m * n * k,
@@ -98,7 +98,7 @@ def gemm_rows() -> list[dict]:
             t = model.time(node)
             measured = 2.0 * m * n * k / (tflops * 1e12)
             rows.append({"source": "MAMF (ml-engineering)", "hardware": hardware,
-                         "shape": f"{m}x{n}x{k} {'bf16' if width == 2 else 'fp8'}",
+                         "shape": f"{m}x{n}x{k} {label}",
                          "measured_TFLOPs": tflops, "predicted_TFLOPs": 2.0 * m * n * k / t / 1e12,
                          "error": t / measured - 1})
     for g in _tracelens()["gemm_groups"]:

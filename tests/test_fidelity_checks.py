@@ -102,6 +102,7 @@ def test_gemm_fractions_follow_one_rule_from_measured_mamf():
     for name, row in rows.items():
         assert abs(row["ratio"] - 0.919) < 0.01, (name, row["ratio"])
 
+
 def test_memory_verdict_picks_the_better_founded_figure():
     from flint.hardware_models.memory import estimate_memory
 
