@@ -272,7 +272,7 @@ def layered_graph(run: TrainingRun, cache) -> tuple:
     key = (program_key(program), run.mesh(), run.hsdp, run.devices_per_host, run.routing,
            run.dispatcher, run.framework, run.attention, run.zero, run.zero_sync,
            run.grad_reduce_dtype, run.overlap_grad_reduce,
-           run.tp_comm_overlap, run.grad_accumulation,
+           run.tp_comm_overlap, run.grad_accumulation, gathers_held_for_step(run),
            # the accumulation's first micro-batch differs, and a tied embedding's copy
            # is its own only on another stage than the embedding's
            (run.microbatches, run.pp > 1) if run.grad_accumulation != "in-gemm" else None)
@@ -290,6 +290,14 @@ def layered_graph(run: TrainingRun, cache) -> tuple:
     while len(_LAYERED) > _KEPT:
         _LAYERED.pop(next(iter(_LAYERED)))
     return layered, extracted
+
+
+def gathers_held_for_step(run: TrainingRun) -> bool:
+    """FSDP under a pipeline schedule gathers each layer's parameters once per step and
+    holds them through its micro-batches (passes.layer_gathers: torch.distributed.pipelining
+    with FSDP2, torchtitan, Llama 3); XLA's pipelined programs (MaxText's default,
+    pipeline_fsdp_ag_once=False) and runs without a pipeline gather in every micro-batch."""
+    return run.zero == 3 and run.pp > 1 and run.framework == "megatron"
 
 
 def _passes(run: TrainingRun, template):
@@ -316,7 +324,8 @@ def _passes(run: TrainingRun, template):
     if graph.meta.get("layer_template") is None and cfg.n_layers > 1:
         graph = LayerTemplate(cfg.n_layers, boundary=boundary_shape(run, cfg),
                               overlap_reduction=run.overlap_grad_reduce,
-                              defer_reduced_work=run.framework != "xla").run(graph)
+                              defer_reduced_work=run.framework != "xla",
+                              gather_once=gathers_held_for_step(run)).run(graph)
         if run.framework == "megatron":
             _megatron_activations(graph, cfg, run)
     if run.zero in (1, 2):

@@ -74,6 +74,10 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
         f"{run.recompute_layers} of {run.layers_per_chunk:g} "
         f"layers per chunk recomputed: priced {run.recompute_share:.0%} of the way from "
         f"no recompute to remat full (layers alike, their work and activations add up)")}
+    if any(n.meta.get("held") == "step" for n in graph.nodes):
+        out["parameter_gathers"] = (
+            "once per step, each layer's before its first micro-batch and held until the "
+            "last backward (FSDP under a pipeline: torch.distributed.pipelining, torchtitan)")
     return {**out, "seq_len": run.seq_len, "global_batch_sequences": run.global_batch,
             "micro_batch": run.micro_batch, "microbatches": run.microbatches,
             "tokens_per_step": run.tokens_per_step, "gemm_dtypes": dict(sorted(dtypes.items())),

@@ -87,6 +87,8 @@ def render_prediction(p: dict, console: Console) -> None:
                                                              facts["grad_accumulation"]))
     if facts.get("grad_sync") and facts.get("microbatches", 1) > 1:
         t.add_row("gradient reduction", _SYNC.get(facts["grad_sync"], facts["grad_sync"]))
+    if facts.get("parameter_gathers"):
+        t.add_row("parameter gathers", facts["parameter_gathers"])
     if facts.get("block_recompute"):
         t.add_row("block recompute", facts["block_recompute"])
     console.print(t)

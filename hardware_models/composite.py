@@ -107,8 +107,9 @@ def price_blocks(template: WorkloadGraph, node_time: Callable[[Node], float],
     blocks = [n.meta.get("block", "") for n in template.nodes]
     durations = [node_time(n) for n in template.nodes]
     # the gradient reduction's collectives run in the layered graph's own nodes; its
-    # compute (casts, scaling of the reduced gradients) is priced as "R:<layer>" blocks
-    quiet = [0.0 if b.startswith("R") else d for b, d in zip(blocks, durations)]
+    # compute (casts, scaling of the reduced gradients) is priced as "R:<layer>" blocks;
+    # so do parameter gathers held for the step ("G", passes.layer_gathers)
+    quiet = [0.0 if b.startswith("R") or b == "G" else d for b, d in zip(blocks, durations)]
     tl = simulate(template, quiet, slowdown)
     seconds: dict[str, float] = defaultdict(float)
     by_class: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))

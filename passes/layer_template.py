@@ -36,6 +36,7 @@ from flint.hardware_models.composite import interior
 from flint.hlo.shapes import shapes_bytes
 from flint.passes.expand_loops import ExpandLoops
 from flint.passes.layer_buckets import GradientBuckets
+from flint.passes.layer_gathers import emit_gathers, gather_owners, parameter_gathers
 from flint.passes.pipeline_stages import arguments_by_layer, layer_index, task_of
 
 FIRST, LAST = "embed", "head"
@@ -68,11 +69,20 @@ class LayerTemplate:
     # the end of the backward. False (XLA): where the program's schedule put it, on the
     # in-order compute stream, waiting there for the reduction
     defer_reduced_work: bool = False
+    # True: FSDP's parameter all-gathers run once per step, each layer's before its first
+    # forward and held until the last backward, as FSDP under a pipeline schedule runs
+    # (passes.layer_gathers); False: where the program put them, in every micro-batch
+    gather_once: bool = False
     name: ClassVar[str] = "layer-template"
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
         flat = ExpandLoops().run(graph)
         tasks = task_of(flat)
+        gathers = parameter_gathers(flat, tasks) if self.gather_once else []
+        blocks = _blocks(flat, tasks)
+        held = gather_owners(flat, gathers, blocks)
+        for i in gathers:           # no block waits on them: the layered graph holds them
+            tasks[i] = "pre"
         blocks = _blocks(flat, tasks)
         indices = sorted({k[1] for k in blocks if k and isinstance(k[1], int)})
         if len(indices) < 2:
@@ -83,7 +93,7 @@ class LayerTemplate:
         if self.boundary:
             shapes_bytes([self.boundary])       # a bad shape fails here
         layers = self.layers or indices[-1] + 1
-        template = _tagged(flat, tasks, blocks, indices)
+        template = _tagged(flat, tasks, blocks, indices, set(gathers))
         # Model flops grow with the layers; the embedding's and head's do not.
         work: dict = {}
         for n, key in zip(flat.nodes, blocks):
@@ -100,7 +110,7 @@ class LayerTemplate:
         memory = _block_memory(flat, tasks, blocks, indices)
         out = _Writer(flat, tasks, blocks, layers, indices, template, work, memory,
                       self.boundary, self.bucket_bytes, self.overlap_reduction,
-                      self.defer_reduced_work).write(layer_share, rest / template_params)
+                      self.defer_reduced_work, held).write(layer_share, rest / template_params)
         if "model_flops_per_device" in out.meta:
             out.meta["model_flops_per_device"] *= flops_ratio
         out.check()
@@ -131,16 +141,18 @@ def _block_name(task: str, key) -> str:
     return f"{key[0]}:{key[1]}" if key is not None else task
 
 
-def _tagged(flat: WorkloadGraph, tasks, blocks, indices) -> WorkloadGraph:
+def _tagged(flat: WorkloadGraph, tasks, blocks, indices, gathers=frozenset()) -> WorkloadGraph:
     """A copy of the template whose nodes name their block (meta "block"): F/B blocks,
-    "pre", "post", and "R:<layer>" / "R:rest" for the gradient reduction of a layer's
-    gradients or of the rest's."""
+    "pre", "post", "R:<layer>" / "R:rest" for the gradient reduction of a layer's
+    gradients or of the rest's, and "G" for parameter gathers held for the step."""
     from dataclasses import replace
 
     owners = _gradient_owners(flat, tasks, blocks)
     names = []
     for n, t, b in zip(flat.nodes, tasks, blocks):
-        if t == "R":
+        if n.id in gathers:
+            names.append("G")
+        elif t == "R":
             names.append(f"R:{next(iter(owners[n.id]))}" if len(owners[n.id]) == 1
                          else "R:rest")
         else:
@@ -224,13 +236,14 @@ def _block_memory(flat: WorkloadGraph, tasks, blocks, indices) -> dict:
 class _Writer:
     def __init__(self, flat, tasks, blocks, layers: int, indices, template, work, memory,
                  boundary: str, bucket_bytes: int, overlap: bool = True,
-                 defer_reduced_work: bool = False):
+                 defer_reduced_work: bool = False, held: dict | None = None):
         self.g, self.tasks, self.blocks, self.layers = flat, tasks, blocks, layers
         self.a, self.b = indices[0], indices[1]
         self.indices = indices
         self.template, self.work, self.memory = template, work, memory
         self.boundary, self.bucket_bytes, self.overlap = boundary, bucket_bytes, overlap
         self.defer_reduced_work = defer_reduced_work
+        self.held = held or {}          # owner -> the template's gathers held for the step
         self.owned_reductions = _reductions_by_layer(flat, tasks, blocks)
         # R blocks with compute of their own (the template's blocks carry their names)
         self.r_blocks = {n.meta["block"] for n in template.nodes
@@ -245,6 +258,15 @@ class _Writer:
         if j == self.layers - 1:
             return self.indices[-1]
         return LAYER
+
+    def gather_owner(self, j: int):
+        owner = self.owner(j)
+        return interior(self.indices)[0] if owner == LAYER else owner
+
+    def gathers(self, owner, label: str) -> list[int]:
+        """The held parameter gathers of template block `owner`, as nodes of the layered
+        graph labelled `label` (none unless gather_once)."""
+        return emit_gathers(self.nodes, self.held.get(owner, []), label)
 
     def layer_block(self, phase: str, j: int) -> str:
         return f"{phase}:{self.owner(j)}"
@@ -300,24 +322,30 @@ class _Writer:
         names = [f"layer_{j}" for j in range(L)]
         pre = [self.add(f"pre.{n}", None, n, "pre", layer_share, []) for n in names]
         pre_rest = self.add("pre.rest", None, "", "pre", rest_share, [])
-        f_embed = self.add("fwd.embed", "forward", FIRST, f"F:{FIRST}", 1.0, [pre_rest], act)
+        # held gathers come before the first forward: once-per-step work (pre)
+        rest = self.gathers(None, "rest")
+        g_embed, g_head = rest + self.gathers(FIRST, FIRST), self.gathers(LAST, LAST)
+        g_layer = [self.gathers(self.gather_owner(j), n) for j, n in enumerate(names)]
+        f_embed = self.add("fwd.embed", "forward", FIRST, f"F:{FIRST}", 1.0,
+                           [pre_rest] + g_embed, act)
         fwd, prev = [], f_embed
         for j, n in enumerate(names):
             prev = self.add(f"fwd.{n}", "forward", n, self.layer_block("F", j), 1.0,
-                            [prev, pre[j]], act)
+                            [prev, pre[j]] + g_layer[j], act)
             fwd.append(prev)
-        f_head = self.add("fwd.head", "forward", LAST, f"F:{LAST}", 1.0, [prev, pre_rest],
-                          ["f32[]"])
-        g = self.add("bwd.head", "backward", LAST, f"B:{LAST}", 1.0, [f_head], grad)
+        f_head = self.add("fwd.head", "forward", LAST, f"F:{LAST}", 1.0,
+                          [prev, pre_rest] + g_head, ["f32[]"])
+        g = self.add("bwd.head", "backward", LAST, f"B:{LAST}", 1.0, [f_head] + g_head, grad)
         buckets = GradientBuckets(self, self.bucket_bytes)
         buckets.add("rest", LAST, g, LAST)
         for j in reversed(range(L)):
             g = self.add(f"bwd.{names[j]}", "backward", names[j], self.layer_block("B", j),
-                         1.0, [g, fwd[j]], grad)
+                         1.0, [g, fwd[j]] + g_layer[j], grad)
             buckets.issue()
             owner = self.owner(j)
             buckets.add(j, interior(self.indices)[0] if owner == LAYER else owner, g, names[j])
-        b_embed = self.add("bwd.embed", "backward", FIRST, f"B:{FIRST}", 1.0, [g, f_embed])
+        b_embed = self.add("bwd.embed", "backward", FIRST, f"B:{FIRST}", 1.0,
+                           [g, f_embed] + g_embed)
         if not self.overlap:        # every bucket waits for the end of the backward
             buckets.after = [b_embed]
         buckets.issue()

@@ -72,7 +72,7 @@ class PipelineParallel:
             model = cost_model_for(flat, self.hardware or None, self.what_if_list(),
                                    self.cost_model)
             durations = price_nodes(flat, model)
-        chunk = assign_chunks(flat, tasks, chunks, self.split, durations)
+        chunk = assign_chunks(flat, tasks, chunks, self.split, durations, self.stages)
         per_mb = sum(t in "FB" for t in tasks)
         if per_mb * self.microbatches + len(flat.nodes) > self.max_nodes:
             raise FlintError(f"{self.microbatches} microbatches of {per_mb} nodes exceed "

@@ -21,6 +21,7 @@ import re
 from flint.errors import FlintError
 from flint.graph import WorkloadGraph
 from flint.hlo.shapes import shapes_bytes
+from flint.passes.pipeline_balance import interleaved_cuts
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 # Mesh axes over which gradients are reduced: flint.models.train's batch, FSDP, context
@@ -159,18 +160,21 @@ def _reduces_over_data(graph: WorkloadGraph, node) -> bool:
 
 
 def assign_chunks(graph: WorkloadGraph, tasks: list[str], chunks: int, split: str,
-                  durations: list[float] | None = None) -> list[int]:
+                  durations: list[float] | None = None, stages: int = 0) -> list[int]:
     """Chunk index per node. F data flows to equal or later chunks, B data to equal or
     earlier ones (so no schedule deadlocks); pre/post nodes follow their consumers and
-    producers."""
+    producers. `stages` (default: `chunks`): the devices the chunks take turns on; with
+    fewer devices than chunks (interleaved), whole blocks are laid out for the interleaved
+    schedule (passes.pipeline_balance)."""
     if chunks == 1:   # gradient accumulation without stages: nothing to split
         return [0] * len(graph.nodes)
+    stages = stages or chunks
     if split == "layers":
-        chunk = _chunks_by_layer(graph, tasks, chunks)
+        chunk = _chunks_by_layer(graph, tasks, chunks, stages)
     elif split == "time":
         if durations is None:
             raise FlintError("split=time needs node durations (a hardware model)")
-        chunk = _chunks_by_time(graph, tasks, chunks, durations)
+        chunk = _chunks_by_time(graph, tasks, chunks, durations, stages)
     else:
         raise FlintError(f"unknown pipeline split {split!r}; use {' | '.join(SPLITS)}")
     _follow_saved_activations(graph, tasks, chunk, chunks)
@@ -180,7 +184,7 @@ def assign_chunks(graph: WorkloadGraph, tasks: list[str], chunks: int, split: st
     return [c if c is not None else 0 for c in chunk]
 
 
-def _chunks_by_layer(graph, tasks, chunks) -> list[int | None]:
+def _chunks_by_layer(graph, tasks, chunks, stages) -> list[int | None]:
     index = [layer_index(n.meta.get("layer")) for n in graph.nodes]
     known = [i for i, t in zip(index, tasks) if i is not None and t in "FB"]
     if not known:
@@ -190,10 +194,14 @@ def _chunks_by_layer(graph, tasks, chunks) -> list[int | None]:
     if layers < chunks:
         raise FlintError(f"the model has {layers} layers: too few for {chunks} pipeline "
                          f"chunks")
+    of_layer = [li * chunks // layers for li in range(layers)]
+    if chunks > stages:
+        of_layer = _chunk_of_block(
+            interleaved_cuts([1.0] * layers, chunks, stages), layers)
     chunk: list[int | None] = [None] * len(graph.nodes)
     for i, (li, t) in enumerate(zip(index, tasks)):
         if li is not None and t in "FB":
-            chunk[i] = li * chunks // layers
+            chunk[i] = of_layer[li]
     # Layer-less F nodes (embedding, head, loss, glue between layers) join their latest
     # producer's chunk; with no producers (the embedding), the first chunk.
     for n in graph.nodes:
@@ -232,7 +240,17 @@ def _follow_saved_activations(graph, tasks, chunk, chunks) -> None:
             chunk[n.id] = min(grads, default=chunks - 1)
 
 
-def _chunks_by_time(graph, tasks, chunks, durations, tolerance=0.15) -> list[int | None]:
+def _chunk_of_block(cuts: list[int], blocks: int) -> list[int]:
+    out, c = [], 0
+    for k in range(blocks):
+        while c < len(cuts) and k >= cuts[c]:
+            c += 1
+        out.append(c)
+    return out
+
+
+def _chunks_by_time(graph, tasks, chunks, durations, stages,
+                    tolerance=0.15) -> list[int | None]:
     """Cut the F sequence (schedule order) into contiguous pieces of equal predicted time.
     With layer metadata the pieces are runs of whole labelled blocks (layers, the
     embedding, the head), each weighing its forward plus backward time (Megatron-LM's
@@ -265,15 +283,15 @@ def _chunks_by_time(graph, tasks, chunks, durations, tolerance=0.15) -> list[int
             time.append(time[-1] + durations[i])
         boundaries = list(range(1, len(ids)))
         cost = _crossing_bytes(graph, ids)
-    share = time[-1] / chunks
-    cuts, lo = [], 0
-    for k in range(1, chunks):
-        target = k * share
-        options = [j for j in boundaries if j > lo] or [len(ids)]
-        near = [j for j in options if abs(time[j] - target) <= tolerance * share]
-        best = min(near or options, key=lambda j: (cost[j], abs(time[j] - target), j))
-        cuts.append(best)
-        lo = best
+    if any(labels) and chunks > stages:     # interleaved: balance each device's blocks
+        starts = [0] + boundaries
+        weights = [time[b] - time[a] for a, b in zip(starts, boundaries + [len(ids)])]
+        if len(weights) < chunks:
+            raise FlintError(f"the model has {len(weights)} blocks: too few for {chunks} "
+                             f"pipeline chunks")
+        cuts = [starts[k] for k in interleaved_cuts(weights, chunks, stages)]
+    else:
+        cuts = _equal_time_cuts(time, boundaries, cost, chunks, len(ids), tolerance)
     chunk: list[int | None] = [None] * len(tasks)
     c = 0
     for pos, i in enumerate(ids):
@@ -288,6 +306,19 @@ def _chunks_by_time(graph, tasks, chunks, durations, tolerance=0.15) -> list[int
         if tasks[n.id] == "B" and n.meta.get("layer") in by_label:
             chunk[n.id] = by_label[n.meta["layer"]]
     return chunk
+
+
+def _equal_time_cuts(time, boundaries, cost, chunks, end, tolerance) -> list[int]:
+    share = time[-1] / chunks
+    cuts, lo = [], 0
+    for k in range(1, chunks):
+        target = k * share
+        options = [j for j in boundaries if j > lo] or [end]
+        near = [j for j in options if abs(time[j] - target) <= tolerance * share]
+        best = min(near or options, key=lambda j: (cost[j], abs(time[j] - target), j))
+        cuts.append(best)
+        lo = best
+    return cuts
 
 
 def _crossing_bytes(graph, ids) -> list[float]:

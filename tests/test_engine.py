@@ -331,6 +331,46 @@ def test_fsdp2_reshard_after_forward_gathers_once():
         TrainingRun(model=LLAMA6, devices=8, zero=3, reshard_after_forward=False)
 
 
+def test_fsdp_under_a_pipeline_gathers_parameters_once_per_step(monkeypatch):
+    """ZeRO-3 with pipeline stages (framework megatron) gathers each layer's parameters once
+    per step and holds them through the micro-batches, as torch.distributed.pipelining with
+    FSDP2 and torchtitan do: the gathers cost the same at 2 and 8 micro-batches, the step
+    is faster than gathering in every micro-batch, and the held parameters cost memory."""
+    from flint import engine
+
+    def run(gbs):
+        return TrainingRun(model=LLAMA6, devices=16, pp=2, zero=3, global_batch=gbs)
+
+    held = {g: engine.predict(run(g)) for g in (16, 64)}
+    assert held[16].collectives_s["all-gather"] > 0
+    assert held[64].collectives_s["all-gather"] == pytest.approx(
+        held[16].collectives_s["all-gather"], rel=1e-9)
+    assert "once per step" in held[64].facts["parameter_gathers"]
+    assert "parameter gathers" in _report(held[64])
+    monkeypatch.setattr(engine, "gathers_held_for_step", lambda r: False)
+    engine._LAYERED.clear()
+    engine._PIPELINED.clear()
+    every = engine.predict(run(64))
+    assert "all-gather" not in every.collectives_s         # inside each micro-batch's blocks
+    assert "parameter_gathers" not in every.facts
+    assert every.step_time_s > held[64].step_time_s
+    assert held[64].memory_bytes > every.memory_bytes
+    engine._LAYERED.clear()
+    engine._PIPELINED.clear()
+
+
+def test_only_fsdp_under_a_megatron_pipeline_holds_its_gathers():
+    """XLA's pipelined FSDP (MaxText's default, pipeline_fsdp_ag_once=False) and FSDP
+    without stages gather in every micro-batch, as their programs do."""
+    from flint.engine import gathers_held_for_step
+
+    base = dict(model=LLAMA6, devices=16, global_batch=64)
+    assert gathers_held_for_step(TrainingRun(**base, pp=2, zero=3))
+    assert not gathers_held_for_step(TrainingRun(**base, pp=2, zero=3, framework="xla"))
+    assert not gathers_held_for_step(TrainingRun(**base, zero=3))
+    assert not gathers_held_for_step(TrainingRun(**base, pp=2, zero=1))
+
+
 def test_block_recompute_is_priced_between_its_two_ends():
     """remat full over k of a chunk's L layers (Megatron's block method): step and memory
     k/L of the way from no recompute to full recompute, the prediction saying so; k must
