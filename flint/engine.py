@@ -325,7 +325,10 @@ def _passes(run: TrainingRun, template):
         graph = LayerTemplate(cfg.n_layers, boundary=boundary_shape(run, cfg),
                               overlap_reduction=run.overlap_grad_reduce,
                               defer_reduced_work=run.framework != "xla",
-                              gather_once=gathers_held_for_step(run)).run(graph)
+                              gather_once=gathers_held_for_step(run),
+                              # FSDP2 frees a layer's gathered weights after its forward
+                              resharded=run.framework.startswith("torch") and run.zero == 3
+                              and run.reshard_after_forward).run(graph)
         if run.framework == "megatron":
             _megatron_activations(graph, cfg, run)
     if run.zero in (1, 2):

@@ -29,14 +29,21 @@ from flint.graph import Collective, Node, NodeKind, WorkloadGraph
 _INTEGER_PREFIXES = ("s8[", "s16[", "s32[", "s64[", "u8[", "u16[", "u32[", "u64[")
 
 
+def microbatch_reach(graph: WorkloadGraph) -> list[bool]:
+    """Per node, whether micro-batch data reaches it (it enters as integer arrays: token
+    ids, labels); the others compute from parameters alone."""
+    batch = [False] * len(graph.nodes)
+    for n in graph.nodes:
+        batch[n.id] = (any(batch[i] for i in n.inputs) or not n.inputs and any(
+            o.startswith(_INTEGER_PREFIXES) for o in n.operands))
+    return batch
+
+
 def parameter_gathers(graph: WorkloadGraph, tasks: list[str]) -> list[int]:
     """Ids of F/B all-gathers over a data-parallel axis whose input no micro-batch data
     reaches (a parameter shard, or its cast): FSDP's gathers, not a context-parallel
     gather of keys and values."""
-    batch = [False] * len(graph.nodes)
-    for n in graph.nodes:         # micro-batch data enters as integer arrays (token ids)
-        batch[n.id] = (any(batch[i] for i in n.inputs) or not n.inputs and any(
-            o.startswith(_INTEGER_PREFIXES) for o in n.operands))
+    batch = microbatch_reach(graph)
     out = []
     for n in graph.nodes:
         c = n.collective

@@ -36,7 +36,8 @@ from flint.hardware_models.composite import interior
 from flint.hlo.shapes import shapes_bytes
 from flint.passes.expand_loops import ExpandLoops
 from flint.passes.layer_buckets import GradientBuckets
-from flint.passes.layer_gathers import emit_gathers, gather_owners, parameter_gathers
+from flint.passes.layer_gathers import (emit_gathers, gather_owners, microbatch_reach,
+                                        parameter_gathers)
 from flint.passes.pipeline_stages import arguments_by_layer, layer_index, task_of
 
 FIRST, LAST = "embed", "head"
@@ -73,6 +74,10 @@ class LayerTemplate:
     # forward and held until the last backward, as FSDP under a pipeline schedule runs
     # (passes.layer_gathers); False: where the program put them, in every micro-batch
     gather_once: bool = False
+    # True: values a forward computes from parameters alone (FSDP2's gathered weights and
+    # their per-parameter copies) are freed after the forward and made again for the
+    # backward (reshard_after_forward), not kept: they are no activation of the layer's
+    resharded: bool = False
     name: ClassVar[str] = "layer-template"
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
@@ -107,7 +112,8 @@ class LayerTemplate:
         owned, rest = arguments_by_layer(flat)
         template_params = sum(owned.values()) + rest
         layer_share = sum(owned.values()) / max(len(owned), 1) / template_params
-        memory = _block_memory(flat, tasks, blocks, indices)
+        memory = _block_memory(flat, tasks, blocks, indices,
+                               microbatch_reach(flat) if self.resharded else None)
         out = _Writer(flat, tasks, blocks, layers, indices, template, work, memory,
                       self.boundary, self.bucket_bytes, self.overlap_reduction,
                       self.defer_reduced_work, held).write(layer_share, rest / template_params)
@@ -194,7 +200,7 @@ def _reductions_by_layer(flat: WorkloadGraph, tasks, blocks) -> dict:
     return out
 
 
-def _block_memory(flat: WorkloadGraph, tasks, blocks, indices) -> dict:
+def _block_memory(flat: WorkloadGraph, tasks, blocks, indices, batch=None) -> dict:
     """Per block: the bytes its forward keeps for the backward (outputs of the block that a
     backward node reads; for the representative layer, the mean of the template's
     layers) and the workspace it needs while it runs (its peak of live buffers over what
@@ -206,7 +212,8 @@ def _block_memory(flat: WorkloadGraph, tasks, blocks, indices) -> dict:
     sizes = [shapes_bytes(n.outputs) for n in flat.nodes]
     saved: dict = {}
     for n, key in zip(flat.nodes, blocks):
-        if key is not None and key[0] == "F" and any(tasks[u] in "BR" for u in users[n.id]):
+        if key is not None and key[0] == "F" and any(tasks[u] in "BR" for u in users[n.id]) \
+                and (batch is None or batch[n.id]):
             saved[key] = saved.get(key, 0.0) + sizes[n.id]
     live = live_bytes_by_node(flat)
     spans: dict = {}

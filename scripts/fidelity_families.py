@@ -51,7 +51,16 @@ ERAS = {
                                 "parallelism"),
     "internevo": ("InternEvo", "InternEvo 7B: PyTorch, flash-attn, Megatron TP without SP "
                   "('mtp'), hybrid ZeRO-1"),
+    # eras a section's heading names (section_of): tables beyond the shared ones
+    "megatron-lm-2021": ("Megatron-LM 2021", "Narayanan et al. 2021 (arXiv 2104.04473): "
+                         "TP + PP + DP, no sequence parallelism, no flash attention, "
+                         "gradients all-reduced after the backward"),
+    "pytorch": ("PyTorch FSDP/DDP", "PyTorch FSDP/FSDP2 or DDP (torchtitan, FSDP recipes): "
+                "one kernel per aten op, SDPA attention"),
+    "pytorch-compile": ("PyTorch FSDP + torch.compile", "PyTorch FSDP/FSDP2 or DDP under "
+                        "torch.compile: Inductor's fused kernels, SDPA attention"),
 }
+TORCH_ERAS = ("pytorch", "pytorch-compile")
 
 
 DEEPSPEED_2022 = ("megatron-deepspeed-2022", "megatron-deepspeed-2022-bf16")
@@ -78,7 +87,8 @@ class Mechanism:
 
 MECHANISMS = (
     Mechanism("unfused attention before FlashAttention", (("attention", "unfused"),),
-              ("megatron-lm-2022", *DEEPSPEED_2022, "megatron-deepspeed-2021"),
+              ("megatron-lm-2021", "megatron-lm-2022", *DEEPSPEED_2022,
+               "megatron-deepspeed-2021"),
               "FlashAttention (Dao et al., arXiv 2205.14135) appeared 2022-05, after MT-NLG "
               "(2021) and BLOOM's 2022-02 sweep; Megatron-LM/DeepSpeed of that time write "
               "the S x S scores and run the fused scale-mask-softmax kernel on them "
@@ -86,20 +96,24 @@ MECHANISMS = (
               "was not used'",
               "published 4 Korthikanti 2022 x Megatron-LM 2022 x A100"),
     Mechanism("no sequence parallelism before Megatron-LM 2022-05", (("sp", False),),
-              (*DEEPSPEED_2022, "megatron-deepspeed-2021", "internevo"),
+              ("megatron-lm-2021", *DEEPSPEED_2022, "megatron-deepspeed-2021", "internevo"),
               "sequence parallelism is Korthikanti et al. 2022 (arXiv 2205.05198, 2022-05); "
               "InternEvo's tensor mode 'mtp' is 'pure megatron tensor parallel without "
               "sequence parallel' (InternLM/InternEvo configs/7B_sft.py)",
               "more 2 InternEvo train_performance x InternEvo x A100"),
     Mechanism("grad reduce after the pipeline flush (DeepSpeed PipelineEngine)",
               (("overlap_grad_reduce", False),),
-              (*DEEPSPEED_2022, "megatron-deepspeed-2021"),
+              ("megatron-lm-2021", *DEEPSPEED_2022, "megatron-deepspeed-2021"),
               "DeepSpeed deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceTiedGrads, "
               "ReduceGrads and OptimizerStep are issued after the last BackwardPass; the "
-              "engine disables the per-backward all-reduce ('We schedule the all-reduces')",
+              "engine disables the per-backward all-reduce ('We schedule the all-reduces'); "
+              "Megatron-LM 2021's local DDP all-reduces its gradient buffer after the "
+              "backward (megatron/model/distributed.py allreduce_gradients, called from "
+              "train_step; overlap came with --overlap-grad-reduce in 2023)",
               "more 1 BigScience tr11 x Megatron-DeepSpeed 2022 x A100"),
     Mechanism("stages split by layer count", (("pipeline_split", "layers"),),
-              ("megatron-lm-2022", *DEEPSPEED_2022, "megatron-deepspeed-2021"),
+              ("megatron-lm-2021", "megatron-lm-2022", *DEEPSPEED_2022,
+               "megatron-deepspeed-2021"),
               "Megatron-DeepSpeed GPTModelPipe: PipelineModule(partition_method="
               "'type:transformer') (BLOOM later 'type:transformer|embedding', an embedding "
               "counted as a block); Megatron-LM 2022 gives each stage num_layers // pp "
@@ -199,6 +213,21 @@ MECHANISMS = (
               "parameters (tr11 README: it 'implements its own ZeRO Stage 1')",
               "- (from the framework's source, no family's error)", needs="zero_sync",
               only=(("zero", (1,)),)),
+    # what the torch twin prices: bf16 under autocast, SDPA, DDP (zero 0) or FSDP (zero 3)
+    Mechanism("PyTorch's own kernels for PyTorch FSDP/DDP runs", (("framework", "torch-eager"),),
+              ("pytorch",),
+              "a PyTorch FSDP/DDP step runs one kernel per aten op (RMSNorm, SiLU, rotary, "
+              "casts, the optimizer's foreach kernels) around cuBLAS GEMMs and SDPA's flash "
+              "kernel, not Transformer Engine's fused ones: the torch front end's own "
+              "FSDP2/DDP graphs (README, framework torch-eager)",
+              "held-out PyTorch FSDP A100/H100 (issue 27)",
+              only=(("precision", ("bf16",)), ("zero", (0, 3)), ("cp", (1,)))),
+    Mechanism("Inductor's kernels for PyTorch runs under torch.compile",
+              (("framework", "torch-compile"),), ("pytorch-compile",),
+              "torch.compile fuses each pointwise chain into one Triton kernel (Inductor); "
+              "GEMMs and attention stay cuBLAS and SDPA (README, framework torch-compile)",
+              "held-out PyTorch FSDP A100/H100 (issue 27)",
+              only=(("precision", ("bf16",)), ("zero", (0, 3)), ("cp", (1,)))),
 )
 
 
@@ -273,6 +302,26 @@ class Case:
 def family_name(file: str, section: str, source: str, era: str, gpu: str) -> str:
     return f"{'published' if file == 'published' else 'more'} {section} {source} x " \
            f"{ERAS[era][0]} x {gpu}"
+
+
+def section_of(section: str, heading: str) -> tuple[str, str]:
+    """(source in words, era) of a published.md section: as listed below, else what its
+    heading says of its framework (a table beyond the shared ones); a heading that names
+    none is Megatron-Core's, as every NVIDIA table is."""
+    if section in PUBLISHED_SECTIONS:
+        return PUBLISHED_SECTIONS[section]
+    text = heading.lower()
+    source = re.sub(r"^[\w.]+\s*", "", heading.strip("# ")).split("(")[0].strip()[:24].strip()
+    nvidia = re.search(r"megatron|nemo|nvidia", text)
+    if re.search(r"narayanan|2104\.04473|megatron-lm[^|]*\b2021\b", text):
+        return source, "megatron-lm-2021"
+    if re.search(r"korthikanti|2205\.05198", text):
+        return source, "megatron-lm-2022"
+    if not nvidia and re.search(r"maxtext|\btpu\b|\bjax\b|\bxla\b", text):
+        return source, "maxtext"
+    if not nvidia and re.search(r"fsdp|torchtitan|pytorch|\bddp\b", text):
+        return source, "pytorch-compile" if re.search(r"compile", text) else "pytorch"
+    return source, "megatron-core"
 
 
 # published.md: section -> (source in words, era)

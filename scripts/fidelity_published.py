@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fidelity_families import PUBLISHED_SECTIONS, Case, family_name, gpu_of
+from fidelity_families import TORCH_ERAS, Case, family_name, gpu_of, section_of
 from published_rows import TABLE, first_number, rows_of, tables
 
-# the fields a run derives or a family's semantics set (never a row's statement)
-DERIVED = ("sp", "schedule", "tp_comm_overlap", "attention", "overlap_grad_reduce",
-           "pipeline_split", "framework")
+# what compare_published.training_run states for a row; every other field is derived
+# from these or set by the family's semantics (a default such as grad_reduce_dtype fp32 or
+# grad_sync must not pass for the row's statement and override its framework's)
+STATED = ("model", "seq_len", "devices", "hardware", "tp", "cp", "pp", "vp", "zero",
+          "micro_batch", "global_batch", "remat", "precision")
 
 
 def published_cases(path: Path = TABLE) -> list[Case]:
@@ -30,7 +32,7 @@ def published_cases(path: Path = TABLE) -> list[Case]:
         section = heading.split(".")[0].split(" ")[0]
         block = blocks.get(section, 0)
         blocks[section] = block + 1
-        source, era = PUBLISHED_SECTIONS.get(section, (heading[:24], "megatron-core"))
+        source, era = section_of(section, heading)
         for record, row in zip(records, rows_of(heading, records)):
             family = family_name("published", section, source, era,
                                  gpu_of(record, section, block))
@@ -46,7 +48,9 @@ def published_cases(path: Path = TABLE) -> list[Case]:
                 except FlintError as err:
                     case.reason = str(err)
                 else:
-                    case.fields = {k: v for k, v in run.to_json().items() if k not in DERIVED}
+                    case.fields = {k: v for k, v in run.to_json().items() if k in STATED}
+                    if era in TORCH_ERAS and not row.fsdp:
+                        case.fields["zero"] = 0     # PyTorch DDP: gradients all-reduced
             out.append(case)
             if section == "4" and not case.reason:
                 out.append(_full_recompute(case, record))

@@ -371,6 +371,21 @@ def test_only_fsdp_under_a_megatron_pipeline_holds_its_gathers():
     assert not gathers_held_for_step(TrainingRun(**base, pp=2, zero=1))
 
 
+def test_fsdp2_frees_gathered_weights_between_forward_and_backward():
+    """FSDP2 with reshard_after_forward frees a layer's gathered weights after its forward
+    and gathers them again for its backward: they are no activation kept for the backward
+    (the traced copy-out into FSDP2's buffer reads like one); SHARD_GRAD_OP style keeps
+    every layer's gathered weights until its backward."""
+    from flint.engine import predict
+
+    base = dict(model=LLAMA6, devices=8, zero=3, framework="torch-eager", global_batch=8,
+                remat="full")
+    freed, kept = (predict(TrainingRun(**base, reshard_after_forward=k)) for k in (True, False))
+    d, ffn = 4096, 14336                     # llama3-8b: 32 query and 8 key/value heads
+    layer_bytes = 2 * (d * (d + 2 * d // 4 + d) + 3 * d * ffn)
+    assert kept.memory_bytes - freed.memory_bytes > 0.8 * 6 * layer_bytes
+
+
 def test_block_recompute_is_priced_between_its_two_ends():
     """remat full over k of a chunk's L layers (Megatron's block method): step and memory
     k/L of the way from no recompute to full recompute, the prediction saying so; k must

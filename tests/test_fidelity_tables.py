@@ -167,3 +167,33 @@ def test_documented_command_bounded_by_cached_only(more, tmp_path, capsys):
     assert {m["id"] for m in doc["mechanisms"]} >= {"M1", "M2", "M3", "M4"}
     assert fidelity.main(["--families", "(", "--quiet"]) == 2
     assert "bad regex" in capsys.readouterr().err
+
+
+def test_a_section_beyond_the_shared_ones_takes_the_framework_its_heading_names(tmp_path):
+    """A table file with sections published.md does not list (the held-out families): a
+    PyTorch FSDP heading prices with PyTorch's kernels (DDP rows as zero 0), a Megatron-LM
+    2021 heading with that era's semantics, an NVIDIA heading stays Megatron-Core."""
+    from fidelity_families import applicable, section_of, variant_fields
+    from fidelity_published import published_cases
+
+    from flint.run import TrainingRun
+
+    row = "Llama2-7B,a100,64,1,1,{fsdp},128,2,4096,BF16,2.0"
+    head = "model,system,gpus,tp,pp,fsdp,gbs,mbs,seq,precision,step_time_s"
+    text = "".join(f"### {h}\n\n```csv\n{head}\n{row.format(fsdp=f)}\n```\n\n" for h, f in (
+        ("7a. PyTorch FSDP2 on A100 (a blog)", 64), ("7b. PyTorch DDP with torch.compile", 0),
+        ("8. Narayanan et al. 2021, Megatron-LM (arXiv 2104.04473)", 0),
+        ("9. Megatron-Core 2024 scaling", 0)))
+    path = tmp_path / "held.md"
+    path.write_text(text)
+    cases = {c.section: c for c in published_cases(path)}
+    assert cases["7a"].family == "published 7a PyTorch FSDP2 on A100 x PyTorch FSDP/DDP x A100"
+    runs = {s: TrainingRun(**variant_fields(c, applicable(c))) for s, c in cases.items()}
+    assert (runs["7a"].framework, runs["7a"].zero) == ("torch-eager", 3)
+    assert (runs["7b"].framework, runs["7b"].zero) == ("torch-compile", 0)
+    old = runs["8"]
+    assert (old.framework, old.attention, old.overlap_grad_reduce) == (
+        "megatron", "unfused", False)
+    assert runs["9"].framework == "megatron" and runs["9"].attention == "flash"
+    assert section_of("1a", "anything") == ("Megatron-Bridge", "nvidia-perf-recipes")
+    assert section_of("12", "12. NeMo AutoModel with FSDP2")[1] == "megatron-core"
