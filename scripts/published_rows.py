@@ -177,8 +177,13 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
     row.precision = PRECISION.get(prec.split()[0].lower().replace("_hybrid", ""), "")
     if not row.precision:
         row.reason = f"precision {prec!r} not modelled"
-    if str(r.get("remat", "")).lower() == "full":
+    # the recompute a row states, under the column names tables use for it
+    stated = " ".join(str(r.get(c) or "") for c in (
+        "remat", "recompute", "activation_recompute", "activation_checkpointing")).lower()
+    if "full" in stated:
         row.remat = "full"
+    elif re.search(r"\bnone\b|\bno\b|\boff\b|false", stated):
+        row.remat = "none"
     tok = num("tok_s_gpu", "tokens_s_device")
     step = num("step_time_s", "step_s_median", "step_s", "iter_s_seqpar+selective")
     if section == "2d":

@@ -178,12 +178,14 @@ def test_a_section_beyond_the_shared_ones_takes_the_framework_its_heading_names(
 
     from flint.run import TrainingRun
 
-    row = "Llama2-7B,a100,64,1,1,{fsdp},128,2,4096,BF16,2.0"
-    head = "model,system,gpus,tp,pp,fsdp,gbs,mbs,seq,precision,step_time_s"
-    text = "".join(f"### {h}\n\n```csv\n{head}\n{row.format(fsdp=f)}\n```\n\n" for h, f in (
-        ("7a. PyTorch FSDP2 on A100 (a blog)", 64), ("7b. PyTorch DDP with torch.compile", 0),
-        ("8. Narayanan et al. 2021, Megatron-LM (arXiv 2104.04473)", 0),
-        ("9. Megatron-Core 2024 scaling", 0)))
+    row = "Llama2-7B,a100,64,1,1,{fsdp},128,2,4096,BF16,2.0,{remat}"
+    head = "model,system,gpus,tp,pp,fsdp,gbs,mbs,seq,precision,step_time_s,recompute"
+    text = "".join(f"### {h}\n\n```csv\n{head}\n{row.format(fsdp=f, remat=r)}\n```\n\n"
+                   for h, f, r in (
+        ("7a. PyTorch FSDP2 on A100 (a blog)", 64, ""),
+        ("7b. PyTorch DDP with torch.compile", 0, "no"),
+        ("8. Narayanan et al. 2021, Megatron-LM (arXiv 2104.04473)", 0, "full"),
+        ("9. Megatron-Core 2024 scaling", 0, "")))
     path = tmp_path / "held.md"
     path.write_text(text)
     cases = {c.section: c for c in published_cases(path)}
@@ -192,8 +194,9 @@ def test_a_section_beyond_the_shared_ones_takes_the_framework_its_heading_names(
     assert (runs["7a"].framework, runs["7a"].zero) == ("torch-eager", 3)
     assert (runs["7b"].framework, runs["7b"].zero) == ("torch-compile", 0)
     old = runs["8"]
-    assert (old.framework, old.attention, old.overlap_grad_reduce) == (
-        "megatron", "unfused", False)
+    assert (old.framework, old.attention, old.overlap_grad_reduce, old.remat) == (
+        "megatron", "unfused", False, "full")
+    assert (runs["7a"].remat, runs["7b"].remat) == ("selective", "none")
     assert runs["9"].framework == "megatron" and runs["9"].attention == "flash"
     assert section_of("1a", "anything") == ("Megatron-Bridge", "nvidia-perf-recipes")
     assert section_of("12", "12. NeMo AutoModel with FSDP2")[1] == "megatron-core"
