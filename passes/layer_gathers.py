@@ -33,9 +33,9 @@ def microbatch_reach(graph: WorkloadGraph) -> list[bool]:
     """Per node, whether micro-batch data reaches it (it enters as integer arrays: token
     ids, labels); the others compute from parameters alone."""
     batch = [False] * len(graph.nodes)
-    for n in graph.nodes:
-        batch[n.id] = (any(batch[i] for i in n.inputs) or not n.inputs and any(
-            o.startswith(_INTEGER_PREFIXES) for o in n.operands))
+    for n in graph.nodes:       # an embedding lookup reads its table and the token ids
+        batch[n.id] = (any(batch[i] for i in n.inputs)
+                       or any(o.startswith(_INTEGER_PREFIXES) for o in n.operands))
     return batch
 
 

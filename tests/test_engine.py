@@ -384,6 +384,9 @@ def test_fsdp2_frees_gathered_weights_between_forward_and_backward():
     d, ffn = 4096, 14336                     # llama3-8b: 32 query and 8 key/value heads
     layer_bytes = 2 * (d * (d + 2 * d // 4 + d) + 3 * d * ffn)
     assert kept.memory_bytes - freed.memory_bytes > 0.8 * 6 * layer_bytes
+    # the activations themselves are still kept: without recompute, far more
+    stored = predict(TrainingRun(**dict(base, remat="none")))
+    assert stored.memory_bytes - freed.memory_bytes > 6 * 8 * (2048 * d * 2)
 
 
 def test_block_recompute_is_priced_between_its_two_ends():
