@@ -15,6 +15,8 @@ the fastest is kept, as a user tuning the layout would.
 """
 from __future__ import annotations
 
+from flint.passes.pipeline_order import device_order
+
 
 def interleaved_cuts(weights: list[float], chunks: int, stages: int) -> list[int]:
     """The index of the first block of chunks 1..chunks-1 (contiguous, each at least one
@@ -53,8 +55,6 @@ def schedule_span(cuts: list[int], prefix: list[float], stages: int,
                   microbatches: int) -> float:
     """The time interleaved 1F1B takes over chunks cut at `cuts` (forward a third of a
     chunk's weight, backward two thirds, no communication)."""
-    from flint.passes.pipeline_stages import device_order
-
     edges = [0] + list(cuts) + [len(prefix) - 1]
     chunks = len(edges) - 1
     weight = [prefix[edges[c + 1]] - prefix[edges[c]] for c in range(chunks)]

@@ -10,27 +10,27 @@ Three questions, answered on the per-device graph of one microbatch:
   runs it. `layers` splits contiguous blocks of layers (as Megatron-LM and torchtitan
   do); `time` cuts the forward and the backward op sequences into pieces of equal
   predicted time (an op-granular balanced split); an explicit placement may be given.
-- `device_order`: each device's sequence of (F|B, microbatch, chunk) tasks for GPipe
-  (Huang et al. 2019), 1F1B (PipeDream-Flush; Narayanan et al. 2021) and interleaved 1F1B
-  (Megatron-LM; Narayanan et al., SC'21, section 2.2).
+- `device_order` (passes.pipeline_order, re-exported here): each device's sequence of
+  (F|B, microbatch, chunk) tasks for GPipe, 1F1B and interleaved 1F1B.
 """
 from __future__ import annotations
 
 import re
 
+from flint.passes.pipeline_balance import interleaved_cuts
+from flint.passes.pipeline_order import SCHEDULES, device_order  # noqa: F401 (re-exported)
+
 from flint.errors import FlintError
 from flint.graph import WorkloadGraph
 from flint.hlo.shapes import shapes_bytes
-from flint.passes.pipeline_balance import interleaved_cuts
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
 # Mesh axes over which gradients are reduced: flint.models.train's batch, FSDP, context
 # and expert axes each hold a different slice of the tokens (dense weights of a MoE reduce
 # over the expert axis too, as over Megatron's whole DP group).
 DATA_PARALLEL_AXES = ("data", "dp", "batch", "replica", "fsdp", "zero", "context", "cp",
                       "expert", "ep")
 SPLITS = ("layers", "time")
-_LAYER = re.compile(r"(?:^|[^a-z])(?:layers?|blocks?|h)[._\[\]'\"/]*(\d+)", re.I)
+_LAYER = re.compile(r"(?:^|[^a-z])(?:layers?|blocks?|h)[._\[\]'\"/]*(\d+)", re.IGNORECASE)
 
 
 def layer_index(text) -> int | None:
@@ -383,49 +383,3 @@ def _place_once_per_step(graph, tasks, chunk) -> None:
         if tasks[n.id] == "post":
             src = [chunk[i] for i in n.inputs if chunk[i] is not None]
             chunk[n.id] = max(src, default=0)
-
-
-def device_order(schedule: str, stages: int, microbatches: int,
-                 virtual: int = 1) -> list[list[tuple[str, int, int]]]:
-    """Per device, its (F|B, microbatch, chunk) tasks in issue order; chunk c runs on
-    device c % stages."""
-    p, m, v = stages, microbatches, virtual
-    if schedule not in SCHEDULES:
-        raise FlintError(f"unknown pipeline schedule {schedule!r}; use {' | '.join(SCHEDULES)}")
-    if p < 1 or m < 1 or v < 1:
-        raise FlintError("pipeline stages, microbatches and virtual stages must be >= 1")
-    if schedule != "interleaved" and v != 1:
-        raise FlintError(f"virtual stages need the interleaved schedule, not {schedule}")
-    orders = []
-    for d in range(p):
-        if schedule == "gpipe":
-            orders.append([("F", k, d) for k in range(m)] + [("B", k, d) for k in range(m)])
-            continue
-        if schedule == "1f1b":
-            fwd = [(k, d) for k in range(m)]
-            bwd = list(fwd)
-            warmup = min(p - d - 1, m)
-        else:
-            if m % p:
-                raise FlintError(f"interleaved 1F1B needs microbatches ({m}) to be a "
-                                 f"multiple of the pipeline stages ({p})")
-            fwd = [_interleaved(i, p, v, d, True) for i in range(m * v)]
-            bwd = [_interleaved(i, p, v, d, False) for i in range(m * v)]
-            warmup = min((p - d - 1) * 2 + (v - 1) * p, m * v)
-        order = [("F", k, c) for k, c in fwd[:warmup]]
-        for i in range(len(fwd) - warmup):
-            order.append(("F",) + fwd[warmup + i])
-            order.append(("B",) + bwd[i])
-        order += [("B",) + b for b in bwd[len(fwd) - warmup:]]
-        orders.append(order)
-    return orders
-
-
-def _interleaved(i: int, p: int, v: int, d: int, forward: bool) -> tuple[int, int]:
-    """The i-th (microbatch, chunk) a device runs in interleaved 1F1B: microbatches go in
-    groups of p through each of the device's v chunks (reversed for the backward)."""
-    in_group = i % (p * v)
-    j = in_group // p
-    if not forward:
-        j = v - 1 - j
-    return (i // (p * v)) * p + in_group % p, j * p + d
