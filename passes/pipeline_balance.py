@@ -11,7 +11,8 @@ hand: Megatron-Core requires the layers to divide or takes an explicit
 --pipeline-model-parallel-layout, and Llama 3 moved one layer off the first and the last
 stage to make room for the embedding and the head (Dubey et al. 2024, section 3.3.2).
 Here three candidate layouts are priced by a chunk-level simulation of the schedule and
-the fastest is kept, as a user tuning the layout would.
+the fastest is kept, as a user tuning the layout would. Layers that divide evenly keep
+equal chunks (passes.pipeline_stages), as Megatron-Core lays them out.
 """
 from __future__ import annotations
 

@@ -195,7 +195,7 @@ def _chunks_by_layer(graph, tasks, chunks, stages) -> list[int | None]:
         raise FlintError(f"the model has {layers} layers: too few for {chunks} pipeline "
                          f"chunks")
     of_layer = [li * chunks // layers for li in range(layers)]
-    if chunks > stages:
+    if chunks > stages and layers % chunks:     # interleaved, layers that do not divide
         of_layer = _chunk_of_block(
             interleaved_cuts([1.0] * layers, chunks, stages), layers)
     chunk: list[int | None] = [None] * len(graph.nodes)
@@ -283,7 +283,10 @@ def _chunks_by_time(graph, tasks, chunks, durations, stages,
             time.append(time[-1] + durations[i])
         boundaries = list(range(1, len(ids)))
         cost = _crossing_bytes(graph, ids)
-    if any(labels) and chunks > stages:     # interleaved: balance each device's blocks
+    layers = len({layer_index(x) for x in labels if x} - {None})
+    # interleaved over layers that do not divide into the chunks: a layout for the schedule
+    # (when they divide, Megatron-Core's equal chunks, cut here by time as below)
+    if any(labels) and chunks > stages and layers % chunks:
         starts = [0] + boundaries
         weights = [time[b] - time[a] for a, b in zip(starts, boundaries + [len(ids)])]
         if len(weights) < chunks:
