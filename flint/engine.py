@@ -31,7 +31,7 @@ import time
 from dataclasses import replace
 from flint.errors import FlintError
 from flint.prediction import Prediction, prediction_facts  # noqa: F401 (re-exported)
-from flint.run import TrainingRun
+from flint.run import TrainingRun, gathered_weights_freed, gathers_held_for_step
 from flint.steady_state import affine, extrapolate, steady_points
 
 # Unrolled layers per stage template: the first and last template layers stand for the
@@ -292,14 +292,6 @@ def layered_graph(run: TrainingRun, cache) -> tuple:
     return layered, extracted
 
 
-def gathers_held_for_step(run: TrainingRun) -> bool:
-    """FSDP under a pipeline schedule gathers each layer's parameters once per step and
-    holds them through its micro-batches (passes.layer_gathers: torch.distributed.pipelining
-    with FSDP2, torchtitan, Llama 3); XLA's pipelined programs (MaxText's default,
-    pipeline_fsdp_ag_once=False) and runs without a pipeline gather in every micro-batch."""
-    return run.zero == 3 and run.pp > 1 and run.framework == "megatron"
-
-
 def _passes(run: TrainingRun, template):
     from flint.models.decoder import model_flops
     from flint.passes.distributed_optimizer import DistributedOptimizer
@@ -326,9 +318,7 @@ def _passes(run: TrainingRun, template):
                               overlap_reduction=run.overlap_grad_reduce,
                               defer_reduced_work=run.framework != "xla",
                               gather_once=gathers_held_for_step(run),
-                              # FSDP2 frees a layer's gathered weights after its forward
-                              resharded=run.framework.startswith("torch") and run.zero == 3
-                              and run.reshard_after_forward).run(graph)
+                              resharded=gathered_weights_freed(run)).run(graph)
         if run.framework == "megatron":
             _megatron_activations(graph, cfg, run)
     if run.zero in (1, 2):

@@ -297,3 +297,18 @@ def run_document(path: str | None, flags: dict) -> dict:
             raise FlintError(f"{path}: a run file holds a mapping of TrainingRun fields")
     doc.update({k: v for k, v in flags.items() if v is not None})
     return doc
+
+
+# How FSDP's gathered parameters live, by framework (passes.layer_template's options).
+def gathers_held_for_step(run: TrainingRun) -> bool:
+    """FSDP under a pipeline schedule gathers each layer's parameters once per step and
+    holds them through its micro-batches (passes.layer_gathers: torch.distributed.pipelining
+    with FSDP2, torchtitan, Llama 3); XLA's pipelined programs (MaxText's default,
+    pipeline_fsdp_ag_once=False) and runs without a pipeline gather in every micro-batch."""
+    return run.zero == 3 and run.pp > 1 and run.framework == "megatron"
+
+
+def gathered_weights_freed(run: TrainingRun) -> bool:
+    """FSDP2 with reshard_after_forward frees a layer's gathered weights after its forward
+    (the torch twin's trace shows them read again by the backward's re-gather)."""
+    return run.framework.startswith("torch") and run.zero == 3 and run.reshard_after_forward

@@ -86,9 +86,10 @@ class LayerTemplate:
         gathers = parameter_gathers(flat, tasks) if self.gather_once else []
         blocks = _blocks(flat, tasks)
         held = gather_owners(flat, gathers, blocks)
-        for i in gathers:           # no block waits on them: the layered graph holds them
-            tasks[i] = "pre"
-        blocks = _blocks(flat, tasks)
+        if gathers:                 # no block waits on them: the layered graph holds them
+            for i in gathers:
+                tasks[i] = "pre"
+            blocks = _blocks(flat, tasks)
         indices = sorted({k[1] for k in blocks if k and isinstance(k[1], int)})
         if len(indices) < 2:
             raise FlintError("a layer template needs at least 2 unrolled layers labelled "

@@ -20,6 +20,21 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_TRACES = REPO.parent / "shared" / "traces"
+# A Llama-shaped model small enough to compile whole: GQA, SwiGLU, RMSNorm, RoPE.
+LLAMA6 = {"base": "llama3-8b", "layers": 6, "seq": 2048, "vocab": 32000}
+
+
+def prediction_text(p) -> str:
+    """What `flint predict` prints for prediction `p`, as text."""
+    import io
+
+    from rich.console import Console
+
+    from flint.prediction_report import render_prediction
+
+    buf = io.StringIO()
+    render_prediction(p.to_json(), Console(file=buf, width=200))
+    return buf.getvalue()
 
 
 def run_flint(*args, cwd=None, timeout=600):
