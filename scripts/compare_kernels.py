@@ -65,6 +65,15 @@ FA3_PAPER = {
     (256, True): {"flash2": (208, 251, 278, 293, 297, 298), "cudnn": (308, 391, 450, 483, 497, 509),
                   "flash3": (286, 427, 537, 612, 628, 642)},
 }
+# The same paper's Fig. 7: attention backward speed, same shapes, non-causal, head dims 64
+# and 128 (standard: out of memory at 16k). BACKWARD_SHARE is set from the 16k bars at head
+# dim 128 alone; the rest check the rule.
+FA3_PAPER_BACKWARD = {
+    64: {"standard": (68, 76, 88, 92, 95, None), "flash2": (198, 238, 264, 279, 287, 291),
+         "cudnn": (266, 348, 395, 417, 432, 433), "flash3": (272, 363, 422, 453, 472, 474)},
+    128: {"standard": (104, 131, 159, 174, 181, None), "flash2": (214, 260, 291, 310, 318, 322),
+          "cudnn": (305, 408, 465, 499, 518, 516), "flash3": (316, 424, 501, 542, 559, 561)},
+}
 # PyTorch benchmark (pytorch/benchmark, commit ff65cb67, D60117034): FlashAttention-3
 # forward on H100, head dim 128, non-causal, same shapes as the paper: TFLOP/s.
 FA3_TORCHBENCH = (430.3, 517.1, 565.5, 590.2, 614.2, 620.7)
@@ -153,11 +162,12 @@ def attention_rows() -> list[dict]:
 
     h100, a100 = RooflineCompute(load_spec("h100-sxm")), RooflineCompute(load_spec("a100-80gb-sxm"))
 
-    def predicted(model, impl: str, d: int, s: int, causal: bool) -> float:
+    def predicted(model, impl: str, d: int, s: int, causal: bool,
+                  backward: bool = False) -> float:
         b, h = 16384 // s, 2048 // d
-        flops, rd, wr = attention_cost(b, h, h, s, s, d, causal, False)
+        flops, rd, wr = attention_cost(b, h, h, s, s, d, causal, backward)
         attn = {"batch": b, "heads": h, "kv_heads": h, "seq_q": s, "seq_kv": s, "head_dim": d,
-                "causal": causal, "backward": False, "dtype": "bf16", "impl": impl}
+                "causal": causal, "backward": backward, "dtype": "bf16", "impl": impl}
         node = Node(0, "attention", NodeKind.COMPUTE, "fused-attention", "attention",
                     flops=flops, bytes_read=rd, bytes_written=wr, operands=["bf16[1]"],
                     meta={"attention": attn})
@@ -173,6 +183,14 @@ def attention_rows() -> list[dict]:
                     p = predicted(h100, IMPLS[name], d, s, causal)
                     rows.append({"source": "FA3 paper Fig. 5", "hardware": "h100-sxm",
                                  "kernel": name, "head_dim": d, "causal": causal, "seq": s,
+                                 "measured_TFLOPs": v, "predicted_TFLOPs": p, "error": v / p - 1})
+    for d, series in FA3_PAPER_BACKWARD.items():
+        for name, values in series.items():
+            for s, v in zip(SEQS, values):
+                if v is not None:
+                    p = predicted(h100, IMPLS[name], d, s, False, backward=True)
+                    rows.append({"source": "FA3 paper Fig. 7 (backward)", "hardware": "h100-sxm",
+                                 "kernel": name, "head_dim": d, "causal": False, "seq": s,
                                  "measured_TFLOPs": v, "predicted_TFLOPs": p, "error": v / p - 1})
     for s, v in zip(SEQS, FA3_TORCHBENCH):
         p = predicted(h100, "flash3", 128, s, False)
