@@ -50,6 +50,8 @@ COMPILED_DATA = 2
 # Bumped whenever the zoo's workload changes so cached programs of older code are not
 # reused (3: vocab-parallel embedding and head, MLA's unpadded value head).
 WORKLOAD_VERSION = 5
+# The same for the torch twin's programs alone (2: selective is torchtitan's op-level SAC)
+TORCH_WORKLOAD_VERSION = 2
 
 
 def compile_target(run: TrainingRun) -> str:
@@ -94,6 +96,7 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
         program["attention"] = run.attention
     if torch:       # torch.compile's Inductor fuses pointwise chains; eager runs each op
         program["fuse"] = run.framework == "torch-compile"
+        program["torch_workload_version"] = TORCH_WORKLOAD_VERSION
         if not run.reshard_after_forward:
             program["reshard_after_forward"] = False
     return program

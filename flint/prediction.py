@@ -74,6 +74,13 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
         f"{run.recompute_layers} of {run.layers_per_chunk:g} "
         f"layers per chunk recomputed: priced {run.recompute_share:.0%} of the way from "
         f"no recompute to remat full (layers alike, their work and activations add up)")}
+    if run.remat == "selective":
+        out["recompute"] = (
+            "selective: PyTorch selective activation checkpointing, torchtitan's op policy "
+            "(every second matmul of a block and its pointwise ops re-run; the attention "
+            "core keeps its output)" if run.framework.startswith("torch") else
+            "selective: the attention core re-runs in the backward (Megatron-Core's "
+            "selective recompute, Korthikanti et al. 2022)")
     if any(n.meta.get("held") == "step" for n in graph.nodes):
         out["parameter_gathers"] = (
             "once per step, each layer's before its first micro-batch and held until the "

@@ -263,10 +263,12 @@ def test_torch_twin_honours_remat_and_model_dims():
     attention = {r: sum(n.flops * n.repeat for n in g.nodes if n.op_class == "attention")
                  for r, g in graphs.items()}
     gemm = {r: flops[r] - attention[r] for r in flops}
-    assert gemm["selective"] == gemm["none"] < gemm["full"]          # full re-runs GEMMs
-    assert attention["none"] < attention["selective"]               # the core re-runs
+    # selective is torchtitan's op policy: every second matmul re-runs, the attention
+    # core keeps its output; full re-runs every GEMM and the core
+    assert gemm["none"] < gemm["selective"] < gemm["full"]
+    assert attention["none"] == attention["selective"] < attention["full"]
     peak = {r: estimate_memory(g).peak_bytes for r, g in graphs.items()}
-    assert peak["full"] < peak["none"]
+    assert peak["full"] < peak["selective"] < peak["none"]
     assert {g.meta["training"]["remat"] for g in graphs.values()} == {"none", "selective",
                                                                       "full"}
     wide = ft.zoo("tiny", 8, {"fsdp": 8}, seq_len=64, layers=1, dims={"hidden": 512,

@@ -31,6 +31,7 @@ from flint.errors import FlintError
 from flint.frontends.torch_autocast import record_requests
 from flint.frontends.torch_regions import (_compiled_regions_eager, _ModuleRegions, _phases,
                                            _quiet)
+from flint.frontends.torch_sac import rematerialize_selective
 
 record_requests()   # what each torch.autocast asked for (torch drops it without CUDA)
 
@@ -125,6 +126,8 @@ def capture(step: TorchStep, world_size: int, mesh=None,
     captured = CapturedTorch(gm, cluster, _group_ranks(gm), timings=timings, state=state,
                              model_flops=step.model_flops)
     captured.notes = _capture_notes(notes, model, example["inputs"], example["backward_calls"])
+    if example["sac_recomputed"]:
+        captured.notes["sac_recomputed_ops"] = example["sac_recomputed"]
     return captured
 
 
@@ -200,6 +203,8 @@ def _trace(step: TorchStep, world_size: int, mesh, ddp):
         with fake, tracker, _phases(optimizer, after_backward), _quiet(), \
                 _compiled_regions_eager():
             gm = make_fx(train_step)(*inputs, *targets)
+        # selective activation checkpointing: make_fx tags, the recompute is Flint's
+        recomputed = rematerialize_selective(gm)
     except FlintError:
         raise
     except Exception as e:
@@ -208,7 +213,7 @@ def _trace(step: TorchStep, world_size: int, mesh, ddp):
                          f"{_first_line(e)}") from None
     timings["trace_s"] = time.perf_counter() - t
     example = {"fake": fake, "inputs": inputs, "targets": targets,
-               "backward_calls": backward_calls[0]}
+               "backward_calls": backward_calls[0], "sac_recomputed": recomputed}
     return gm, model, optimizer, example, timings
 
 

@@ -69,10 +69,7 @@ class Attention(nn.Module):
             # repeated to the query heads as torchtitan's repeat_kv does
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
             k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
-            if self.cfg.remat == "selective":     # the core re-runs in the backward
-                out = checkpoint(_causal_sdpa, q, k, v, use_reentrant=False)
-            else:
-                out = _causal_sdpa(q, k, v)
+            out = _causal_sdpa(q, k, v)
             return self.wo(out.transpose(1, 2).reshape(b, s, -1))
         kv = k.shape[2]
         q = q.view(b, s, kv, group, hd).permute(0, 2, 3, 1, 4).reshape(b, kv, group * s, hd)
@@ -129,6 +126,14 @@ class Block(nn.Module):
             self.mlp = MoE(cfg)
 
     def forward(self, x, cos=None, sin=None):
+        if self.attention.cfg.remat == "selective":
+            # inside the block, so FSDP2's hooks on it stay outside the checkpointed region
+            # (torchtitan wraps each block in checkpoint_wrapper before fully_shard)
+            return checkpoint(self._layer, x, cos, sin, use_reentrant=False,
+                              context_fn=op_sac_context)
+        return self._layer(x, cos, sin)
+
+    def _layer(self, x, cos, sin):
         x = x + self.attention(self.attn_norm(x), cos, sin)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -172,14 +177,46 @@ class Decoder(nn.Module):
 
 
 def _remat(layer, policy: str, x, cos, sin):
-    """One decoder layer under an activation-recompute policy (flint.models.REMAT_POLICIES,
-    as the JAX twin applies them with jax.checkpoint): `full` keeps only the layer's input
-    and re-runs the layer in the backward; `selective` re-runs only the attention core
-    (Attention.forward); `none` keeps everything. (`dots`, torch's selective activation
-    checkpointing, does not trace under make_fx: TORCH_REMAT_POLICIES leaves it out.)"""
+    """One decoder layer under an activation-recompute policy (flint.models.REMAT_POLICIES):
+    `full` keeps only the layer's input and re-runs the layer in the backward; `selective`
+    is PyTorch's selective activation checkpointing as torchtitan applies it per block
+    (its "selective op" mode, the default of its Llama recipes): op_sac_context; `none`
+    keeps everything. The capture turns the policy's tags into recompute
+    (flint.frontends.torch_sac). (`dots` is the JAX twin's alone.)"""
     if policy == "full":
         return checkpoint(layer, x, cos, sin, use_reentrant=False)
-    return layer(x, cos, sin)
+    return layer(x, cos, sin)       # selective: Block.forward checkpoints its own math
+
+
+# torchtitan's op-level SAC save list (torchtitan/distributed/activation_checkpoint.py,
+# `_save_list`): the outputs of matmuls, the fused attention kernels (the CPU flash kernel
+# stands for the GPU's under Flint's trace) and reduce-scatters are kept; everything else
+# (norms, activations, rotary, casts, views) is recomputed in the backward
+_OP_SAC_SAVED = ("mm", "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_flash_attention_for_cpu",
+                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+                 "reduce_scatter_tensor", "max")
+
+
+def op_sac_context():
+    """torchtitan's "selective op" policy for one block: every op in _OP_SAC_SAVED keeps
+    its output except every second matmul of the block (counted separately in the forward
+    and in the recompute, so both count the same matmuls), which is recomputed with the
+    rest."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx, func, *args, **kwargs):
+        name = func.__name__.split(".")[0]
+        if name == "mm":
+            counts["recompute" if ctx.is_recompute else "forward"] += 1
+            if counts["recompute" if ctx.is_recompute else "forward"] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return (CheckpointPolicy.MUST_SAVE if name in _OP_SAC_SAVED
+                else CheckpointPolicy.PREFER_RECOMPUTE)
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 # The policies the torch twin runs (flint.models.REMAT_POLICIES less `dots`).
