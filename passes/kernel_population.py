@@ -12,7 +12,8 @@ attention are library kernels in all of them.
 
 `attention_kernel` names the fused-attention kernel the run's library version has where
 the compiled step leaves it to the GPU's generation: `flash1`, FlashAttention v1 (a
-framework pinned to it, as InternEvo's flash-attention 1.0.5 submodule); it is stamped as
+framework pinned to it, as InternEvo's flash-attention 1.0.5 submodule); without one, the
+PyTorch frameworks run SDPA's FlashAttention-2 (FRAMEWORK_ATTENTION). It is stamped as
 meta["attention"]["impl"] on every fused-attention node (hardware_models.attention_kernels
 prices it). Unfused attention is a different program and is compiled as such.
 
@@ -31,7 +32,16 @@ from flint.graph import WorkloadGraph
 
 FRAMEWORKS = {"megatron": "library", "xla": "generated", "torch-eager": "eager",
               "torch-compile": "inductor"}
-ATTENTION_KERNELS = ("", "flash1")        # "": the GPU generation's own (as compiled)
+ATTENTION_KERNELS = ("", "flash1")        # "": the framework's own for the GPU (below)
+# The fused attention a framework runs where the run names none. PyTorch's
+# scaled_dot_product_attention picks its backend by a fixed priority with its vendored
+# FlashAttention-2 first (aten/src/ATen/native/transformers/sdp_utils: flash, efficient,
+# math, cudnn; pytorch/pytorch issue #138907; still so on Hopper in 2026, huggingface/
+# transformers PR #48163), and a PyTorch H100 profile shows exactly that kernel
+# (`pytorch_flash::flash_fwd_kernel` in ../shared/traces/tracelens_qwen1.5-0.5b_fwd_1xH100):
+# FlashAttention-2 class on every GPU, not the generation's FlashAttention-3 / cuDNN
+# kernels that Megatron-Core (Transformer Engine) and XLA (cuDNN) run.
+FRAMEWORK_ATTENTION = {"torch-eager": "flash2", "torch-compile": "flash2"}
 
 
 @dataclass(frozen=True)
@@ -56,7 +66,7 @@ class KernelPopulation:
     def _stamped(self, meta: dict, source: str) -> dict:
         out = dict(meta, kernel_source=source)
         attn = meta.get("attention")
-        if self.attention_kernel and isinstance(attn, dict) and attn.get("impl") in (
-                None, "native"):
-            out["attention"] = dict(attn, impl=self.attention_kernel)
+        impl = self.attention_kernel or FRAMEWORK_ATTENTION.get(self.framework)
+        if impl and isinstance(attn, dict) and attn.get("impl") in (None, "native"):
+            out["attention"] = dict(attn, impl=impl)
         return out

@@ -196,3 +196,34 @@ def test_native_attention_on_blackwell_is_bound_by_its_exponentials():
     faster = load_spec("gb200-nvl72", ["exponentials_per_clock=32"])
     assert attention_rate(faster, faster.peak("bf16"), True)[0] == pytest.approx(
         0.655 * faster.peak("bf16"), rel=0.01)
+
+
+def test_pytorch_runs_sdpa_flash_attention_2_on_every_gpu():
+    """PyTorch's SDPA puts its vendored FlashAttention-2 first (a PyTorch H100 profile runs
+    pytorch_flash::flash_fwd_kernel), so the torch frameworks' fused attention is priced as
+    FlashAttention-2, slower on Hopper than the FlashAttention-3 / cuDNN kernels that
+    Megatron-Core runs; a pinned kernel (flash1) still wins."""
+    from flint.cluster import Cluster
+    from flint.graph import WorkloadGraph
+    from flint.hardware_models.compute import RooflineCompute
+    from flint.passes.attention import attention_cost
+    from flint.passes.kernel_population import KernelPopulation
+
+    b, h, s, d = 2, 32, 8192, 128
+    flops, rd, wr = attention_cost(b, h, h, s, s, d, True, False)
+    attn = {"batch": b, "heads": h, "kv_heads": h, "seq_q": s, "seq_kv": s, "head_dim": d,
+            "causal": True, "backward": False, "dtype": "bf16"}
+    node = Node(0, "a", NodeKind.COMPUTE, "fused-attention", "attention", flops=flops,
+                bytes_read=rd, bytes_written=wr, operands=["bf16[1]"],
+                meta={"attention": attn})
+    graph = WorkloadGraph(Cluster(1, (("data", 1),)), [node], [], [], {})
+    stamped = {f: KernelPopulation(f).run(graph).nodes[0] for f in
+               ("megatron", "xla", "torch-eager", "torch-compile")}
+    impls = {f: n.meta["attention"].get("impl") for f, n in stamped.items()}
+    assert impls == {"megatron": None, "xla": None, "torch-eager": "flash2",
+                     "torch-compile": "flash2"}
+    pinned = KernelPopulation("torch-eager", "flash1").run(graph).nodes[0]
+    assert pinned.meta["attention"]["impl"] == "flash1"
+    h100 = RooflineCompute(load_spec("h100-sxm"))
+    t = {f: h100.time(n) for f, n in stamped.items()}
+    assert t["torch-eager"] > 1.5 * t["megatron"]
