@@ -92,6 +92,8 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
                "workload_version": WORKLOAD_VERSION}
     if run.precision != "bf16":
         program["gemm_precision"] = run.precision
+        if run.precision == "fp8" and run.fp8_recipe == "delayed":
+            program["gemm_precision"] = "fp8-delayed"
     if run.attention == "unfused":      # flash1 is the flash program with an older kernel
         program["attention"] = run.attention
     if torch:       # torch.compile's Inductor fuses pointwise chains; eager runs each op

@@ -81,6 +81,13 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
             "core keeps its output)" if run.framework.startswith("torch") else
             "selective: the attention core re-runs in the backward (Megatron-Core's "
             "selective recompute, Korthikanti et al. 2022)")
+    if run.precision == "fp8":
+        out["fp8_scaling"] = (
+            "delayed: per-tensor scales from earlier steps' amax history, the cast the only "
+            "pass over each tensor (Transformer Engine DelayedScaling)"
+            if run.fp8_recipe == "delayed" else
+            "current: per-tensor scales from each tensor's own amax, a pass over it before "
+            "its cast (Transformer Engine Float8CurrentScaling)")
     if any(n.meta.get("held") == "step" for n in graph.nodes):
         out["parameter_gathers"] = (
             "once per step, each layer's before its first micro-batch and held until the "

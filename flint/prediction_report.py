@@ -89,6 +89,8 @@ def render_prediction(p: dict, console: Console) -> None:
         t.add_row("gradient reduction", _SYNC.get(facts["grad_sync"], facts["grad_sync"]))
     if facts.get("parameter_gathers"):
         t.add_row("parameter gathers", facts["parameter_gathers"])
+    if facts.get("fp8_scaling"):
+        t.add_row("FP8 scaling", facts["fp8_scaling"])
     if facts.get("recompute"):
         t.add_row("recompute", facts["recompute"])
     if facts.get("block_recompute"):

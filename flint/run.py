@@ -93,6 +93,11 @@ class TrainingRun:
     # SHARD_GRAD_OP): one all-gather per layer and micro-batch instead of two, more memory
     reshard_after_forward: bool = True
     routing: str = "balanced"
+    # precision fp8: how Transformer Engine scales each tensor (FP8_RECIPES). current: from
+    # the tensor's own amax, a pass over it before the cast (Float8CurrentScaling, TE 2.2+,
+    # the recipes from NeMo 25.04 on); delayed: from the amax history of earlier steps,
+    # the amax taken in the cast's own pass (DelayedScaling, TE 1.x's only recipe)
+    fp8_recipe: str = "current"
 
     def __post_init__(self):
         if isinstance(self.hardware, str) and not self.hardware.endswith((".yaml", ".yml")):

@@ -71,8 +71,9 @@ def _framework(run) -> None:
     if run.attention != "flash":
         raise FlintError(f"attention: {name} runs SDPA's fused attention")
     if run.remat == "dots":
-        raise FlintError(f"remat: {name} runs none | selective | full (torch's selective "
-                         f"activation checkpointing does not trace under make_fx)")
+        raise FlintError(f"remat: {name} runs none | selective | full (selective: "
+                         f"torchtitan's op-level selective activation checkpointing); dots "
+                         f"is the JAX twin's policy")
     if run.grad_accumulation != "autograd":
         whose = {"in-gemm": "Megatron's gradient-accumulation fusion and XLA's",
                  "fp32-copy": "DeepSpeed's BF16 optimizer"}[run.grad_accumulation]
@@ -85,6 +86,9 @@ def _framework(run) -> None:
 
 
 def _zero_sync(run) -> None:
+    if run.fp8_recipe != "current" and run.precision != "fp8":
+        raise FlintError(f"fp8_recipe: {run.fp8_recipe} scaling is a recipe of precision fp8 "
+                         f"(Transformer Engine's per-tensor scaling), not {run.precision}")
     if run.zero_sync == "broadcast" and run.zero != 1:
         raise FlintError(f"zero_sync: broadcast is InternEvo's ZeRO-1 (gradients all-reduced, "
                          f"each owner broadcasting its parameters), not zero {run.zero}")

@@ -20,6 +20,7 @@ from flint.schema import Bool, Number, PositiveInt, Str, Strict, did_you_mean
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
 SPLITS = ("time", "layers")
 PRECISIONS = ("bf16", "fp8", "mxfp8")
+FP8_RECIPES = ("current", "delayed")
 ZERO_STAGES = (0, 1, 2, 3)
 DISPATCHERS = ("alltoall", "deepep")
 # How the run's kernels are made (passes.kernel_population; hardware_models prices each
@@ -91,6 +92,7 @@ class RunSchema(Strict):
     tp_comm_overlap: Optional[Bool] = None
     reshard_after_forward: Bool = True
     routing: Str = "balanced"
+    fp8_recipe: Literal[FP8_RECIPES] = "current"
 
 
 def suggest_word(doc: dict, where: str) -> None:

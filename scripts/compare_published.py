@@ -66,7 +66,7 @@ def training_run(row: Row):
     return TrainingRun(model=row.model, seq_len=row.seq, devices=row.gpus, hardware=spec,
                        tp=row.tp, cp=row.cp, pp=row.pp, vp=row.vp, zero=3 if row.fsdp else 1,
                        micro_batch=row.mbs, global_batch=row.gbs, remat=row.remat,
-                       precision=row.precision,
+                       precision=row.precision, fp8_recipe=row.fp8_recipe or "current",
                        framework="xla" if spec.startswith("tpu") else "megatron")
 
 

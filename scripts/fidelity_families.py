@@ -31,9 +31,11 @@ ERAS = {
                       "flash (cuDNN) attention, distributed optimizer with overlapped grad "
                       "reduce and param gather, TP communication overlap in the perf recipes"),
     "nvidia-perf-recipes": ("Megatron-Core+TE", "NeMo 2.0 performance recipes (containers "
-                            "25.02-25.07) and Megatron-Bridge perf recipes (25.09+): "
-                            "megatron-core with the recipes' own settings, e.g. gradients "
-                            "reduced in bf16"),
+                            "25.02-25.07): megatron-core with the recipes' own settings, "
+                            "e.g. gradients reduced in bf16"),
+    "bridge-perf-recipes": ("Megatron-Core+TE", "Megatron-Bridge performance recipes "
+                            "(25.09+): megatron-core with the recipes' own settings "
+                            "(gradients reduced in bf16, the FP8 recipe named per run)"),
     "automodel": ("PyTorch FSDP2+TE", "NeMo AutoModel: FSDP2 with Transformer Engine kernels"),
     "maxtext": ("MaxText/XLA", "MaxText on JAX: XLA's fusions (framework xla)"),
     "pathways": ("PaLM/Pathways XLA", "PaLM on TPU v4 through Pathways"),
@@ -64,6 +66,7 @@ TORCH_ERAS = ("pytorch", "pytorch-compile")
 
 
 DEEPSPEED_2022 = ("megatron-deepspeed-2022", "megatron-deepspeed-2022-bf16")
+PERF_RECIPES = ("nvidia-perf-recipes", "bridge-perf-recipes")
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ MECHANISMS = (
               "layers (--account-for-embedding-in-pipeline-split came in 2024)",
               "more 1 BigScience tr11 x Megatron-DeepSpeed 2022 x A100"),
     Mechanism("TP communication overlap in Megatron-Core recipes",
-              (("tp_comm_overlap", None),), ("megatron-core", "nvidia-perf-recipes"),
+              (("tp_comm_overlap", None),), ("megatron-core", *PERF_RECIPES),
               "Megatron-Core --tp-comm-overlap (Transformer Engine userbuffers, 2023+), on in "
               "the NeMo/Megatron-Bridge performance recipes (e.g. Llama3-70B H100 'TP-comm "
               "overlap via userbuffers', published.md caveats); the run's framework default",
@@ -136,7 +139,7 @@ MECHANISMS = (
               "Transformer Engine), i.e. framework megatron; the torch twin that prices "
               "eager kernels refuses zero 1 (InternEvo's hybrid ZeRO) and cp > 1 "
               "(AutoModel's Llama3-70B row)", "-"),
-    Mechanism("block recompute to fit memory", (), ("megatron-core", "nvidia-perf-recipes"),
+    Mechanism("block recompute to fit memory", (), ("megatron-core", *PERF_RECIPES),
               "the NVIDIA tables list no activation recompute (published.md); the runs ran, "
               "and the recipes set Megatron's block recompute to the layers per chunk that "
               "make them fit (Megatron-Bridge perf_recipes, e.g. 'Llama3-8B H100 FP8-CS: "
@@ -180,7 +183,7 @@ MECHANISMS = (
               "steps (tuning.cc)",
               "- (from the framework's source, no family's error)", needs="zero_sync"),
     Mechanism("bf16 gradient reduction in NVIDIA's performance recipes",
-              (("grad_reduce_dtype", "bf16"),), ("nvidia-perf-recipes",),
+              (("grad_reduce_dtype", "bf16"),), PERF_RECIPES,
               "Megatron-Bridge src/megatron/bridge/perf_recipes/_common.py @f64bff14 "
               "_perf_precision: 'Always sets grad_reduce_in_fp32=False' (and "
               "cfg.ddp.grad_reduce_in_fp32 = False in _benchmark_common); NeMo 2.0 "
@@ -235,6 +238,19 @@ MECHANISMS = (
               "GEMMs and attention stay cuBLAS and SDPA (README, framework torch-compile)",
               "held-out PyTorch FSDP A100/H100 (issue 27)",
               only=(("precision", ("bf16",)), ("zero", (0, 3)), ("cp", (1,)))),
+    Mechanism("FP8 delayed scaling before current scaling (Transformer Engine DelayedScaling)",
+              (("fp8_recipe", "delayed"),), ("megatron-core", "nvidia-perf-recipes"),
+              "Transformer Engine's per-tensor FP8 recipe was DelayedScaling (scales from the "
+              "amax history of earlier steps, the amax taken in the cast itself) until "
+              "Float8CurrentScaling came in TE 2.2 (2025); NeMo 2.0's bf16_with_fp8_mixed() "
+              "is delayed scaling and the NeMo docs first say 'scaling factors computed in "
+              "the current step' on the 25.04 page; Megatron-LM's examples/llama/"
+              "train_llama3_8b_h100_fp8.sh passes --fp8-amax-history-len 1024 "
+              "--fp8-amax-compute-algo max (Megatron's --fp8-recipe default, delayed). Rows "
+              "that state current scaling (FP8-CS, MLPerf v5.1, NeMo 25.04+) keep it; "
+              "Megatron-Bridge (its perf scripts name the recipe per run) is not assigned",
+              "- (from the frameworks' source, no family's error)", needs="fp8_recipe",
+              only=(("precision", ("fp8",)),)),
 )
 
 
@@ -333,7 +349,7 @@ def section_of(section: str, heading: str) -> tuple[str, str]:
 
 # published.md: section -> (source in words, era)
 PUBLISHED_SECTIONS = {
-    "1a": ("Megatron-Bridge", "nvidia-perf-recipes"), "1b": ("NeMo 24.07", "megatron-core"),
+    "1a": ("Megatron-Bridge", "bridge-perf-recipes"), "1b": ("NeMo 24.07", "megatron-core"),
     # the rows priced are 25.02-25.07's (NeMo 2.0; 24.09's repeat 1b v3 and are not listed)
     "1c": ("NeMo docs 24.09-25.07", "nvidia-perf-recipes"),
     "1d": ("NeMo long-sequence", "megatron-core"),

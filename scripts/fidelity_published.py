@@ -49,6 +49,8 @@ def published_cases(path: Path = TABLE) -> list[Case]:
                     case.reason = str(err)
                 else:
                     case.fields = {k: v for k, v in run.to_json().items() if k in STATED}
+                    if row.fp8_recipe:          # FP8-CS: the scaling is stated
+                        case.fields["fp8_recipe"] = row.fp8_recipe
                     if era in TORCH_ERAS and not row.fsdp:
                         case.fields["zero"] = 0     # PyTorch DDP: gradients all-reduced
             out.append(case)

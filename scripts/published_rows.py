@@ -54,6 +54,7 @@ class Row:
     vp: int = 1
     fsdp: bool = False
     remat: str = "selective"
+    fp8_recipe: str = ""              # the FP8 scaling the table states ("": not stated)
     published_step_s: float = 0.0
     result: dict = field(default_factory=dict)
 
@@ -172,9 +173,13 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
     row.cp = int(num("cp", default=1))
     row.vp = row.vp if section == "4" else int(num("vp", default=1))
     row.fsdp = (num("fsdp", default=0) or 0) > 0
-    prec = str(r.get("precision") or ("FP8-CS" if section in ("1c", "1f") else
-                                      "FP8" if section == "1b" else "BF16"))
+    # 1c's tables without a precision column are the 25.04/25.07 pages, which say "FP8
+    # current scaling"; 1b's page and 1f's README say FP8 and nothing of the scaling
+    prec = str(r.get("precision") or ("FP8-CS" if section == "1c" else
+                                      "FP8" if section in ("1b", "1f") else "BF16"))
     row.precision = PRECISION.get(prec.split()[0].lower().replace("_hybrid", ""), "")
+    if row.precision == "fp8" and prec.split()[0].lower() == "fp8-cs":
+        row.fp8_recipe = "current"
     if not row.precision:
         row.reason = f"precision {prec!r} not modelled"
     # the recompute a row states, under the column names tables use for it

@@ -39,6 +39,8 @@ def test_run_derives_its_layout_and_round_trips():
     ({"model": "llama9"}, "unknown model"),
     ({"seq_len": None, "model": "llama3-8b"}, "seq_len: give the training sequence length"),
     ({"precision": "fp8", "hardware": "a100-80gb-sxm"}, "precision: fp8 GEMMs need FP8"),
+    ({"fp8_recipe": "delayed"}, "fp8_recipe: delayed scaling is a recipe of precision fp8"),
+    ({"precision": "fp8", "fp8_recipe": "stale"}, "fp8_recipe"),
     ({"devices": 12, "tp": 3}, "tp: 3 does not divide"),
     ({"ep": 2}, "ep: .* has no experts"),
     ({"zero": 5}, "zero"),
@@ -263,3 +265,22 @@ def test_fp8_report_states_the_mfu_basis():
     code, stdout, stderr = run_cli(argv)
     assert code == 0, stderr
     assert "MFU / HFU basis" not in stdout
+
+
+def test_fp8_delayed_scaling_drops_the_amax_passes():
+    """Delayed scaling (Transformer Engine's DelayedScaling) takes each tensor's scale from
+    earlier steps, so the cast is the only pass over it; current scaling first reads the
+    tensor for its amax (and all-reduces it across TP): delayed is faster, with fewer
+    reductions, and the report names the recipe."""
+    argv = ["predict", "--model", "tiny", "--seq-len", "64", "--devices", "4", "--tp", "2",
+            "--global-batch", "8", "--precision", "fp8", "--json"]
+    out = {}
+    for recipe in ("current", "delayed"):
+        code, stdout, stderr = run_cli(argv + ["--fp8-recipe", recipe])
+        assert code == 0, stderr
+        out[recipe] = json.loads(stdout)
+    cur, dly = out["current"], out["delayed"]
+    assert dly["step_time_s"] < cur["step_time_s"]
+    assert dly["by_class_s"]["reduction"] < cur["by_class_s"]["reduction"]
+    assert dly["facts"]["fp8_scaling"].startswith("delayed")
+    assert cur["facts"]["fp8_scaling"].startswith("current")

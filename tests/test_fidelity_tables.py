@@ -198,5 +198,5 @@ def test_a_section_beyond_the_shared_ones_takes_the_framework_its_heading_names(
         "megatron", "unfused", False, "full")
     assert (runs["7a"].remat, runs["7b"].remat) == ("selective", "none")
     assert runs["9"].framework == "megatron" and runs["9"].attention == "flash"
-    assert section_of("1a", "anything") == ("Megatron-Bridge", "nvidia-perf-recipes")
+    assert section_of("1a", "anything") == ("Megatron-Bridge", "bridge-perf-recipes")
     assert section_of("12", "12. NeMo AutoModel with FSDP2")[1] == "megatron-core"

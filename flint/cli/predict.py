@@ -57,6 +57,10 @@ def predict(
         None, help="remat full: recompute only this many layers of each pipeline chunk "
                    "(Megatron's block method; default: all)"),
     precision: Optional[str] = typer.Option(None, help="GEMM precision: bf16 | fp8 | mxfp8"),
+    fp8_recipe: Optional[str] = typer.Option(
+        None, help="precision fp8: per-tensor scaling from the tensor's current amax (default; "
+                   "Transformer Engine's Float8CurrentScaling) | delayed (its DelayedScaling, "
+                   "TE 1.x: the amax history of earlier steps)"),
     framework: Optional[str] = typer.Option(None, help="who makes the kernels: megatron | "
                                             "xla | torch-eager | torch-compile"),
     attention: Optional[str] = typer.Option(None, help="attention core: flash | flash1 "
@@ -99,7 +103,7 @@ def predict(
                  dispatcher=dispatcher, zero=zero, hsdp=hsdp, zero_sync=zero_sync,
                  grad_reduce_dtype=grad_reduce_dtype, micro_batch=micro_batch,
                  global_batch=global_batch, remat=remat, recompute_layers=recompute_layers,
-                 precision=precision,
+                 precision=precision, fp8_recipe=fp8_recipe,
                  framework=framework, attention=attention,
                  overlap_grad_reduce=overlap_grad_reduce, tp_comm_overlap=tp_comm_overlap,
                  reshard_after_forward=reshard_after_forward,

@@ -67,8 +67,9 @@ def check_options(request) -> None:
                              "unrolled (torch has no lax.scan); drop --scan")
         if request.remat == "dots":
             raise FlintError("--remat dots: the torch twin runs none | full | selective "
-                             "(torch's selective activation checkpointing does not trace "
-                             "under make_fx); use --framework jax for dots")
+                             "(selective: torchtitan's op-level selective activation "
+                             "checkpointing); dots is the JAX twin's policy "
+                             "(--framework jax)")
     check_sequence_length(request.model, request.seq_len, request.dims)
 
 

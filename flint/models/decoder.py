@@ -45,7 +45,8 @@ class DecoderConfig:
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
     attention: str = "flash"     # flash (fused kernel) | xla (materialized S x S scores)
-    gemm_precision: str = "bf16"  # bf16 | fp8 (per-tensor current scaling) | mxfp8 (1x32)
+    gemm_precision: str = "bf16"  # bf16 | fp8 (per-tensor current scaling) | fp8-delayed
+    #                               (per-tensor delayed scaling) | mxfp8 (1x32 blocks)
     head_size: int = 0           # per-head dim when not d_model / heads (Qwen3: 128)
     # Mixture of experts (flint.models.moe): 0 experts = a dense decoder.
     n_experts: int = 0
@@ -93,7 +94,7 @@ ZOO = {
 #   selective: save everything but the attention core's output, which the backward
 #   recomputes (Korthikanti et al. 2022 "selective": with a flash kernel the S x S
 #   probabilities are never stored anyway, so only the core's forward is re-run).
-GEMM_PRECISIONS = ("bf16", "fp8", "mxfp8")
+GEMM_PRECISIONS = ("bf16", "fp8", "fp8-delayed", "mxfp8")
 
 
 def param_shapes(cfg: DecoderConfig) -> dict:

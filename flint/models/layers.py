@@ -31,7 +31,10 @@ def matmul(x, w, cfg):
     computeType 32F, the TPU MXU likewise) and round the result to bf16, so a row-parallel
     partial sum is reduced in bf16 as Megatron does; the attention scores and the logits
     ask for f32 results explicitly (preferred_element_type). fp8: both operands quantized to E4M3 with a
-    per-tensor scale from the current amax (Transformer Engine's current scaling); mxfp8:
+    per-tensor scale from the current amax (Transformer Engine's current scaling: a pass
+    over the tensor for its amax, then the cast); fp8-delayed: the scale comes from earlier
+    steps' amax history (Transformer Engine's DelayedScaling), so the cast is the only pass
+    over the tensor (it records the amax as it goes, for later steps); mxfp8:
     one scale per 1x32 block of the contraction dim (OCP MX spec), whose GEMM runs at the
     FP8 tensor rate on Blackwell."""
     cd = x.dtype
@@ -52,7 +55,7 @@ def _fp8_forward(x, w, kind):
     # the GEMM writes the compute dtype (cuBLASLt FP8 GEMMs accumulate in f32 and write
     # bf16, as Transformer Engine asks), so a row-parallel partial sum is reduced in bf16
     y = jnp.matmul(xq, wq, preferred_element_type=x.dtype)
-    if kind == "fp8":
+    if kind in ("fp8", "fp8-delayed"):
         y = y * (sx * sw).astype(x.dtype)
     return y, (xq, sx, wq, sw)
 
@@ -69,7 +72,8 @@ def _fp8_bwd(kind, res, dy):
     xq, sx, wq, sw = res
     sx, sw = jnp.max(sx), jnp.max(sw)
     d32 = dy.astype(jnp.float32)
-    sd = jnp.max(jnp.abs(d32)) / 57344.0 + 1e-12          # E5M2 max normal is 57344
+    sd = (_HISTORY_SCALE if kind == "fp8-delayed"
+          else jnp.max(jnp.abs(d32)) / 57344.0 + 1e-12)   # E5M2 max normal is 57344
     dq = (d32 / sd).astype(jnp.float8_e5m2)
     dx = jnp.matmul(dq, wq.T, preferred_element_type=dy.dtype) * (sd * sw).astype(dy.dtype)
     lead = "".join(chr(ord("a") + i) for i in range(dy.ndim - 1))
@@ -80,9 +84,17 @@ def _fp8_bwd(kind, res, dy):
 _fp8_matmul.defvjp(_fp8_fwd, _fp8_bwd)
 
 
+# delayed scaling's scale: a number from earlier steps (its amax history), no pass over the
+# tensor being cast; its value does not matter to the cost
+_HISTORY_SCALE = 1.0 / 448.0
+
+
 def _quantize_fp8(t, kind: str, axis: int):
     f8 = jnp.float8_e4m3fn
     t32 = t.astype(jnp.float32)
+    if kind == "fp8-delayed":
+        scale = jnp.float32(_HISTORY_SCALE)
+        return (t32 / scale).astype(f8), scale
     if kind == "fp8":
         scale = jnp.max(jnp.abs(t32)) / 448.0 + 1e-12      # E4M3 max normal is 448
         return (t32 / scale).astype(f8), scale
