@@ -24,8 +24,9 @@ constant ~0.5 us plus GEMM time proportional to the head dim), for FlashAttentio
 is its published forward figure at head dim 128 on long sequences, exponentials included
 (the spec's `attention_fraction` / `attention_fraction_native`); the GEMM-only rate is
 recovered from it. The backward's five GEMMs run at the rate that leaves the same anchor
-block at BACKWARD_SHARE of the forward's rate (FA3 paper, Fig. 7). Unfused attention is priced as its GEMMs (kernels.gemm_time, each bound
-by its own operand and score traffic) plus the softmax's passes over the scores.
+block at BACKWARD_SHARE of the forward's rate (FA3 paper, Fig. 7). Unfused attention is
+priced as its GEMMs (kernels.gemm_time, each bound by its own operand and score traffic)
+plus the softmax's passes over the scores.
 """
 from __future__ import annotations
 
