@@ -50,8 +50,8 @@ COMPILED_DATA = 2
 # Bumped whenever the zoo's workload changes so cached programs of older code are not
 # reused (3: vocab-parallel embedding and head, MLA's unpadded value head).
 WORKLOAD_VERSION = 5
-# The same for the torch twin's programs alone (2: selective is torchtitan's op-level SAC)
-TORCH_WORKLOAD_VERSION = 2
+# The same for the torch twin's programs alone (2: selective is torchtitan's op-level SAC; 3: RMSNorm's weight in the input's dtype)
+TORCH_WORKLOAD_VERSION = 3
 
 
 def compile_target(run: TrainingRun) -> str:

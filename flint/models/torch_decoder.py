@@ -38,11 +38,14 @@ class RMSNorm(nn.Module):
         self.layer_norm = layer_norm
 
     def forward(self, x):
+        # normalized in float32, scaled by the weight in the input's dtype, as torchtitan's
+        # and Hugging Face's Llama RMSNorm do: the backward keeps the f32 input and the
+        # bf16 normalized values, not a second f32 copy
         x32 = x.float()
         if self.layer_norm:
             x32 = x32 - x32.mean(-1, keepdim=True)
         y = x32 * torch.rsqrt((x32 * x32).mean(-1, keepdim=True) + 1e-6)
-        return (y * self.weight).to(x.dtype)
+        return y.to(x.dtype) * self.weight
 
 
 class Attention(nn.Module):
