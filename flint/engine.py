@@ -48,10 +48,8 @@ MOE_TEMPLATE_LAYERS = 2
 # real sizes (they change the per-device work).
 COMPILED_DATA = 2
 # Bumped whenever the zoo's workload changes so cached programs of older code are not
-# reused (3: vocab-parallel embedding and head, MLA's unpadded value head).
-WORKLOAD_VERSION = 5
-# The same for the torch twin's programs alone (2: selective is torchtitan's op-level SAC; 3: RMSNorm's weight in the input's dtype)
-TORCH_WORKLOAD_VERSION = 3
+# reused; the torch twin's own (3: torchtitan's op-level SAC, RMSNorm weight in bf16)
+WORKLOAD_VERSION, TORCH_WORKLOAD_VERSION = 5, 3
 
 
 def compile_target(run: TrainingRun) -> str:
@@ -91,9 +89,8 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
                "devices_per_host": min(devices_per_host(run), devices),
                "workload_version": WORKLOAD_VERSION}
     if run.precision != "bf16":
-        program["gemm_precision"] = run.precision
-        if run.precision == "fp8" and run.fp8_recipe == "delayed":
-            program["gemm_precision"] = "fp8-delayed"
+        program["gemm_precision"] = "fp8-delayed" if (
+            run.precision, run.fp8_recipe) == ("fp8", "delayed") else run.precision
     if run.attention == "unfused":      # flash1 is the flash program with an older kernel
         program["attention"] = run.attention
     if torch:       # torch.compile's Inductor fuses pointwise chains; eager runs each op
