@@ -203,10 +203,8 @@ MECHANISMS = (
               # 8.9% -> 6.2%, 1a H100 2.4% -> 2.0%, 1c GB200 14.4% -> 13.6% (better only 1a
               # B200 and 1c H100): the Blackwell rows already run too fast for a reason not
               # found, and a true setting that moves them further is not kept until it is.
-              # Session 41 found one (attention backward kernels priced at their forward
-              # rate) and measured again (--include-blocked): with -> without 1a B200 4.3% ->
-              # 8.1%, 1a GB300 7.8% -> 5.0%, 1c GB200 9.5% -> 8.7%, 1a GB200 / H100 and 1c
-              # H100 within half a point: still improved 1, worse 2 of 6
+              # Session 41 (after the attention backward fix): 1a B200 4.3% -> 8.1%, 1a GB300
+              # 7.8% -> 5.0%, 1c GB200 9.5% -> 8.7%, the rest within half a point
               blocked="dropped by sessions 40 and 41's leave-one-family-out (held-out "
                       "families improved 2, worse 3 of 6; then 1, worse 2 of 6); shown with "
                       "--include-blocked"),
@@ -262,6 +260,14 @@ MECHANISMS = (
               # something else in them is priced too fast; the true recipe waits for it
               blocked="dropped by session 41's leave-one-family-out (held-out families "
                       "improved 1, worse 3 of 4); shown with --include-blocked"),
+    Mechanism("NeMo launcher's Nemotron-340B config reduces gradients in bf16",
+              (("grad_reduce_dtype", "bf16"),), ("megatron-core",),
+              "NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/training/nemotron/"
+              "nemotron_340b.yaml @3be81fc1: optim mcore_distributed_optim with "
+              "grad_sync_dtype: bf16 (the NeMo 24.07 performance runs of that model use its "
+              "config); the other models' configs keep the fp32 default",
+              "published 1b NeMo 24.07 x Megatron-Core+TE x H100", needs="grad_reduce_dtype",
+              only=(("model", ("nemotron-340b",)), ("zero", (1, 2)))),
 )
 
 
