@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import torch
 
-BACKWARD_REGION = "flint::backward"
+from flint.frontends.torch_regions import REGION
+from flint.passes.aten_cost import op_name
+
+BACKWARD_REGION = REGION + "backward"
 # single-input nodes that only re-describe a value (autograd's detach of a saved tensor,
 # views): transparent between a recompute-tagged op and its backward reader
 _TRANSPARENT = frozenset({
@@ -33,9 +36,7 @@ def _policy_recomputes(node) -> bool:
 
 
 def _op_name(node) -> str:
-    target = node.target
-    name = getattr(target, "__name__", str(target))
-    return name.split(".")[0]
+    return op_name(node.target)
 
 
 def _writes_inputs(node) -> bool:
@@ -72,7 +73,7 @@ def _regions(graph: torch.fx.Graph, backward: dict) -> dict:
     for n in graph.nodes:
         if n.op != "call_function" or backward.get(n, False):
             continue
-        if _policy_recomputes(n) or n.meta.get("recompute") is not None:
+        if n.meta.get("recompute") is not None:
             if not open_run:
                 current += 1
                 open_run = True

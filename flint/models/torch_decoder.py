@@ -213,8 +213,9 @@ def op_sac_context():
     def policy(ctx, func, *args, **kwargs):
         name = func.__name__.split(".")[0]
         if name == "mm":
-            counts["recompute" if ctx.is_recompute else "forward"] += 1
-            if counts["recompute" if ctx.is_recompute else "forward"] % 2 == 0:
+            mode = "recompute" if ctx.is_recompute else "forward"
+            counts[mode] += 1
+            if counts[mode] % 2 == 0:
                 return CheckpointPolicy.PREFER_RECOMPUTE
         return (CheckpointPolicy.MUST_SAVE if name in _OP_SAC_SAVED
                 else CheckpointPolicy.PREFER_RECOMPUTE)
