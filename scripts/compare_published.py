@@ -15,9 +15,10 @@ published step time, never TFLOP/s (FLOP conventions differ between releases; se
 table's caveats). A rerun only re-prices.
 
 Assumptions (the same for every row, never chosen per row):
-- Model shapes: the presets of flint.models.describe (public configs); GPT-style rows use
-  Megatron's GPT (LayerNorm, GeLU 4h MLP, learned positions, vocab 51200).
-- Precision: BF16 -> bf16 GEMMs; FP8, FP8-CS, FP8 hybrid -> per-tensor-scaled FP8 GEMMs
+- Model shapes: the presets of flint.models.describe (public configs), or the layers /
+  hidden / heads (ffn, vocab, kv heads) a row states in its own columns; GPT-style rows use
+  Megatron's GPT (LayerNorm, GeLU 4h MLP, learned positions, vocab 51200) where silent.
+- Precision: BF16, and FP16 (the same dense tensor rate on A100 and H100) -> bf16 GEMMs; FP8, FP8-CS, FP8 hybrid -> per-tensor-scaled FP8 GEMMs
   (forward E4M3, output gradient E5M2); MXFP8 / FP8-MX -> 1x32 block-scaled FP8 GEMMs,
   at the FP8 tensor rate. Attention runs as a bf16 flash kernel in every row.
 - Activation recompute: Megatron-family rows use "selective" (recompute the attention
@@ -132,8 +133,9 @@ def main(argv=None) -> int:
     from flint.models.decoder import param_count
     from flint.models.describe import resolve_model
 
-    size = {r.model: param_count(resolve_model(r.model)) for r in todo}
-    todo.sort(key=lambda r: (size[r.model] / r.pp, r.model, r.system, r.tp, r.pp,
+    size = {r.model: param_count(resolve_model(dict(r.model) if isinstance(r.model, tuple)
+                                               else r.model)) for r in todo}
+    todo.sort(key=lambda r: (size[r.model] / r.pp, str(r.model), r.system, r.tp, r.pp,
                              r.mbs, r.precision, r.remat, r.label))
     print(f"{'row':58s} {'published':>10s} {'predicted':>10s} {'error':>8s}  note", flush=True)
     done = []

@@ -5,6 +5,7 @@ the rank correlation over BLOOM's topology sweep.
     python scripts/fidelity.py                        # both table files, every family
     python scripts/fidelity.py --file more --families 'BigScience'
     python scripts/fidelity.py --cached-only --json fidelity.json   # bounded rerun
+    python scripts/fidelity.py --file scripts/tables/beyond-shared.md  # another table file
 
 Rows: ../shared/tables/published.md (scripts/fidelity_published.py: the dense rows
 compare_published rebuilds, plus Korthikanti's full-recompute baselines) and
@@ -35,6 +36,8 @@ def load_cases(which: str) -> list:
     from fidelity_published import published_cases
     from more_published import more_cases
 
+    if which not in ("published", "more", "both"):    # a table file in published.md's form
+        return published_cases(Path(which))
     out = []
     if which in ("published", "both"):
         out += published_cases()
@@ -249,7 +252,9 @@ def alignment_table(cases) -> tuple[str, dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--file", choices=("published", "more", "both"), default="both")
+    ap.add_argument("--file", default="both", help="published | more | both, or the path "
+                    "of a table file in published.md's form (its sections priced as "
+                    "published.md's are)")
     ap.add_argument("--families", default="", help="regex on the family name")
     ap.add_argument("--rows", default="", help="regex on the row label")
     ap.add_argument("--cache", default=str(REPO / "build" / "fidelity"),
@@ -275,6 +280,11 @@ def main(argv=None) -> int:
     from flint.frontends.targets import prepare_environment
 
     prepare_environment()
+    shared = args.file in ("published", "more", "both")
+    if not shared and not Path(args.file).is_file():
+        print(f"fidelity: --file {args.file}: not published, more, both or a table file",
+              file=sys.stderr)
+        return 2
     cases = [c for c in load_cases(args.file)
              if fam_rx.search(c.family) and row_rx.search(c.label)]
     if not cases:
@@ -296,7 +306,8 @@ def main(argv=None) -> int:
     for file in ("published", "more-published"):
         mine = [c for c in cases if c.file == file]
         if mine:
-            text, doc = family_table(mine, f"\n== {file}.md: step time, predicted vs "
+            name = f"{file}.md" if shared else Path(args.file).name
+            text, doc = family_table(mine, f"\n== {name}: step time, predicted vs "
                                            f"published, per family ==")
             print(text)
             report[file] = doc

@@ -33,7 +33,16 @@ SYSTEMS = {  # published system -> hardware spec (each spec names its compile ta
     "dgx-gb200": "gb200-nvl72", "dgx-gb300": "gb300-nvl72", "a100": "a100-80gb-sxm",
     "v5p": "tpu-v5p", "v5e": "tpu-v5e", "v4": "tpu-v4",
 }
-PRECISION = {"bf16": "bf16", "fp8": "fp8", "fp8-cs": "fp8", "mxfp8": "mxfp8", "fp8-mx": "mxfp8"}
+# FP16 (mixed precision with loss scaling, the A100-era default) runs its GEMMs at the
+# BF16 tensor rate: the A100 and H100 datasheets list the same dense FP16 and BF16 figure
+PRECISION = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "fp8-cs": "fp8", "mxfp8": "mxfp8",
+             "fp8-mx": "mxfp8"}
+# a row that states its shape (tables of custom GPTs): column -> flint.models.describe key
+SHAPE_COLUMNS = {"layers": ("layers", "num_layers", "n_layers"),
+                 "hidden": ("hidden", "hidden_size", "d_model"),
+                 "heads": ("heads", "attention_heads", "num_attention_heads", "n_heads"),
+                 "kv_heads": ("kv_heads", "num_query_groups", "n_kv_heads"),
+                 "ffn": ("ffn", "ffn_hidden_size", "d_ff"), "vocab": ("vocab", "vocab_size")}
 
 
 @dataclass
@@ -41,7 +50,7 @@ class Row:
     label: str
     reason: str = ""                  # why it cannot be rebuilt ("" = rebuildable)
     moe: bool = False
-    model: str = ""
+    model: str | tuple = ""           # a preset's name, or the dims the row states
     system: str = ""
     gpus: int = 0
     precision: str = "bf16"
@@ -128,7 +137,7 @@ def _not_rebuildable(section: str, r: dict, name: str) -> str:
             return "no compile-only TPU v6e target (libtpu topology) in Flint"
         if (first_number(r.get("slices")) or 1) > 1:
             return "multi-slice (DCN) job"
-    if not _preset(name, section):
+    if not _preset(name, section) and not stated_shape(r, 2048):
         return f"no public dense shape for {name!r} in flint.models.describe"
     return ""
 
@@ -137,7 +146,27 @@ def _preset(name: str, section: str) -> str:
     for rx, preset in MODELS:
         if re.search(rx, name.strip(), re.I):
             return preset
-    return ""
+    # "GPT 39.1B", "gpt-1.7b", "145.6B": a Megatron GPT preset named by its size
+    m = re.fullmatch(r"(?:gpt[-_ ]?)?(\d+(?:\.\d+)?)\s*b", name.strip().lower())
+    from flint.models.describe import known_models
+
+    size = m and {"529.6": "530", "1008": "1t", "1008.0": "1t"}.get(m.group(1), m.group(1))
+    preset = size and (f"gpt-{size}" if size == "1t" else f"gpt-{size}b")
+    return preset if preset in known_models() else ""
+
+
+def stated_shape(r: dict, seq: int) -> tuple:
+    """The model dims a row states in its own columns (layers, hidden, heads at least), as
+    Megatron's GPT (LayerNorm, GeLU MLP of 4h, learned positions, vocab 51200) where the
+    row is silent; () when it states none."""
+    dims = {key: int(first_number(r[c])) for key, cols in SHAPE_COLUMNS.items()
+            for c in cols if first_number(r.get(c)) is not None}
+    if not {"layers", "hidden", "heads"} <= dims.keys():
+        return ()
+    dims = {"kv_heads": dims["heads"], "ffn": 4 * dims["hidden"], "vocab": 51200,
+            "norm": "layer", "activation": "gelu", "positional": "learned",
+            "tie_embeddings": True, **dims, "seq": seq}
+    return tuple(sorted(dims.items()))
 
 
 def _fill(row: Row, section: str, r: dict, name: str) -> None:
@@ -169,6 +198,7 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
     row.gbs = int(gbs)
     row.mbs = int(num("mbs", "per_device_batch", default=1))
     row.seq = int(seq)
+    row.model = row.model or stated_shape(r, row.seq)    # a preset's name wins
     row.tp, row.pp = int(num("tp", default=1)), int(num("pp", default=1))
     row.cp = int(num("cp", default=1))
     row.vp = row.vp if section == "4" else int(num("vp", default=1))

@@ -200,3 +200,51 @@ def test_a_section_beyond_the_shared_ones_takes_the_framework_its_heading_names(
     assert runs["9"].framework == "megatron" and runs["9"].attention == "flash"
     assert section_of("1a", "anything") == ("Megatron-Bridge", "bridge-perf-recipes")
     assert section_of("12", "12. NeMo AutoModel with FSDP2")[1] == "megatron-core"
+
+
+def test_a_table_beyond_the_shared_ones_states_shapes_sizes_and_fp16(tmp_path, capsys):
+    """A held-out table names GPTs by size (Narayanan's presets) or states their dims in
+    its own columns, and says FP16; each row is rebuilt as stated, and fidelity.py prices
+    such a file with --file (here bounded by --cached-only: nothing compiles)."""
+    import fidelity
+    from fidelity_published import published_cases
+
+    from flint.models.describe import resolve_model
+
+    path = tmp_path / "held.md"
+    path.write_text(
+        "## 8. Narayanan et al. 2021, Megatron-LM (arXiv 2104.04473)\n\n```csv\n"
+        "model,system,gpus,tp,pp,gbs,seq,precision,recompute,step_time_s,layers,hidden,"
+        "heads\nGPT 39.1B,A100,512,8,2,1536,2048,FP16,full,14.45,,,\n"
+        "GPT-X,A100,64,2,1,512,2048,fp16,full,3.7,30,3072,32\n"
+        "GPT-Y,A100,64,2,1,512,2048,BF16,full,3.7,,,\n```\n")
+    sized, shaped, nameless = published_cases(path)
+    assert sized.fields["model"] == "gpt-39.1b" and sized.fields["precision"] == "bf16"
+    cfg = resolve_model(shaped.fields["model"])
+    assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.vocab, cfg.mlp) == (
+        30, 3072, 32, 4 * 3072, 51200, "gelu")
+    assert cfg == resolve_model("gpt-3.6b").with_(name=cfg.name)
+    assert "no public dense shape for 'GPT-Y'" in nameless.reason
+    assert sized.era == shaped.era == "megatron-lm-2021"
+    out = tmp_path / "held.json"
+    assert fidelity.main(["--file", str(path), "--cached-only", "--no-lofo", "--quiet",
+                          "--cache", str(tmp_path / "cache"), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "== held.md: step time" in text and "Megatron-LM 2021 x A100" in text
+    assert fidelity.main(["--file", str(tmp_path / "nope.md"), "--quiet"]) == 2
+    assert "not published, more, both or a table file" in capsys.readouterr().err
+
+
+def test_the_repo_table_beyond_the_shared_ones_is_rebuildable():
+    """scripts/tables/beyond-shared.md: Narayanan 2021 Table 1, every row priced as that
+    era, its step derived from the paper's own FLOP count (eq. 3)."""
+    from fidelity_published import published_cases
+
+    cases = published_cases(REPO / "scripts" / "tables" / "beyond-shared.md")
+    assert len(cases) == 10 and not [c.reason for c in cases if c.reason]
+    assert {c.era for c in cases} == {"megatron-lm-2021"}
+    assert [c.fields["model"] for c in cases][-2:] == ["gpt-530b", "gpt-1t"]
+    h, s, layers, batch, gpus, tflops = 25600, 2048, 128, 3072, 3072, 163
+    flops = 96 * batch * s * layers * h * h * (1 + s / (6 * h) + 51200 / (16 * layers * h))
+    assert cases[-1].published_step_s == pytest.approx(flops / (gpus * tflops * 1e12),
+                                                        rel=1e-3)

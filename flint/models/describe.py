@@ -77,6 +77,16 @@ PRESETS = {c.name: c for c in (
     _gpt("gpt-22b", 48, 6144, 64),
     _gpt("gpt-530b", 105, 20480, 128),
     _gpt("gpt-1t", 128, 25600, 160),
+    # Narayanan et al. 2021 (arXiv 2104.04473) Table 1, the weak-scaling GPTs (layers,
+    # hidden, heads; vocab 51200, seq 2048); its 529.6B and 1008B rows are the two above.
+    _gpt("gpt-1.7b", 24, 2304, 24),
+    _gpt("gpt-3.6b", 30, 3072, 32),
+    _gpt("gpt-7.5b", 36, 4096, 32),
+    _gpt("gpt-18.4b", 40, 6144, 48),
+    _gpt("gpt-39.1b", 48, 8192, 64),
+    _gpt("gpt-76.1b", 60, 10240, 80),
+    _gpt("gpt-145.6b", 80, 12288, 96),
+    _gpt("gpt-310.1b", 96, 16384, 128),
     # Llama 2 (Touvron et al. 2023, Table 1 + HF config.json): vocab 32000, ctx 4096.
     _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
     _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
