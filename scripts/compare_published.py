@@ -24,7 +24,11 @@ Assumptions (the same for every row, never chosen per row):
 - Activation recompute: Megatron-family rows use "selective" (recompute the attention
   core only, Megatron's documented default with flash attention, which stores no S x S
   activations); rows that state "full" use full layer recompute.
-- Data parallelism: FSDP column > 0 -> ZeRO-3 sharding (fsdp axis); otherwise data
+- Data parallelism: what a row states in words (published_rows.stated_sharding: FSDP's
+  FULL_SHARD / HYBRID_SHARD / NO_SHARD, DDP, a ZeRO stage; SHARD_GRAD_OP's parameters kept
+  from forward to backward are FSDP2's option, which scripts/fidelity.py applies to the
+  PyTorch families); else FSDP
+  column > 0 -> ZeRO-3 sharding (fsdp axis); otherwise data
   parallel with the distributed optimizer (below). Tensor parallelism with sequence parallelism on (Megatron-Core's default
   with TP > 1).
 - Context parallelism (CP > 1): the zoo's all-gather CP (keys and values gathered over the
@@ -54,6 +58,7 @@ import json
 import re
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from published_rows import (REPO, SYSTEMS, TABLE, WITHIN, Row, print_not_rebuildable,
@@ -63,12 +68,17 @@ def training_run(row: Row):
     """The row's configuration as a TrainingRun (raises FlintError when it cannot be)."""
     from flint.run import TrainingRun
 
+    from flint.engine import devices_per_host
+
     spec = SYSTEMS[row.system]
-    return TrainingRun(model=row.model, seq_len=row.seq, devices=row.gpus, hardware=spec,
-                       tp=row.tp, cp=row.cp, pp=row.pp, vp=row.vp, zero=3 if row.fsdp else 1,
-                       micro_batch=row.mbs, global_batch=row.gbs, remat=row.remat,
-                       precision=row.precision, fp8_recipe=row.fp8_recipe or "current",
-                       framework="xla" if spec.startswith("tpu") else "megatron")
+    zero = row.zero if row.zero is not None else 3 if row.fsdp else 1
+    run = TrainingRun(model=row.model, seq_len=row.seq, devices=row.gpus, hardware=spec,
+                      tp=row.tp, cp=row.cp, pp=row.pp, vp=row.vp, zero=zero,
+                      micro_batch=row.mbs, global_batch=row.gbs, remat=row.remat,
+                      precision=row.precision, fp8_recipe=row.fp8_recipe or "current",
+                      framework="xla" if spec.startswith("tpu") else "megatron")
+    # HYBRID_SHARD: one shard group per host (the GPUs a host holds on its NVLink)
+    return replace(run, hsdp=devices_per_host(run)) if row.hybrid else run
 
 
 def rebuild(row: Row, cache: Path, cached_only: bool = False) -> None:

@@ -18,7 +18,7 @@ from published_rows import TABLE, first_number, rows_of, tables
 # from these or set by the family's semantics (a default such as grad_reduce_dtype fp32 or
 # grad_sync must not pass for the row's statement and override its framework's)
 STATED = ("model", "seq_len", "devices", "hardware", "tp", "cp", "pp", "vp", "zero",
-          "micro_batch", "global_batch", "remat", "precision")
+          "micro_batch", "global_batch", "remat", "precision", "hsdp")
 
 
 def published_cases(path: Path = TABLE) -> list[Case]:
@@ -51,7 +51,9 @@ def published_cases(path: Path = TABLE) -> list[Case]:
                     case.fields = {k: v for k, v in run.to_json().items() if k in STATED}
                     if row.fp8_recipe:          # FP8-CS: the scaling is stated
                         case.fields["fp8_recipe"] = row.fp8_recipe
-                    if era in TORCH_ERAS and not row.fsdp:
+                    if not row.reshard_after_forward:   # SHARD_GRAD_OP: FSDP's option,
+                        case.fields["reshard_after_forward"] = False   # checked per era
+                    if era in TORCH_ERAS and not row.fsdp and row.zero is None:
                         case.fields["zero"] = 0     # PyTorch DDP: gradients all-reduced
             out.append(case)
             if section == "4" and not case.reason:

@@ -62,6 +62,12 @@ class Row:
     cp: int = 1
     vp: int = 1
     fsdp: bool = False
+    # what the row states of its data parallelism (stated_sharding): ZeRO stage, FSDP's
+    # SHARD_GRAD_OP (parameters kept from forward to backward), HYBRID_SHARD (sharded
+    # within a host, replicated across hosts); None: the table's silent default
+    zero: int | None = None
+    reshard_after_forward: bool = True
+    hybrid: bool = False
     remat: str = "selective"
     fp8_recipe: str = ""              # the FP8 scaling the table states ("": not stated)
     published_step_s: float = 0.0
@@ -203,6 +209,10 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
     row.cp = int(num("cp", default=1))
     row.vp = row.vp if section == "4" else int(num("vp", default=1))
     row.fsdp = (num("fsdp", default=0) or 0) > 0
+    stated = stated_sharding(r)
+    for key, value in stated.items():
+        setattr(row, key, value)
+    row.fsdp = row.fsdp or stated.get("zero") == 3
     # 1c's tables without a precision column are the 25.04/25.07 pages, which say "FP8
     # current scaling"; 1b's page and 1f's README say FP8 and nothing of the scaling
     prec = str(r.get("precision") or ("FP8-CS" if section == "1c" else
@@ -229,6 +239,39 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
         row.reason = f"no hardware spec for system {system!r}"
     elif SYSTEMS[system].startswith("tpu") and not _have_libtpu():
         row.reason = "TPU target needs libtpu (pip install 'flint[tpu]'), not installed"
+
+
+SHARDING_COLUMNS = ("sharding_strategy", "sharding", "fsdp_strategy", "fsdp", "zero",
+                    "zero_stage", "data_parallel", "dp_type", "optimizer_sharding")
+
+
+def stated_sharding(r: dict) -> dict:
+    """The data-parallel flavour a row states in words (PyTorch FSDP's ShardingStrategy,
+    DeepSpeed's ZeRO stage, DDP): {} when it states none. FULL_SHARD and ZeRO-3 shard the
+    parameters and gather them per layer twice (forward, backward); SHARD_GRAD_OP keeps
+    the gathered parameters from forward to backward (FSDP docs: 'parameters are not
+    freed after forward'); HYBRID_SHARD does either within a host and all-reduces across
+    hosts; ZeRO-2 shards gradients and optimizer, ZeRO-1 the optimizer; NO_SHARD and DDP
+    all-reduce the gradients."""
+    text = " ".join(str(r.get(c) or "") for c in SHARDING_COLUMNS
+                    if first_number(r.get(c)) is None or c in ("zero", "zero_stage"))
+    text = re.sub(r"[\s-]+", "_", text.lower())
+    stage = next((int(first_number(r[c])) for c in ("zero", "zero_stage")
+                  if first_number(r.get(c)) is not None), None)
+    out: dict = {}
+    if "no_shard" in text or re.search(r"(^|_)ddp($|_)", text) or stage == 0:
+        out["zero"] = 0
+    elif "hybrid" in text or "hsdp" in text:
+        out.update(zero=3, hybrid=True, reshard_after_forward="zero2" not in text)
+    elif "shard_grad_op" in text:
+        out.update(zero=3, reshard_after_forward=False)
+    elif "full_shard" in text or re.search(r"zero_?3|fsdp", text) or stage == 3:
+        out["zero"] = 3
+    elif re.search(r"zero_?2", text) or stage == 2:
+        out["zero"] = 2
+    elif re.search(r"zero_?1|distributed_optimizer", text) or stage == 1:
+        out["zero"] = 1
+    return out
 
 
 def _have_libtpu() -> bool:

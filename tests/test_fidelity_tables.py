@@ -248,3 +248,31 @@ def test_the_repo_table_beyond_the_shared_ones_is_rebuildable():
     flops = 96 * batch * s * layers * h * h * (1 + s / (6 * h) + 51200 / (16 * layers * h))
     assert cases[-1].published_step_s == pytest.approx(flops / (gpus * tflops * 1e12),
                                                         rel=1e-3)
+
+
+def test_a_row_states_its_sharding_in_words(tmp_path):
+    """FSDP's sharding strategies, DDP and ZeRO stages as a held-out table writes them
+    become the run's zero / reshard_after_forward / hsdp (HYBRID_SHARD: a host's GPUs)."""
+    from fidelity_families import applicable, variant_fields
+    from fidelity_published import published_cases
+    from published_rows import stated_sharding
+
+    from flint.run import TrainingRun
+
+    assert stated_sharding({"sharding_strategy": "SHARD_GRAD_OP"}) == {
+        "zero": 3, "reshard_after_forward": False}
+    assert stated_sharding({"sharding": "_HYBRID_SHARD_ZERO2"}) == {
+        "zero": 3, "hybrid": True, "reshard_after_forward": False}
+    assert stated_sharding({"zero_stage": "2"}) == {"zero": 2}
+    assert stated_sharding({"dp_type": "DDP"}) == {"zero": 0}
+    assert stated_sharding({"fsdp": "64"}) == {} and stated_sharding({}) == {}
+    rows = "".join(f"GPT-7.5B,H100,128,1,1,{s},512,2048,BF16,3.7\n" for s in (
+        "FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"))
+    path = tmp_path / "held.md"
+    path.write_text("## 7. PyTorch FSDP on H100 (a blog)\n\n```csv\n"
+                    "model,system,gpus,tp,pp,sharding_strategy,gbs,seq,precision,"
+                    f"step_time_s\n{rows}```\n")
+    runs = [TrainingRun(**variant_fields(c, applicable(c))) for c in published_cases(path)]
+    assert [(r.framework, r.zero, r.reshard_after_forward, r.hsdp) for r in runs] == [
+        ("torch-eager", 3, True, 0), ("torch-eager", 3, False, 0),
+        ("torch-eager", 3, True, 8), ("torch-eager", 0, True, 0)]
