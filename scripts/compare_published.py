@@ -75,6 +75,7 @@ def training_run(row: Row):
     run = TrainingRun(model=row.model, seq_len=row.seq, devices=row.gpus, hardware=spec,
                       tp=row.tp, cp=row.cp, pp=row.pp, vp=row.vp, zero=zero,
                       micro_batch=row.mbs, global_batch=row.gbs, remat=row.remat,
+                      recompute_layers=row.recompute_layers,
                       precision=row.precision, fp8_recipe=row.fp8_recipe or "current",
                       framework="xla" if spec.startswith("tpu") else "megatron")
     # HYBRID_SHARD: one shard group per host (the GPUs a host holds on its NVLink)

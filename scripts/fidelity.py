@@ -70,7 +70,7 @@ class Runner:
 
         try:
             run = TrainingRun(**variant_fields(case, mechs))
-            if any(m.fit_memory for m in mechs):
+            if any(m.fit_memory for m in mechs) and not case.remat_stated:
                 from dataclasses import replace
 
                 from flint.engine import stage_program

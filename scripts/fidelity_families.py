@@ -297,7 +297,8 @@ def before_fields(case) -> dict:
 def applicable(case) -> list:
     built = variant_fields(case, [])
     return [m for m in MECHANISMS if available(m) and case.era in m.eras and all(
-        built.get(name, _run_defaults().get(name)) in values for name, values in m.only)]
+        built.get(name, _run_defaults().get(name)) in values for name, values in m.only)
+        and not (m.fit_memory and case.remat_stated)]
 
 
 @functools.cache
@@ -329,6 +330,7 @@ class Case:
     what_if: tuple = ()
     published_step_s: float = 0.0
     reason: str = ""            # why it cannot be rebuilt ("" = rebuildable)
+    remat_stated: bool = False  # the row names its recompute: no rule fits it to memory
     group: str = ""             # BLOOM sweep: the model's dims (rank correlation groups)
     predicted: dict = field(default_factory=dict)   # variant -> result
     runs: dict = field(default_factory=dict)        # variant -> the run's key

@@ -18,7 +18,7 @@ from published_rows import TABLE, first_number, rows_of, tables
 # from these or set by the family's semantics (a default such as grad_reduce_dtype fp32 or
 # grad_sync must not pass for the row's statement and override its framework's)
 STATED = ("model", "seq_len", "devices", "hardware", "tp", "cp", "pp", "vp", "zero",
-          "micro_batch", "global_batch", "remat", "precision", "hsdp")
+          "micro_batch", "global_batch", "remat", "recompute_layers", "precision", "hsdp")
 
 
 def published_cases(path: Path = TABLE) -> list[Case]:
@@ -37,7 +37,8 @@ def published_cases(path: Path = TABLE) -> list[Case]:
             family = family_name("published", section, source, era,
                                  gpu_of(record, section, block))
             case = Case(row.label, "published", section, family, era,
-                        published_step_s=row.published_step_s, reason=row.reason)
+                        published_step_s=row.published_step_s, reason=row.reason,
+                        remat_stated=row.remat_stated)
             if row.moe and not row.reason.startswith("MoE"):
                 case.reason = row.reason
             elif row.moe:

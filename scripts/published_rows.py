@@ -68,6 +68,8 @@ class Row:
     zero: int | None = None
     reshard_after_forward: bool = True
     hybrid: bool = False
+    recompute_layers: int = 0         # remat full: this many blocks per stage (0: all)
+    remat_stated: bool = False        # the row names its recompute (none is assumed then)
     remat: str = "selective"
     fp8_recipe: str = ""              # the FP8 scaling the table states ("": not stated)
     published_step_s: float = 0.0
@@ -224,9 +226,18 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
         row.reason = f"precision {prec!r} not modelled"
     # the recompute a row states, under the column names tables use for it
     stated = " ".join(str(r.get(c) or "") for c in (
-        "remat", "recompute", "activation_recompute", "activation_checkpointing")).lower()
-    if "full" in stated:
-        row.remat = "full"
+        "remat", "recompute", "activation_recompute", "activation_checkpointing", "ac",
+        "activation_checkpoint")).lower()
+    row.remat_stated = bool(stated.strip())
+    if re.search(r"selective[\s_-]*layer|every (second|2nd|other) (layer|block)", stated):
+        # torchtitan's "selective layer" (ac_freq 2): every second block checkpointed
+        from flint.models.describe import resolve_model
+
+        layers = resolve_model(dict(row.model) if isinstance(row.model, tuple)
+                               else row.model).n_layers
+        row.remat, row.recompute_layers = "full", max(1, layers // row.pp // 2)
+    elif "full" in stated or re.search(r"^\s*(true|yes|on)\s*$", stated):
+        row.remat = "full"         # a yes/no column checkpoints whole blocks
     elif re.search(r"\bnone\b|\bno\b|\boff\b|false", stated):
         row.remat = "none"
     tok = num("tok_s_gpu", "tokens_s_device")

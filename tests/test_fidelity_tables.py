@@ -276,3 +276,21 @@ def test_a_row_states_its_sharding_in_words(tmp_path):
     assert [(r.framework, r.zero, r.reshard_after_forward, r.hsdp) for r in runs] == [
         ("torch-eager", 3, True, 0), ("torch-eager", 3, False, 0),
         ("torch-eager", 3, True, 8), ("torch-eager", 0, True, 0)]
+
+
+def test_a_row_states_its_recompute_in_words(tmp_path):
+    """torchtitan's 'selective layer' checkpoints every second block; a yes/no column's yes
+    checkpoints whole blocks; a stated recompute is never refitted to memory (M8)."""
+    from fidelity_families import applicable
+    from fidelity_published import published_cases
+
+    rows = "".join(f"Llama2-13B,H100,64,1,1,64,128,4096,BF16,2.0,{ac}\n" for ac in (
+        "selective layer", "true", "no", ""))
+    path = tmp_path / "held.md"
+    path.write_text("## 9. NVIDIA Megatron-Core scaling\n\n```csv\nmodel,system,gpus,tp,pp,"
+                    f"fsdp,gbs,seq,precision,step_time_s,activation_checkpointing\n{rows}```\n")
+    cases = published_cases(path)
+    assert [(c.fields["remat"], c.fields["recompute_layers"]) for c in cases] == [
+        ("full", 20), ("full", 0), ("none", 0), ("selective", 0)]
+    fitted = [any(m.fit_memory for m in applicable(c)) for c in cases]
+    assert fitted == [False, False, False, True]
