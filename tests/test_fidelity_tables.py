@@ -236,18 +236,25 @@ def test_a_table_beyond_the_shared_ones_states_shapes_sizes_and_fp16(tmp_path, c
 
 
 def test_the_repo_table_beyond_the_shared_ones_is_rebuildable():
-    """scripts/tables/beyond-shared.md: Narayanan 2021 Table 1, every row priced as that
-    era, its step derived from the paper's own FLOP count (eq. 3)."""
+    """scripts/tables/beyond-shared.md: Narayanan 2021 Table 1 (steps from the paper's own
+    FLOP count, eq. 3), torchtitan's and llm-foundry's PyTorch FSDP tables; every row is
+    priced as its heading's era, with the recompute and shapes it states."""
     from fidelity_published import published_cases
 
     cases = published_cases(REPO / "scripts" / "tables" / "beyond-shared.md")
-    assert len(cases) == 10 and not [c.reason for c in cases if c.reason]
-    assert {c.era for c in cases} == {"megatron-lm-2021"}
-    assert [c.fields["model"] for c in cases][-2:] == ["gpt-530b", "gpt-1t"]
+    assert len(cases) == 32 and not [c.reason for c in cases if c.reason]
+    assert {c.section: c.era for c in cases} == {"8": "megatron-lm-2021", "7a": "pytorch",
+                                                 "7b": "pytorch"}
+    titan = [c for c in cases if c.section == "7a"]
+    assert (titan[0].fields["remat"], titan[0].fields["recompute_layers"]) == ("full", 16)
+    mpt = next(c for c in cases if c.section == "7b")
+    assert dict(mpt.fields["model"])["vocab"] == 50368 and mpt.fields["zero"] == 3
+    old = [c for c in cases if c.section == "8"]
+    assert [c.fields["model"] for c in old][-2:] == ["gpt-530b", "gpt-1t"]
     h, s, layers, batch, gpus, tflops = 25600, 2048, 128, 3072, 3072, 163
     flops = 96 * batch * s * layers * h * h * (1 + s / (6 * h) + 51200 / (16 * layers * h))
-    assert cases[-1].published_step_s == pytest.approx(flops / (gpus * tflops * 1e12),
-                                                        rel=1e-3)
+    assert old[-1].published_step_s == pytest.approx(flops / (gpus * tflops * 1e12),
+                                                     rel=1e-3)
 
 
 def test_a_row_states_its_sharding_in_words(tmp_path):
