@@ -70,10 +70,11 @@ def _abs(x, width=6) -> str:
 def family_table(cases, title: str, show_misses: bool = True) -> tuple[str, dict]:
     """Per family: rows rebuilt, median signed / absolute step error, share within 10% and
     15%, before and after; the misses (after) listed with their error."""
-    lines = [title, f"{'family':62s} {'rows':>4s} | {'before: med':>11s} {'|med|':>6s} "
+    families = sorted({c.family for c in cases})
+    w = max([62] + [len(f) for f in families])       # a family's name is never cut
+    lines = [title, f"{'family':{w}s} {'rows':>4s} | {'before: med':>11s} {'|med|':>6s} "
              f"{'<=10%':>5s} {'<=15%':>5s} | {'after: med':>10s} {'|med|':>6s} {'<=10%':>5s} "
              f"{'<=15%':>5s}"]
-    families = sorted({c.family for c in cases})
     doc = {}
     for fam in families + ["ALL"]:
         mine = cases if fam == "ALL" else [c for c in cases if c.family == fam]
@@ -81,13 +82,13 @@ def family_table(cases, title: str, show_misses: bool = True) -> tuple[str, dict
         built = [c for c in mine if not c.reason]
         if not b["rows"] and not a["rows"]:
             if fam != "ALL":
-                lines.append(f"{fam[:62]:62s} {0:4d} | not rebuildable ({len(mine)} rows; "
+                lines.append(f"{fam:{w}s} {0:4d} | not rebuildable ({len(mine)} rows; "
                              f"{len(built)} rebuildable not priced)")
             continue
         doc[fam] = {"before": b, "after": a}
         n = max(b["rows"], a["rows"])
         pct = lambda s, k: f"{s[k]:2d}/{s['rows']:<2d}"  # noqa: E731
-        lines.append(f"{fam[:62]:62s} {n:4d} | {_pct(b['median_signed'], 11)} "
+        lines.append(f"{fam:{w}s} {n:4d} | {_pct(b['median_signed'], 11)} "
                      f"{_abs(b['median_abs'])} {pct(b, 'within_10'):>5s} "
                      f"{pct(b, 'within_15'):>5s} | {_pct(a['median_signed'], 10)} "
                      f"{_abs(a['median_abs'])} {pct(a, 'within_10'):>5s} "
