@@ -61,7 +61,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from published_rows import (REPO, SYSTEMS, TABLE, WITHIN, Row, print_not_rebuildable,
+from published_rows import (REPO, TABLE, WITHIN, Row, print_not_rebuildable, system_spec,
                             rows_of, tables)
 
 def training_run(row: Row):
@@ -70,7 +70,7 @@ def training_run(row: Row):
 
     from flint.engine import devices_per_host
 
-    spec = SYSTEMS[row.system]
+    spec = system_spec(row.system)
     zero = row.zero if row.zero is not None else 3 if row.fsdp else 1
     run = TrainingRun(model=row.model, seq_len=row.seq, devices=row.gpus, hardware=spec,
                       tp=row.tp, cp=row.cp, pp=row.pp, vp=row.vp, zero=zero,

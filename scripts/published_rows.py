@@ -35,6 +35,29 @@ SYSTEMS = {  # published system -> hardware spec (each spec names its compile ta
 }
 # FP16 (mixed precision with loss scaling, the A100-era default) runs its GEMMs at the
 # BF16 tensor rate: the A100 and H100 datasheets list the same dense FP16 and BF16 figure
+# a system named otherwise ("DGX A100 80GB", "8x H200 SXM", "MI300X"): the first of these
+# tokens it contains; a PCIe card or a 40 GB A100 is another part, not these specs
+SYSTEM_TOKENS = (("gb300", "gb300-nvl72"), ("gb200", "gb200-nvl72"), ("b300", "b300"),
+                 ("b200", "b200"), ("h200", "h200"), ("h100", "h100-sxm"),
+                 ("a100", "a100-80gb-sxm"), ("mi300x", "mi300x"))
+
+
+def system_spec(system: str) -> str:
+    """The hardware spec a published system names; "" when Flint has none for it."""
+    text = system.lower()
+    if text in SYSTEMS:
+        return SYSTEMS[text]
+    if "pcie" in text or ("nvl" in text and not re.search(r"gb[23]00", text)):
+        return ""                       # PCIe cards and H100 NVL: other parts
+    if "a100" in text and re.search(r"\b40\s*g", text):
+        return "a100-40gb-sxm"
+    for token, spec in SYSTEM_TOKENS:
+        if re.search(rf"(?<![a-z0-9]){token}(?![0-9])", text):
+            return spec
+    tpu = re.search(r"\btpu[\s_-]*(v4|v5e|v5p|v6e)\b", text)   # "TPU v5p", "tpu-v5e"
+    return f"tpu-{tpu.group(1)}" if tpu else ""
+
+
 PRECISION = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "fp8-cs": "fp8", "mxfp8": "mxfp8",
              "fp8-mx": "mxfp8"}
 # a row that states its shape (tables of custom GPTs): column -> flint.models.describe key
@@ -246,9 +269,9 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
         row.gbs = int(num("gbs_seqs"))
         row.fsdp = True
     row.published_step_s = step if step else row.gbs * row.seq / (tok * row.gpus)
-    if system not in SYSTEMS:
+    if not system_spec(system):
         row.reason = f"no hardware spec for system {system!r}"
-    elif SYSTEMS[system].startswith("tpu") and not _have_libtpu():
+    elif system_spec(system).startswith("tpu") and not _have_libtpu():
         row.reason = "TPU target needs libtpu (pip install 'flint[tpu]'), not installed"
 
 
