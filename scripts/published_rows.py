@@ -263,12 +263,14 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
         row.remat = "full"         # a yes/no column checkpoints whole blocks
     elif re.search(r"\bnone\b|\bno\b|\boff\b|false", stated):
         row.remat = "none"
-    tok = num("tok_s_gpu", "tokens_s_device")
-    step = num("step_time_s", "step_s_median", "step_s", "iter_s_seqpar+selective")
     if section == "2d":
         row.gbs = int(num("gbs_seqs"))
         row.fsdp = True
-    row.published_step_s = step if step else row.gbs * row.seq / (tok * row.gpus)
+    row.published_step_s = published_step(r, row)
+    if not row.published_step_s:
+        row.reason = ("no step time, tokens/s or samples/s in the row (a TFLOP/s or MFU "
+                      "figure's FLOP convention is not the table's to guess)")
+        return
     if not system_spec(system):
         row.reason = f"no hardware spec for system {system!r}"
     elif system_spec(system).startswith("tpu") and not _have_libtpu():
@@ -306,6 +308,32 @@ def stated_sharding(r: dict) -> dict:
     elif re.search(r"zero_?1|distributed_optimizer", text) or stage == 1:
         out["zero"] = 1
     return out
+
+
+# the published figure, under the names tables give it: (columns, seconds per step from
+# the value); per-GPU and whole-cluster token rates, sequence rates, step times in s or ms
+STEP_FIGURES = (
+    (("step_time_s", "step_s_median", "step_s", "iter_s_seqpar+selective", "iter_time_s",
+      "iteration_time_s", "seconds_per_iteration"), lambda v, row: v),
+    (("step_time_ms", "iter_time_ms", "iteration_time_ms", "elapsed_time_per_iteration_ms"),
+     lambda v, row: v / 1e3),
+    (("tok_s_gpu", "tokens_s_device", "tokens_s_per_gpu", "tokens_per_s_per_gpu", "wps",
+      "tokens_per_gpu_per_s"), lambda v, row: row.gbs * row.seq / (v * row.gpus)),
+    (("tokens_s", "tokens_per_s", "throughput_tokens_s", "tokens_per_second"),
+     lambda v, row: row.gbs * row.seq / v),
+    (("samples_s", "samples_per_s", "sequences_per_s", "samples_per_second"),
+     lambda v, row: row.gbs / v),
+)
+
+
+def published_step(r: dict, row: Row) -> float:
+    """Seconds per step from the first figure the row gives (0.0: none)."""
+    for columns, seconds in STEP_FIGURES:
+        for c in columns:
+            v = first_number(r.get(c))
+            if v:
+                return seconds(v, row)
+    return 0.0
 
 
 def _have_libtpu() -> bool:

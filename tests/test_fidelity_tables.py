@@ -313,3 +313,22 @@ def test_a_held_out_system_named_its_own_way_finds_its_spec():
              "TPU v5p": "tpu-v5p", "ND A100 v4": "a100-80gb-sxm", "dgx-h100": "h100-sxm"}
     assert {name: system_spec(name) for name in named} == named
     assert [system_spec(t) for t in ("H100 PCIe", "H100 NVL", "V100", "H800")] == [""] * 4
+
+
+@pytest.mark.parametrize("column, value, step", [
+    ("step_time_ms", "1500", 1.5), ("elapsed_time_per_iteration_ms", "1500", 1.5),
+    ("wps", "2730.67", 1.5), ("tokens_per_s", "174762.67", 1.5), ("samples_s", "42.667", 1.5),
+    ("tflops_per_gpu", "400", 0.0)])
+def test_a_held_out_row_gives_its_time_under_other_names(tmp_path, column, value, step):
+    """Step times in ms, token rates per GPU or for the cluster, sequence rates: each is
+    seconds per step; a TFLOP/s figure alone is not rebuilt (its FLOP convention unknown)."""
+    from fidelity_published import published_cases
+
+    path = tmp_path / "held.md"
+    path.write_text("## 9. NVIDIA scaling\n\n```csv\nmodel,system,gpus,tp,gbs,seq,"
+                    f"precision,{column}\nLlama2-7B,H100,64,1,64,4096,BF16,{value}\n```\n")
+    (case,) = published_cases(path)
+    if step:
+        assert case.published_step_s == pytest.approx(step, rel=1e-4) and not case.reason
+    else:
+        assert case.reason.startswith("no step time, tokens/s or samples/s in the row")
