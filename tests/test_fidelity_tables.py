@@ -332,3 +332,17 @@ def test_a_held_out_row_gives_its_time_under_other_names(tmp_path, column, value
         assert case.published_step_s == pytest.approx(step, rel=1e-4) and not case.reason
     else:
         assert case.reason.startswith("no step time, tokens/s or samples/s in the row")
+
+
+def test_documented_pytorch_check_on_the_repo_table(tmp_path, capsys):
+    """README: `fidelity.py --file scripts/tables/beyond-shared.md --families PyTorch`
+    selects the torchtitan and llm-foundry families (bounded here by --cached-only)."""
+    import fidelity
+
+    table = str(REPO / "scripts" / "tables" / "beyond-shared.md")
+    assert fidelity.main(["--file", table, "--families", "PyTorch", "--cached-only",
+                          "--no-lofo", "--quiet", "--cache", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "published 7a torchtitan x PyTorch FSDP/DDP x A100" in out
+    assert "published 7b llm-foundry x PyTorch FSDP/DDP x H100" in out
+    assert "Narayanan" not in out
