@@ -277,8 +277,9 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
         row.reason = "TPU target needs libtpu (pip install 'flint[tpu]'), not installed"
 
 
-SHARDING_COLUMNS = ("sharding_strategy", "sharding", "fsdp_strategy", "fsdp", "zero",
-                    "zero_stage", "data_parallel", "dp_type", "optimizer_sharding")
+# the columns a table states its data-parallel flavour in: "sharding_strategy",
+# "fsdp_mode", "zero_stage", "dp_type", "data_parallel", "strategy", ...
+SHARDING_COLUMN = re.compile(r"shard|zero|fsdp|strateg|data[_ ]parallel|dp[_ ]type", re.I)
 
 
 def stated_sharding(r: dict) -> dict:
@@ -289,11 +290,11 @@ def stated_sharding(r: dict) -> dict:
     freed after forward'); HYBRID_SHARD does either within a host and all-reduces across
     hosts; ZeRO-2 shards gradients and optimizer, ZeRO-1 the optimizer; NO_SHARD and DDP
     all-reduce the gradients."""
-    text = " ".join(str(r.get(c) or "") for c in SHARDING_COLUMNS
-                    if first_number(r.get(c)) is None or c in ("zero", "zero_stage"))
+    columns = [c for c in r if c and SHARDING_COLUMN.search(c)]
+    text = " ".join(str(r.get(c) or "") for c in columns if first_number(r.get(c)) is None)
     text = re.sub(r"[\s-]+", "_", text.lower())
-    stage = next((int(first_number(r[c])) for c in ("zero", "zero_stage")
-                  if first_number(r.get(c)) is not None), None)
+    stage = next((int(first_number(r[c])) for c in columns if "zero" in c.lower()
+                  and first_number(r.get(c)) is not None), None)
     out: dict = {}
     if "no_shard" in text or re.search(r"(^|_)ddp($|_)", text) or stage == 0:
         out["zero"] = 0

@@ -346,3 +346,12 @@ def test_documented_pytorch_check_on_the_repo_table(tmp_path, capsys):
     assert "published 7a torchtitan x PyTorch FSDP/DDP x A100" in out
     assert "published 7b llm-foundry x PyTorch FSDP/DDP x H100" in out
     assert "Narayanan" not in out
+
+
+def test_sharding_is_read_from_any_column_named_for_it():
+    from published_rows import stated_sharding
+
+    assert stated_sharding({"fsdp_mode": "SHARD_GRAD_OP"})["reshard_after_forward"] is False
+    assert stated_sharding({"Strategy": "DDP"}) == {"zero": 0}
+    assert stated_sharding({"ZeRO stage": "3"}) == {"zero": 3}
+    assert stated_sharding({"schedule": "ddp-like 1F1B", "model": "FSDP-net"}) == {}
