@@ -104,8 +104,38 @@ def first_number(cell) -> float | None:
     return float(m.group(1)) if m else None
 
 
+# other names tables give the columns this module reads (lowercase, "_" for spaces/dashes)
+COLUMN_ALIASES = {
+    "gpus": ("num_gpus", "n_gpus", "gpu_count", "total_gpus", "number_of_gpus", "world_size"),
+    "tp": ("tensor_parallel", "tensor_parallel_size", "tp_size", "tensor_model_parallel_size"),
+    "pp": ("pipeline_parallel", "pipeline_parallel_size", "pp_size",
+           "pipeline_model_parallel_size"),
+    "cp": ("context_parallel", "context_parallel_size", "cp_size"),
+    "vp": ("vpp", "virtual_pipeline", "virtual_pipeline_model_parallel_size"),
+    "mbs": ("micro_batch_size", "micro_batch", "microbatch", "microbatch_size",
+            "local_batch", "batch_per_gpu", "per_gpu_batch"),
+    "gbs": ("global_batch_size", "global_batch"),    # a bare "batch size" may be per GPU
+    "seq": ("seq_len", "seq_length", "sequence_length", "context_length"),
+    "precision": ("dtype", "mixed_precision", "data_type"),
+    "system": ("gpu", "gpu_type", "accelerator", "device"),
+}
+_ALIAS = {alias: name for name, aliases in COLUMN_ALIASES.items() for alias in aliases}
+
+
+def with_aliases(record: dict) -> dict:
+    """`record` plus, under this module's names, the columns a table names otherwise (a
+    column of the module's own name wins)."""
+    out = dict(record)
+    for key, value in record.items():
+        name = _ALIAS.get(re.sub(r"[\s-]+", "_", str(key).strip().lower()))
+        if name and name not in record:
+            out.setdefault(name, value)
+    return out
+
+
 def tables(path: Path):
-    """(heading, rows as dicts) for every ```csv block."""
+    """(heading, rows as dicts) for every ```csv block, other names of the columns read
+    here added under this module's (with_aliases)."""
     heading, lines, out = "", path.read_text().splitlines(), []
     i = 0
     while i < len(lines):
@@ -115,7 +145,8 @@ def tables(path: Path):
             j = i + 1
             while lines[j].strip() != "```":
                 j += 1
-            out.append((heading, list(csv.DictReader(io.StringIO("\n".join(lines[i + 1:j]))))))
+            out.append((heading, [with_aliases(r) for r in csv.DictReader(
+                io.StringIO("\n".join(lines[i + 1:j])))]))
             i = j
         i += 1
     return out

@@ -355,3 +355,23 @@ def test_sharding_is_read_from_any_column_named_for_it():
     assert stated_sharding({"Strategy": "DDP"}) == {"zero": 0}
     assert stated_sharding({"ZeRO stage": "3"}) == {"zero": 3}
     assert stated_sharding({"schedule": "ddp-like 1F1B", "model": "FSDP-net"}) == {}
+
+
+def test_a_held_out_table_names_its_columns_its_own_way(tmp_path):
+    """num_gpus, tensor/pipeline parallel sizes, micro/global batch sizes, sequence length,
+    dtype and GPU type under the names Megatron's and other tables use."""
+    from fidelity_published import published_cases
+
+    path = tmp_path / "held.md"
+    path.write_text(
+        "## 9. NVIDIA Megatron-Core scaling\n\n```csv\nmodel,gpu_type,num_gpus,"
+        "tensor_model_parallel_size,pipeline_model_parallel_size,micro_batch_size,"
+        "global_batch_size,seq_length,dtype,elapsed_time_per_iteration_ms\n"
+        "Llama2-70B,H100 SXM,64,4,2,1,128,4096,BF16,5000\n```\n")
+    (case,) = published_cases(path)
+    f = case.fields
+    assert not case.reason and case.published_step_s == pytest.approx(5.0)
+    assert (f["devices"], f["tp"], f["pp"], f["micro_batch"], f["global_batch"],
+            f["seq_len"], f["hardware"], f["precision"]) == (
+        64, 4, 2, 1, 128, 4096, "h100-sxm", "bf16")
+    assert case.family.endswith("x H100")
