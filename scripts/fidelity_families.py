@@ -7,16 +7,14 @@ section's prose names. What a row states (model, devices, TP/PP/DP, micro-batch,
 ZeRO stage, precision, the cluster's network) goes into its own fields; how its framework
 runs (attention kernel, sequence parallelism, when gradients are reduced, how stages are
 split, TP communication overlap) comes from its era, once, through MECHANISMS: each a named
-assignment of run fields with the public source it rests on, never chosen per row. One
-mechanism is a rule rather than an assignment: a row whose source lists no recompute ran in
-its memory, so it is rebuilt with the least block recompute that fits (M8,
-flint.fit_memory), as the recipes set it.
+assignment of run fields with the public source it rests on, never chosen per row. M8 is a
+rule: a row whose source lists no recompute is rebuilt with the least block recompute that
+fits (flint.fit_memory), as the recipes set it.
 
 "before": every family as Flint priced runs before issue 27 (framework megatron, or xla on
 a TPU; flash attention; gradient reduction overlapped with the backward; stages balanced by
 predicted time; no TP communication overlap). "after": before plus every mechanism of the
-row's era. Precision: fp16 rows run bf16 GEMMs (A100 and H100 list the same fp16 and bf16
-tensor rates: A100 datasheet 312 TFLOP/s dense each, H100 SXM 989).
+row's era. fp16 rows run bf16 GEMMs (the same dense tensor rate: A100 312, H100 989 TFLOP/s).
 """
 from __future__ import annotations
 
