@@ -24,8 +24,8 @@ Assumptions (the same for every row, never chosen per row):
 - Model shapes: the presets of flint.models.describe (public configs), or the layers /
   hidden / heads (ffn, vocab, kv heads) a row states in its own columns; GPT-style rows use
   Megatron's GPT (LayerNorm, GeLU 4h MLP, learned positions, vocab 51200) where silent.
-- Precision: BF16, and FP16 (the same dense tensor rate on A100 and H100) -> bf16 GEMMs; FP8, FP8-CS, FP8 hybrid -> per-tensor-scaled FP8 GEMMs
-  (forward E4M3, output gradient E5M2); MXFP8 / FP8-MX -> 1x32 block-scaled FP8 GEMMs,
+- Precision: BF16, and FP16 (the same dense tensor rate on A100 and H100) -> bf16 GEMMs;
+  FP8, FP8-CS, FP8 hybrid -> per-tensor-scaled FP8 GEMMs (forward E4M3, output gradient E5M2); MXFP8 / FP8-MX -> 1x32 block-scaled FP8 GEMMs,
   at the FP8 tensor rate. Attention runs as a bf16 flash kernel in every row.
 - Activation recompute: Megatron-family rows use "selective" (recompute the attention
   core only, Megatron's documented default with flash attention, which stores no S x S
@@ -33,10 +33,9 @@ Assumptions (the same for every row, never chosen per row):
 - Data parallelism: what a row states in words (published_rows.stated_sharding: FSDP's
   FULL_SHARD / HYBRID_SHARD / NO_SHARD, DDP, a ZeRO stage; SHARD_GRAD_OP's parameters kept
   from forward to backward are FSDP2's option, which scripts/fidelity.py applies to the
-  PyTorch families); else FSDP
-  column > 0 -> ZeRO-3 sharding (fsdp axis); otherwise data
-  parallel with the distributed optimizer (below). Tensor parallelism with sequence parallelism on (Megatron-Core's default
-  with TP > 1).
+  PyTorch families); else FSDP column > 0 -> ZeRO-3 sharding (fsdp axis); otherwise data
+  parallel with the distributed optimizer (below). Tensor parallelism with sequence
+  parallelism on (Megatron-Core's default with TP > 1).
 - Context parallelism (CP > 1): the zoo's all-gather CP (keys and values gathered over the
   context axis, load-balanced causal chunks); Megatron runs ring attention (the same
   bytes as point-to-point steps overlapped with the attention blocks).
@@ -67,8 +66,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from published_rows import (REPO, TABLE, WITHIN, Row, print_not_rebuildable, system_spec,
-                            rows_of, tables)
+from published_rows import (REPO, TABLE, WITHIN, Row, model_config, print_not_rebuildable,
+                            rows_of, system_spec, tables)
 
 def training_run(row: Row):
     """The row's configuration as a TrainingRun (raises FlintError when it cannot be)."""
@@ -148,10 +147,8 @@ def main(argv=None) -> int:
     # cheapest extractions first (a partial run covers the most rows), one program's rows
     # together (the evaluator keeps one graph in memory)
     from flint.models.decoder import param_count
-    from flint.models.describe import resolve_model
 
-    size = {r.model: param_count(resolve_model(dict(r.model) if isinstance(r.model, tuple)
-                                               else r.model)) for r in todo}
+    size = {r.model: param_count(model_config(r.model)) for r in todo}
     todo.sort(key=lambda r: (size[r.model] / r.pp, str(r.model), r.system, r.tp, r.pp,
                              r.mbs, r.precision, r.remat, r.label))
     print(f"{'row':58s} {'published':>10s} {'predicted':>10s} {'error':>8s}  note", flush=True)

@@ -32,11 +32,14 @@ from fidelity_stats import family_table, median, spearman  # noqa: E402
 from published_rows import REPO  # noqa: E402
 
 
+SHARED_FILES = ("published", "more", "both")      # --file's names for the shared tables
+
+
 def load_cases(which: str) -> list:
     from fidelity_published import published_cases
     from more_published import more_cases
 
-    if which not in ("published", "more", "both"):    # a table file in published.md's form
+    if which not in SHARED_FILES:       # a table file in published.md's form
         return published_cases(Path(which))
     out = []
     if which in ("published", "both"):
@@ -280,7 +283,7 @@ def main(argv=None) -> int:
     from flint.frontends.targets import prepare_environment
 
     prepare_environment()
-    shared = args.file in ("published", "more", "both")
+    shared = args.file in SHARED_FILES
     if not shared and not Path(args.file).is_file():
         print(f"fidelity: --file {args.file}: not published, more, both or a table file",
               file=sys.stderr)

@@ -33,8 +33,6 @@ SYSTEMS = {  # published system -> hardware spec (each spec names its compile ta
     "dgx-gb200": "gb200-nvl72", "dgx-gb300": "gb300-nvl72", "a100": "a100-80gb-sxm",
     "v5p": "tpu-v5p", "v5e": "tpu-v5e", "v4": "tpu-v4",
 }
-# FP16 (mixed precision with loss scaling, the A100-era default) runs its GEMMs at the
-# BF16 tensor rate: the A100 and H100 datasheets list the same dense FP16 and BF16 figure
 # a system named otherwise ("DGX A100 80GB", "8x H200 SXM", "MI300X"): the first of these
 # tokens it contains; a PCIe card or a 40 GB A100 is another part, not these specs
 SYSTEM_TOKENS = (("gb300", "gb300-nvl72"), ("gb200", "gb200-nvl72"), ("b300", "b300"),
@@ -58,14 +56,12 @@ def system_spec(system: str) -> str:
     return f"tpu-{tpu.group(1)}" if tpu else ""
 
 
+# FP16 (mixed precision with loss scaling, the A100-era default) runs its GEMMs at the
+# BF16 tensor rate: the A100 and H100 datasheets list the same dense FP16 and BF16 figure
 PRECISION = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "fp8-cs": "fp8", "mxfp8": "mxfp8",
              "fp8-mx": "mxfp8"}
-# a row that states its shape (tables of custom GPTs): column -> flint.models.describe key
-SHAPE_COLUMNS = {"layers": ("layers", "num_layers", "n_layers"),
-                 "hidden": ("hidden", "hidden_size", "d_model"),
-                 "heads": ("heads", "attention_heads", "num_attention_heads", "n_heads"),
-                 "kv_heads": ("kv_heads", "num_query_groups", "n_kv_heads"),
-                 "ffn": ("ffn", "ffn_hidden_size", "d_ff"), "vocab": ("vocab", "vocab_size")}
+# the model dims a row may state (tables of custom GPTs), flint.models.describe's keys
+SHAPE_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
 
 
 @dataclass
@@ -118,6 +114,10 @@ COLUMN_ALIASES = {
     "seq": ("seq_len", "seq_length", "sequence_length", "context_length"),
     "precision": ("dtype", "mixed_precision", "data_type"),
     "system": ("gpu", "gpu_type", "accelerator", "device"),
+    "layers": ("num_layers", "n_layers"), "hidden": ("hidden_size", "d_model"),
+    "heads": ("attention_heads", "num_attention_heads", "n_heads"),
+    "kv_heads": ("num_query_groups", "n_kv_heads"), "ffn": ("ffn_hidden_size", "d_ff"),
+    "vocab": ("vocab_size",),
 }
 _ALIAS = {alias: name for name, aliases in COLUMN_ALIASES.items() for alias in aliases}
 
@@ -221,14 +221,21 @@ def stated_shape(r: dict, seq: int) -> tuple:
     """The model dims a row states in its own columns (layers, hidden, heads at least), as
     Megatron's GPT (LayerNorm, GeLU MLP of 4h, learned positions, vocab 51200) where the
     row is silent; () when it states none."""
-    dims = {key: int(first_number(r[c])) for key, cols in SHAPE_COLUMNS.items()
-            for c in cols if first_number(r.get(c)) is not None}
+    dims = {key: int(first_number(r[key])) for key in SHAPE_KEYS
+            if first_number(r.get(key)) is not None}
     if not {"layers", "hidden", "heads"} <= dims.keys():
         return ()
     dims = {"kv_heads": dims["heads"], "ffn": 4 * dims["hidden"], "vocab": 51200,
             "norm": "layer", "activation": "gelu", "positional": "learned",
             "tie_embeddings": True, **dims, "seq": seq}
     return tuple(sorted(dims.items()))
+
+
+def model_config(model):
+    """The DecoderConfig of a row's model: a preset's name or the dims it states."""
+    from flint.models.describe import resolve_model
+
+    return resolve_model(dict(model) if isinstance(model, tuple) else model)
 
 
 def _fill(row: Row, section: str, r: dict, name: str) -> None:
@@ -285,10 +292,7 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
     row.remat_stated = bool(stated.strip())
     if re.search(r"selective[\s_-]*layer|every (second|2nd|other) (layer|block)", stated):
         # torchtitan's "selective layer" (ac_freq 2): every second block checkpointed
-        from flint.models.describe import resolve_model
-
-        layers = resolve_model(dict(row.model) if isinstance(row.model, tuple)
-                               else row.model).n_layers
+        layers = model_config(row.model).n_layers
         row.remat, row.recompute_layers = "full", max(1, layers // row.pp // 2)
     elif "full" in stated or re.search(r"^\s*(true|yes|on)\s*$", stated):
         row.remat = "full"         # a yes/no column checkpoints whole blocks
@@ -302,9 +306,10 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
         row.reason = ("no step time, tokens/s or samples/s in the row (a TFLOP/s or MFU "
                       "figure's FLOP convention is not the table's to guess)")
         return
-    if not system_spec(system):
+    spec = system_spec(system)
+    if not spec:
         row.reason = f"no hardware spec for system {system!r}"
-    elif system_spec(system).startswith("tpu") and not _have_libtpu():
+    elif spec.startswith("tpu") and not _have_libtpu():
         row.reason = "TPU target needs libtpu (pip install 'flint[tpu]'), not installed"
 
 

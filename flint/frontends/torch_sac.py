@@ -35,10 +35,6 @@ def _policy_recomputes(node) -> bool:
         "PREFER_RECOMPUTE", "MUST_RECOMPUTE")
 
 
-def _op_name(node) -> str:
-    return op_name(node.target)
-
-
 def _writes_inputs(node) -> bool:
     schema = getattr(node.target, "_schema", None)
     return bool(schema) and any(a.alias_info is not None and a.alias_info.is_write
@@ -49,7 +45,7 @@ def _phases(graph: torch.fx.Graph) -> dict:
     """node -> True inside the backward range (`flint::backward` record_function)."""
     regions, stack, inside = {}, [], {}
     for n in graph.nodes:
-        name = _op_name(n) if n.op == "call_function" else ""
+        name = op_name(n.target) if n.op == "call_function" else ""
         if name.startswith("_record_function_enter"):
             regions[n] = str(n.args[0])
             stack.append(regions[n])
@@ -78,7 +74,7 @@ def _regions(graph: torch.fx.Graph, backward: dict) -> dict:
                 current += 1
                 open_run = True
             region[n] = current
-        elif _op_name(n) in _TRANSPARENT and n.args and n.args[0] in region:
+        elif op_name(n.target) in _TRANSPARENT and n.args and n.args[0] in region:
             region[n] = region[n.args[0]]
         else:
             open_run = False
@@ -103,7 +99,7 @@ def rematerialize_selective(gm: torch.fx.GraphModule) -> int:
             return False
         if _policy_recomputes(node):
             return True
-        return _op_name(node) in _TRANSPARENT and needs(node.args[0], region[node])
+        return op_name(node.target) in _TRANSPARENT and needs(node.args[0], region[node])
 
     copies: dict = {}
 
