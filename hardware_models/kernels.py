@@ -63,6 +63,10 @@ SFU_EXP_PER_CLOCK_PER_SM = 16
 # = 17.2 GB/s per SM. Rule for other GPUs: the same per SM (bytes in flight are bounded by
 # the SM's thread and register budget, alike on sm80/sm90; DRAM latency is alike too).
 GENERATED_BYTES_PER_SM_S = 17.2e9
+# The load each thread keeps in flight at that rate (a 4-byte element, below). A kernel
+# whose threads load one narrower element each keeps proportionally fewer bytes in flight
+# (populations.generated_bandwidth).
+GENERATED_LOAD_BYTES = 4
 # One DRAM round trip, on the critical path of a fused kernel that reads memory (its first
 # loads, its last stores draining; compute.py memory_latency) and absent from the floor of
 # a kernel that does almost nothing. By Little's law from the figure above: an SM full of unvectorized threads

@@ -16,7 +16,13 @@ PyTorch eager, every other node XLA's:
   `ReductionInfo::Create`), one scalar load per thread and step: each SM sustains the
   per-SM rate of unvectorized kernels (kernels.GENERATED_BYTES_PER_SM_S), and only as many
   SMs work as the grid has blocks (a column reduction keeping few elements launches
-  few blocks). XLA launches its kernels from command buffers (CUDA graphs): no host cost.
+  few blocks). A dynamic-update-slice fusion run in place is emitted with one thread per
+  update element and no unrolling (XLA gpu/fusions/in_place_dynamic_update_slice.cc:
+  launch dimensions from the update shape, unroll factor 1): each thread keeps one element
+  of each update in flight, so a lone bf16 update streams at half the per-SM rate of
+  4-byte loads and two horizontally fused ones at the full rate (meta
+  `update_element_bytes`, stamped by passes/lower_hlo.py). XLA launches its kernels from
+  command buffers (CUDA graphs): no host cost.
 - `eager`: PyTorch eager, one kernel per aten op, every intermediate through HBM (the
   graph keeps them: no fusion pass runs). PyTorch's elementwise and reduction kernels load
   vectorized (ATen's vectorized_elementwise_kernel, reduce_kernel's vectorized input) and
@@ -34,6 +40,7 @@ from __future__ import annotations
 import math
 
 from flint.graph import OpClass
+from flint.hardware_models.kernels import GENERATED_LOAD_BYTES
 from flint.hlo.shapes import parse_shape
 
 POPULATIONS = ("library", "generated", "eager", "inductor")
@@ -101,9 +108,11 @@ def reduction_blocks(node) -> int | None:
 def vectorized(node) -> bool:
     """Whether XLA emits the kernel with vector loads: its loop fusions do. Its input
     fusions (reduction, transpose and scatter heroes, `fusion_kind` kInput) tile one
-    element per thread and step, and a lone gather, scatter or dynamic-update-slice
-    addresses each element from data (an index or an offset known at run time)."""
-    if node.op_class == OpClass.REDUCTION or node.meta.get("fusion_kind") == "kInput":
+    element per thread and step, a lone gather, scatter or dynamic-update-slice
+    addresses each element from data (an index or an offset known at run time), and an
+    in-place dynamic-update-slice fusion runs one thread per update element."""
+    if (node.op_class == OpClass.REDUCTION or node.meta.get("fusion_kind") == "kInput"
+            or node.meta.get("update_element_bytes")):
         return False
     return node.op not in ("gather", "scatter", "dynamic-update-slice", "dynamic-slice")
 
@@ -135,6 +144,9 @@ def generated_bandwidth(node, sms: int, per_sm: float) -> float | None:
     grid of 1024-thread blocks fills blocks x 1024 thread slots, at most all of them."""
     if sms <= 0 or vectorized(node):
         return None
+    element = node.meta.get("update_element_bytes")
+    if element:
+        per_sm *= element / GENERATED_LOAD_BYTES
     blocks = reduction_blocks(node)
     full = sms * per_sm
     if blocks is None:

@@ -10,7 +10,7 @@ Meta is allow-listed (a key not listed is dropped, so a new front end's keys can
 Node meta kept, each only with a value of the expected type:
   phase (forward|backward|optimizer|unknown), task (pre|F|B|R|post|p2p), device, chunk,
   microbatch, template, async, recorded_s, stream (fsdp-all-gather), fusion_kind,
-  kernel_source, kernels, aten (an aten op name: a public vocabulary);
+  kernel_source, kernels, update_element_bytes, aten (an aten op name: a public vocabulary);
   layer, rewritten: `layer_<i>` keeps the layer index (a second label with the same index
   becomes `layer_<i>/<k>`), `optimizer` stays, any other label becomes `scope<k>`; one new
   label per distinct old one, so the groups the pipeline and placement passes form survive;
@@ -85,7 +85,7 @@ NODE_META = {"phase": _vocab("forward", "backward", "optimizer", "unknown"),
              # how the kernel is made (hardware_models/populations.py prices by them)
              "fusion_kind": _vocab("kLoop", "kInput", "kOutput", "kCustom"),
              "kernel_source": _vocab("library", "generated", "eager", "inductor"),
-             "kernels": _int,
+             "kernels": _int, "update_element_bytes": _int,
              "aten": lambda v: isinstance(v, str) and v.startswith("aten::")
              and v[6:].replace("_", "").replace(".", "").isalnum(),
              # a fused attention call's shapes (numbers and flags only): the cost model

@@ -6,6 +6,9 @@ compares and selects; transcendental ops counted apart; 2 flops per multiply-add
 convolutions; reductions cost (inputs - outputs) applications of the reducer; fusions cost
 the sum of what they fuse. Bytes model what a fused kernel really touches: a parameter that
 is only sliced reads the slice, an in-place dynamic-update-slice writes only the update.
+A dynamic-update-slice fusion is in place unless XLA cannot emit it so (its updated buffer
+is computed inside the fusion) or its buffer assignment says otherwise (the module's
+`copied_updates`, hlo/buffer_assignment.py); then it reads and writes the whole buffer.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from flint.graph import OpClass
+from flint.hlo.buffer_assignment import update_roots, updated_parameters
 from flint.hlo.module import HloComputation, HloInstruction, HloModule
 from flint.hlo.shapes import Shape
 from flint.passes.conv_flops import conv_flops_of
@@ -83,7 +87,18 @@ class CostRules:
 
     def __init__(self, module: HloModule):
         self.module = module
-        self._comp_flops: dict[str, tuple[float, float, str]] = {}
+        self._comp_flops: dict[tuple[str, bool], tuple[float, float, str]] = {}
+
+    def in_place(self, ins: HloInstruction) -> bool:
+        """Whether a fusion rooted in dynamic-update-slices writes only its updates (True
+        for every other instruction: nothing to decide)."""
+        if ins.opcode != "fusion" or not ins.called("calls"):
+            return True
+        fused = self.module.computations.get(ins.called("calls")[0])
+        if fused is None or not update_roots(fused):
+            return True
+        return (updated_parameters(fused) is not None
+                and ins.name not in self.module.copied_updates)
 
     # --- flops ---------------------------------------------------------------------
     def flops(self, ins: HloInstruction, comp: HloComputation) -> tuple[float, float]:
@@ -102,7 +117,7 @@ class CostRules:
                   "select-and-scatter"):
             return self._apply_flops(ins, comp, op)
         if op == "fusion":
-            f, t, _ = self.computation_flops(ins.called("calls")[0])
+            f, t, _ = self.computation_flops(ins.called("calls")[0], self.in_place(ins))
             return f, t
         if op == "custom-call":
             return self._custom_call_flops(ins, comp), 0.0
@@ -150,18 +165,19 @@ class CostRules:
             return self._conv_flops(ins, comp)
         return 0.0
 
-    def computation_flops(self, name: str) -> tuple[float, float, str]:
-        """Total (flops, transcendentals, op_class) of a fused/applied computation."""
-        hit = self._comp_flops.get(name)
+    def computation_flops(self, name: str, in_place: bool = True) -> tuple[float, float, str]:
+        """Total (flops, transcendentals, op_class) of a fused/applied computation; for a
+        dynamic-update-slice fusion run in place, its update's share only."""
+        hit = self._comp_flops.get((name, in_place))
         if hit is not None:
             return hit
         comp = self.module.computations[name]
         flops = trans = 0.0
         classes = set()
-        in_place = _in_place_update_scale(comp)
+        scales = _in_place_update_scale(comp) if in_place else {}
         for ins in comp.instructions:
             f, t = self.flops(ins, comp)
-            scale = in_place.get(ins.name, 1.0)
+            scale = scales.get(ins.name, 1.0)
             flops += f * scale
             trans += t * scale
             classes.add(_leaf_class(ins))
@@ -170,8 +186,8 @@ class CostRules:
                 break
         else:
             cls = OpClass.ELEMENTWISE if (flops or trans) else OpClass.DATA_MOVEMENT
-        self._comp_flops[name] = (flops, trans, cls)
-        return self._comp_flops[name]
+        self._comp_flops[(name, in_place)] = (flops, trans, cls)
+        return flops, trans, cls
 
     # --- bytes ---------------------------------------------------------------------
     def bytes(self, ins: HloInstruction, comp: HloComputation) -> tuple[float, float]:
@@ -185,13 +201,16 @@ class CostRules:
         if op == "fusion":
             fused = self.module.computations[ins.called("calls")[0]]
             comps = self.module.computations
-            read = sum(_param_read_bytes(fused, i, s, comps) for i, s in enumerate(operands))
-            return float(read), float(_fusion_written_bytes(fused, written))
+            in_place = self.in_place(ins)
+            read = sum(_param_read_bytes(fused, i, s, comps, in_place)
+                       for i, s in enumerate(operands))
+            return float(read), float(_fusion_written_bytes(fused, written) if in_place
+                                      else written)
         return float(sum(s.nbytes for s in operands)), float(written)
 
     def op_class(self, ins: HloInstruction) -> str:
         if ins.opcode == "fusion":
-            return self.computation_flops(ins.called("calls")[0])[2]
+            return self.computation_flops(ins.called("calls")[0], self.in_place(ins))[2]
         return _leaf_class(ins)
 
 
@@ -263,10 +282,12 @@ _SLICING = frozenset({"slice", "dynamic-slice", "gather"})
 _TRANSPARENT = frozenset({"bitcast", "reshape"})
 
 
-def _param_read_bytes(fused: HloComputation, index: int, shape: Shape, comps: dict) -> int:
+def _param_read_bytes(fused: HloComputation, index: int, shape: Shape, comps: dict,
+                     in_place: bool = True) -> int:
     """Bytes a fused kernel reads from operand `index`: the slices taken when the parameter
-    is only sliced, nothing when it is only the in-place target of dynamic-update-slice;
-    a nested fusion (TPU puts the per-layer slice in an inner kLoop fusion) is followed."""
+    is only sliced, nothing when it is only the target of a dynamic-update-slice run in
+    place; a nested fusion (TPU puts the per-layer slice in an inner kLoop fusion) is
+    followed."""
     param = fused.parameters.get(index)
     if param is None:
         return shape.nbytes
@@ -279,7 +300,7 @@ def _param_read_bytes(fused: HloComputation, index: int, shape: Shape, comps: di
             frontier.extend(fused.users.get(u.name, []))
         elif u.opcode in _SLICING and operand_pos == 0:
             seen_bytes += u.shape.nbytes
-        elif u.opcode == "dynamic-update-slice" and operand_pos == 0:
+        elif u.opcode == "dynamic-update-slice" and operand_pos == 0 and in_place:
             continue
         elif u.opcode == "fusion" and u.called("calls")[0] in comps:
             seen_bytes += _param_read_bytes(comps[u.called("calls")[0]], operand_pos, shape,

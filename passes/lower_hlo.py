@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from flint.cluster import Cluster
 from flint.errors import FlintError
 from flint.graph import Loop, Node, NodeKind, OpClass, WorkloadGraph
+from flint.hlo.buffer_assignment import update_element_bytes, update_roots
 from flint.hlo.module import HloComputation, HloInstruction, HloModule
 from flint.hlo.shapes import Shape
 from flint.passes.hlo_cost import COLLECTIVES, NO_WORK_TARGETS, CostRules, is_known
@@ -236,6 +237,12 @@ class _Lowering:
                 meta["fusion_kind"] = kind_cfg
             called = ins.called("calls")
             root = self.module.computations[called[0]].root if called else None
+            if called and update_roots(self.module.computations[called[0]]) \
+                    and self.rules.in_place(ins):
+                # XLA's in-place emitter: one thread per update element, no unrolling
+                # (hardware_models/populations.py prices it by the element it loads)
+                meta["update_element_bytes"] = update_element_bytes(
+                    self.module.computations[called[0]])
             if (root is not None and meta["fusion_kind"] in ("kCustom", "__custom_fusion")
                     and root.opcode == "custom-call"):
                 # A dynamic-slice ("address computation") fusion runs its root library call

@@ -25,7 +25,18 @@ def load_hlo(path) -> HloModule:
             return parse_module(data.decode())
         except UnicodeDecodeError:
             raise FlintError(f"{path} is not UTF-8 HLO text") from None
-    return parse_module(hlo_text_from_proto(data, str(path)))
+    return module_from_proto(data, str(path))
+
+
+def module_from_proto(data: bytes, where: str = "proto") -> HloModule:
+    """The module of a serialized HloModuleProto or HloProto, with what the HloProto's
+    buffer assignment says about in-place updates (buffer_assignment.py)."""
+    from flint.hlo.buffer_assignment import copied_updates
+
+    module = parse_module(hlo_text_from_proto(data, where))
+    if hlo_module_of(data) is not None:
+        module.copied_updates = copied_updates(data, module)
+    return module
 
 
 def hlo_text_from_proto(data: bytes, where: str = "proto") -> str:

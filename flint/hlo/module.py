@@ -180,6 +180,9 @@ class HloModule:
     header: dict[str, str] = field(default_factory=dict)
     stack_frames: dict[int, str] = field(default_factory=dict)
     wrapped_names: dict[str, str] = field(default_factory=dict)  # async start -> wrapped op
+    # dynamic-update-slice fusions XLA's buffer assignment did not run in place (known only
+    # from an HloProto dump: buffer_assignment.py); empty: every one taken as in place
+    copied_updates: frozenset = frozenset()
 
     @property
     def entry_computation(self) -> HloComputation:

@@ -72,11 +72,10 @@ def graph_from_trace(trace: MeasuredTrace, hardware: str = "unknown",
         raise FlintError(f"{trace.path} carries no HLO: pass the graph (or the extract "
                          f"inputs) of the step it profiled")
     from flint.cluster import Cluster
-    from flint.hlo.loaders import hlo_text_from_proto
-    from flint.hlo.module import parse_module
+    from flint.hlo.loaders import module_from_proto
     from flint.passes.lower_hlo import lower_hlo
 
-    module = parse_module(hlo_text_from_proto(trace.hlo, trace.path))
+    module = module_from_proto(trace.hlo, trace.path)
     named = devices_named(module)
     if devices is None:
         devices = max(module.num_partitions * module.replica_count, named,
