@@ -67,6 +67,24 @@ def test_module_is_the_train_step_or_the_one_named(dumped):
         load_dump(f"{directory}:no_such_module")
 
 
+def test_the_text_module_takes_the_buffer_assignment_of_its_proto(dumped):
+    """The dump's HloProto beside the text holds XLA's buffer assignment: read for which
+    dynamic-update-slice fusions ran in place (every one here: the scanned layers'
+    stacks), so the graph matches the direct path's (test above)."""
+    from flint.hlo.dump import choose_module
+    from flint.hlo.loaders import load_hlo
+
+    directory, _, hardware = dumped
+    chosen = choose_module(str(directory))
+    assert chosen.path.name.endswith("after_optimizations.txt")
+    assert chosen.proto is not None and chosen.proto.name.endswith("after_optimizations.hlo.pb")
+    module = load_hlo(chosen.proto)
+    updates = [n for n in load_dump(str(directory)).nodes if "update_element_bytes" in n.meta]
+    assert module.copied_updates == frozenset()
+    if hardware == "h100":                   # XLA:GPU's in-place emitter
+        assert updates and all(n.meta["update_element_bytes"] in (2, 4) for n in updates)
+
+
 def test_cli_reads_a_dump_and_takes_a_mesh(dumped, tmp_path):
     directory, direct, hardware = dumped
     if hardware != "h100":

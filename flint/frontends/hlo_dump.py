@@ -35,6 +35,8 @@ def load_dump(target: str, *, devices: int | None = None, mesh=None,
     chosen = choose_module(target)
     try:
         module = load_hlo(chosen.path)
+        if chosen.proto is not None and not module.copied_updates:
+            module.copied_updates = load_hlo(chosen.proto).copied_updates
     except FlintError as e:
         raise FlintError(f"{chosen.path}: {e}") from None
     participants = module.num_partitions * module.replica_count

@@ -17,6 +17,7 @@ the module before optimization.
 from __future__ import annotations
 
 import glob
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,9 @@ class DumpModule:
     name: str                        # the dump's name for it, e.g. module_0003.jit_step
     before: Path | None = None
     size: int = 0                    # instructions (text) or bytes (proto): the ranking
+    # the same module as an HloProto beside the text (`--xla_dump_hlo_as_proto`): it also
+    # holds XLA's buffer assignment (hlo/buffer_assignment.py)
+    proto: Path | None = None
 
 
 def is_hlo_target(target: str | None) -> bool:
@@ -71,8 +75,12 @@ def dump_modules(directory: Path) -> list[DumpModule]:
         prefix = _MODULE_PREFIX.match(p.name)
         name = prefix.group(1) if prefix else p.name[:m.start()].rstrip("._")
         if name in by_name and by_name[name].path.name.endswith(".txt"):
+            if not p.name.endswith(".txt"):
+                by_name[name] = dataclasses.replace(by_name[name], proto=p)
             continue
-        by_name[name] = DumpModule(p, name, _sibling_before(p), _size(p))
+        proto = by_name[name].path if name in by_name else None
+        by_name[name] = DumpModule(p, name, _sibling_before(p), _size(p),
+                                   proto if p.name.endswith(".txt") else None)
     return list(by_name.values())
 
 
