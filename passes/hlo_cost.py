@@ -311,17 +311,14 @@ def _param_read_bytes(fused: HloComputation, index: int, shape: Shape, comps: di
 
 
 def _fusion_written_bytes(fused: HloComputation, full: int) -> int:
-    root = fused.root
-    roots = [fused.by_name[o] for o in root.operands] if root.opcode == "tuple" else [root]
-    if not any(r.opcode == "dynamic-update-slice" for r in roots):
+    """Bytes an in-place fusion writes: each dynamic-update-slice output its update, any
+    other output whole."""
+    outs = update_roots(fused)
+    if not outs:
         return full
-    total = 0
-    for r in roots:
-        if r.opcode == "dynamic-update-slice":
-            total += _shape_of(fused, r.operands[1]).nbytes
-        else:
-            total += r.shape.nbytes
-    return total
+    return sum(_shape_of(fused, r.operands[1]).nbytes
+               if r is not None and r.opcode == "dynamic-update-slice" else
+               (r.shape.nbytes if r is not None else 0) for _, r in outs)
 
 
 _PASS_THROUGH = frozenset({"convert", "bitcast", "reshape", "copy"})

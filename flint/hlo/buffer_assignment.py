@@ -19,6 +19,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from flint.hlo.module import HloComputation, HloInstruction, HloModule
+from flint.hlo.proto_ids import message_classes
 
 _INT64, _STRING, _MESSAGE = 3, 9, 11          # FieldDescriptorProto types
 _OPTIONAL, _REPEATED = 1, 3                   # FieldDescriptorProto labels
@@ -53,34 +54,26 @@ _IN_REGISTERS = frozenset({"bitcast", "reshape", "convert", "copy"})
 
 @lru_cache(maxsize=1)
 def _hlo_proto_class():
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-    package = "flint_buffer_assignment"
-    f = descriptor_pb2.FileDescriptorProto(name=f"{package}.proto", package=package,
-                                           syntax="proto3")
-    for name, fields in _SCHEMA.items():
-        m = f.message_type.add(name=name)
-        for field, number, kind, label, type_name in fields:
-            d = m.field.add(name=field, number=number, type=kind, label=label)
-            if type_name:
-                d.type_name = f".{package}.{type_name}"
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(f)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.HloProto"))
+    return message_classes("flint_buffer_assignment", _SCHEMA)["HloProto"]
 
 
 def update_roots(fused: HloComputation) -> list[tuple[tuple, HloInstruction]]:
-    """(output shape index, the dynamic-update-slice) of each output of a fusion rooted in
-    dynamic-update-slices (a tuple of them, or one); empty for any other fusion."""
+    """(output shape index, what defines it) for each output of a fusion rooted in
+    dynamic-update-slices (one, or a tuple holding one or more; through bitcasts, as XLA's
+    GetOutputDefiningDynamicUpdateSlices looks); empty for any other fusion."""
     root = fused.root
-    if root.opcode == "dynamic-update-slice":
-        return [((), root)]
-    if root.opcode != "tuple":
-        return []
-    outs = [((k,), fused.by_name.get(name)) for k, name in enumerate(root.operands)]
+    outs = ([((k,), fused.by_name.get(name)) for k, name in enumerate(root.operands)]
+            if root.opcode == "tuple" else [((), root)])
+    outs = [(index, _through_bitcasts(fused, ins)) for index, ins in outs]
     if not any(ins is not None and ins.opcode == "dynamic-update-slice" for _, ins in outs):
         return []
     return outs
+
+
+def _through_bitcasts(fused: HloComputation, ins: HloInstruction | None):
+    while ins is not None and ins.opcode in _SAME_BUFFER and ins.operands:
+        ins = fused.by_name.get(ins.operands[0])
+    return ins
 
 
 def updated_parameters(fused: HloComputation) -> list[tuple[tuple, int]] | None:
@@ -94,9 +87,7 @@ def updated_parameters(fused: HloComputation) -> list[tuple[tuple, int]] | None:
     for index, dus in update_roots(fused):
         if dus is None or dus.opcode != "dynamic-update-slice" or not dus.operands:
             return None
-        base = fused.by_name.get(dus.operands[0])
-        while base is not None and base.opcode in _SAME_BUFFER and base.operands:
-            base = fused.by_name.get(base.operands[0])
+        base = _through_bitcasts(fused, fused.by_name.get(dus.operands[0]))
         if base is None or base.name not in params:
             return None
         targets.append((index, params[base.name]))
@@ -110,8 +101,9 @@ def update_element_bytes(fused: HloComputation) -> int:
     in registers."""
     total = 0
     for _, dus in update_roots(fused):
-        src = fused.by_name.get(dus.operands[1]) if dus is not None and len(dus.operands) > 1 \
-            else None
+        if dus is None or dus.opcode != "dynamic-update-slice" or len(dus.operands) < 2:
+            continue
+        src = fused.by_name.get(dus.operands[1])
         while src is not None and src.opcode in _IN_REGISTERS and src.operands:
             src = fused.by_name.get(src.operands[0])
         if src is not None and src.shape.num_elements:

@@ -43,14 +43,15 @@ class MalformedProto(ValueError):
     """The bytes are not a protobuf message (truncated, or of another format)."""
 
 
-@lru_cache(maxsize=1)
-def _classes() -> dict:
+def message_classes(package: str, schema: dict) -> dict:
+    """Message classes of a proto3 `schema` ({message: [(field, number, type, label,
+    message type)]}) built at run time in a pool of their own: the fields not listed stay
+    unknown fields, kept as they are."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-    package = "flint_hlo_ids"
-    f = descriptor_pb2.FileDescriptorProto(name="flint_hlo_ids.proto", package=package,
+    f = descriptor_pb2.FileDescriptorProto(name=f"{package}.proto", package=package,
                                            syntax="proto3")
-    for name, fields in _SCHEMA.items():
+    for name, fields in schema.items():
         m = f.message_type.add(name=name)
         for field, number, kind, label, type_name in fields:
             d = m.field.add(name=field, number=number, type=kind, label=label)
@@ -59,7 +60,12 @@ def _classes() -> dict:
     pool = descriptor_pool.DescriptorPool()
     pool.Add(f)
     return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{name}"))
-            for name in _SCHEMA}
+            for name in schema}
+
+
+@lru_cache(maxsize=1)
+def _classes() -> dict:
+    return message_classes("flint_hlo_ids", _SCHEMA)
 
 
 def _parse(kind: str, data: bytes):
