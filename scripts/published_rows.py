@@ -59,7 +59,11 @@ def system_spec(system: str) -> str:
 # FP16 (mixed precision with loss scaling, the A100-era default) runs its GEMMs at the
 # BF16 tensor rate: the A100 and H100 datasheets list the same dense FP16 and BF16 figure
 PRECISION = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "fp8-cs": "fp8", "mxfp8": "mxfp8",
-             "fp8-mx": "mxfp8"}
+             "fp8-mx": "mxfp8",
+             # mixed-precision names of training frameworks (Composer's amp_*, Lightning's
+             # *-mixed, dtype names): the GEMMs run in the half type
+             "amp_bf16": "bf16", "bf16-mixed": "bf16", "bfloat16": "bf16",
+             "amp_fp16": "bf16", "16-mixed": "bf16", "float16": "bf16", "amp_fp8": "fp8"}
 # the model dims a row may state (tables of custom GPTs), flint.models.describe's keys
 SHAPE_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
 
@@ -118,18 +122,42 @@ COLUMN_ALIASES = {
     "heads": ("attention_heads", "num_attention_heads", "n_heads"),
     "kv_heads": ("num_query_groups", "n_kv_heads"), "ffn": ("ffn_hidden_size", "d_ff"),
     "vocab": ("vocab_size",),
+    # the published figure (STEP_FIGURES) under benchmark tables' names
+    "tok_s_gpu": ("throughput_t_s_gpu", "throughput_tokens_s_gpu", "tokens_s_gpu",
+                  "tokens_sec_gpu", "tokens_per_sec_per_gpu"),
+    "tokens_s": ("throughput_t_s", "throughput_tokens_s", "tokens_sec"),
+    "samples_s": ("throughput_s_s", "throughput_samples_s", "samples_sec"),
+    "step_time_s": ("step_time", "iteration_time", "time_per_step_s", "sec_per_step"),
 }
 _ALIAS = {alias: name for name, aliases in COLUMN_ALIASES.items() for alias in aliases}
 
 
+def column_keys(name: str) -> tuple[str, ...]:
+    """The snake_case keys a column header may mean, most specific first: `# GPUs` ->
+    num_gpus, `MicroBatchSize` -> micro_batch_size, `Throughput (T/s/GPU)` ->
+    throughput_t_s_gpu, `SeqLen (T)` -> seq_len_t, then seq_len (a unit in parentheses
+    dropped)."""
+    text = str(name).strip().replace("#", " num ")
+    text = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", text)      # camelCase -> camel_Case
+    full = re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+    bare = re.sub(r"[^a-z0-9]+", "_", re.sub(r"\(.*?\)", " ", text).lower()).strip("_")
+    return (full, bare) if bare and bare != full else (full,)
+
+
 def with_aliases(record: dict) -> dict:
-    """`record` plus, under this module's names, the columns a table names otherwise (a
-    column of the module's own name wins)."""
+    """`record` plus each column under its snake_case key (column_keys) and, under this
+    module's names, the columns a table names otherwise (a column of the module's own
+    name wins)."""
     out = dict(record)
     for key, value in record.items():
-        name = _ALIAS.get(re.sub(r"[\s-]+", "_", str(key).strip().lower()))
-        if name and name not in record:
-            out.setdefault(name, value)
+        out.setdefault(column_keys(key)[0], value)
+    for key, value in record.items():
+        for k in column_keys(key):
+            name = _ALIAS.get(k) or (k if k in COLUMN_ALIASES or k in _FIGURE_NAMES else None)
+            if name:
+                if name not in record:
+                    out.setdefault(name, value)
+                break
     return out
 
 
@@ -288,7 +316,7 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
     # the recompute a row states, under the column names tables use for it
     stated = " ".join(str(r.get(c) or "") for c in (
         "remat", "recompute", "activation_recompute", "activation_checkpointing", "ac",
-        "activation_checkpoint")).lower()
+        "activation_checkpoint", "gradient_checkpointing")).lower()
     row.remat_stated = bool(stated.strip())
     if re.search(r"selective[\s_-]*layer|every (second|2nd|other) (layer|block)", stated):
         # torchtitan's "selective layer" (ac_freq 2): every second block checkpointed
@@ -361,6 +389,9 @@ STEP_FIGURES = (
     (("samples_s", "samples_per_s", "sequences_per_s", "samples_per_second"),
      lambda v, row: row.gbs / v),
 )
+
+
+_FIGURE_NAMES = frozenset(c for columns, _ in STEP_FIGURES for c in columns)
 
 
 def published_step(r: dict, row: Row) -> float:

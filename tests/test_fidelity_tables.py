@@ -375,3 +375,31 @@ def test_a_held_out_table_names_its_columns_its_own_way(tmp_path):
             f["seq_len"], f["hardware"], f["precision"]) == (
         64, 4, 2, 1, 128, 4096, "h100-sxm", "bf16")
     assert case.family.endswith("x H100")
+
+
+def test_a_benchmark_table_with_display_headers_is_read(tmp_path):
+    """Headers as benchmark READMEs print them (llm-foundry's: `# GPUs`, `SeqLen (T)`,
+    `MicroBatchSize`, `Throughput (T/s/GPU)`, `Sharding Strategy`, `Activation
+    Checkpointing`; Composer's `amp_bf16`) read as the names this harness uses."""
+    from fidelity_published import published_cases
+    from published_rows import column_keys
+
+    assert column_keys("# GPUs") == ("num_gpus",)
+    assert column_keys("SeqLen (T)") == ("seq_len_t", "seq_len")
+    assert column_keys("Throughput (T/s/GPU)")[0] == "throughput_t_s_gpu"
+    path = tmp_path / "held.md"
+    path.write_text(
+        "## 9. A PyTorch FSDP benchmark\n\n```csv\nModel,SeqLen (T),# GPUs,GPU,MicroBatchSize,"
+        "GradAccum,GlobalBatchSize,Throughput (T/s/GPU),Precision,Sharding Strategy,"
+        "Activation Checkpointing,n_layers,d_model,n_heads,vocab_size\n"
+        "mpt-7b,2048,128,h100_80gb,6,1,768,10643,amp_bf16,FULL_SHARD,False,32,4096,32,50368\n"
+        "mpt-13b,2048,256,h100_80gb,2,1,512,4800,amp_bf16,SHARD_GRAD_OP,True,40,5120,40,"
+        "50368\n```\n")
+    full, grad_op = published_cases(path)
+    assert not full.reason and not grad_op.reason and full.era == "pytorch"
+    assert full.published_step_s == pytest.approx(768 * 2048 / (10643 * 128))
+    f, g = full.fields, grad_op.fields
+    assert (f["devices"], f["micro_batch"], f["global_batch"], f["hardware"], f["precision"],
+            f["zero"], f["remat"]) == (128, 6, 768, "h100-sxm", "bf16", 3, "none")
+    assert dict(f["model"])["hidden"] == 4096 and dict(g["model"])["layers"] == 40
+    assert (g["remat"], g["reshard_after_forward"]) == ("full", False)
