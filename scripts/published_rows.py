@@ -23,7 +23,7 @@ MODELS = [  # (regex on the row's model name, preset)
     (r"llama2[-_ ]?70b", "llama2-70b"), (r"llama2[-_ ]?13b", "llama2-13b"),
     (r"llama2[-_ ]?7b", "llama2-7b"), (r"gpt3[-_ ]?175b|^175b", "gpt3-175b"),
     (r"gpt3[-_ ]?5b", "gpt3-5b"), (r"gpt3[-_ ]?20b", "gpt3-20b"),
-    (r"nemotron[-_ ]?340b", "nemotron-340b"), (r"nemotron[-_ ]?15b", "nemotron-15b"),
+    (r"nemotron4?[-_ ]?340b", "nemotron-340b"), (r"nemotron[-_ ]?15b", "nemotron-15b"),
     (r"nemotron[-_ ]?22b", "nemotron-22b"), (r"nemotron[-_ ]?8b", "nemotron-8b"),
     (r"mistral[-_ ]?7b", "mistral-7b"), (r"^22b$", "gpt-22b"), (r"^530b", "gpt-530b"),
     (r"^1t$", "gpt-1t"),
@@ -233,8 +233,11 @@ def _not_rebuildable(section: str, r: dict, name: str) -> str:
 
 
 def _preset(name: str, section: str) -> str:
+    # "Llama 2 70B", "LLaMA-3.1-8B", "GPT-3 175B", "Nemotron-4 340B": the family name
+    # joined to its version, as the patterns write it
+    name = re.sub(r"(llama|gpt|nemotron)[-_ ]+(\d)", r"\1\2", name.strip(), flags=re.I)
     for rx, preset in MODELS:
-        if re.search(rx, name.strip(), re.I):
+        if re.search(rx, name, re.I):
             return preset
     # "GPT 39.1B", "gpt-1.7b", "145.6B": a Megatron GPT preset named by its size
     m = re.fullmatch(r"(?:gpt[-_ ]?)?(\d+(?:\.\d+)?)\s*b", name.strip().lower())

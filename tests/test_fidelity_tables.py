@@ -403,3 +403,15 @@ def test_a_benchmark_table_with_display_headers_is_read(tmp_path):
             f["zero"], f["remat"]) == (128, 6, 768, "h100-sxm", "bf16", 3, "none")
     assert dict(f["model"])["hidden"] == 4096 and dict(g["model"])["layers"] == 40
     assert (g["remat"], g["reshard_after_forward"]) == ("full", False)
+
+
+def test_a_held_out_row_names_its_model_its_own_way():
+    """Model names as papers, Hugging Face and NeMo write them find the same presets."""
+    from published_rows import _preset
+
+    named = {"Llama 2 70B": "llama2-70b", "LLaMA-2-70B": "llama2-70b",
+             "meta-llama/Llama-2-7b-hf": "llama2-7b", "Llama-3.1-405B": "llama3.1-405b",
+             "Llama 3.1 8B": "llama3-8b", "LLAMA3_70B": "llama3-70b", "GPT-3 175B": "gpt3-175b",
+             "Nemotron-4 340B": "nemotron-340b", "GPT 39.1B": "gpt-39.1b"}
+    assert {name: _preset(name, "9") for name in named} == named
+    assert _preset("Mixtral 8x7B", "9") == ""            # MoE: no dense preset
