@@ -236,13 +236,12 @@ class _Lowering:
             if kind_cfg:
                 meta["fusion_kind"] = kind_cfg
             called = ins.called("calls")
-            root = self.module.computations[called[0]].root if called else None
-            if called and update_roots(self.module.computations[called[0]]) \
-                    and self.rules.in_place(ins):
+            fused = self.module.computations[called[0]] if called else None
+            root = fused.root if fused is not None else None
+            if fused is not None and update_roots(fused) and self.rules.in_place(ins):
                 # XLA's in-place emitter: one thread per update element, no unrolling
                 # (hardware_models/populations.py prices it by the element it loads)
-                meta["update_element_bytes"] = update_element_bytes(
-                    self.module.computations[called[0]])
+                meta["update_element_bytes"] = update_element_bytes(fused)
             if (root is not None and meta["fusion_kind"] in ("kCustom", "__custom_fusion")
                     and root.opcode == "custom-call"):
                 # A dynamic-slice ("address computation") fusion runs its root library call

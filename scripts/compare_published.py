@@ -67,7 +67,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from published_rows import (REPO, TABLE, WITHIN, Row, model_config, print_not_rebuildable,
-                            rows_of, system_spec, tables)
+                            rows_of, system_spec)
+from table_columns import tables
 
 def training_run(row: Row):
     """The row's configuration as a TrainingRun (raises FlintError when it cannot be)."""

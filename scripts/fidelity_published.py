@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fidelity_families import TORCH_ERAS, Case, family_name, gpu_of, section_of
-from published_rows import TABLE, first_number, rows_of, tables
+from published_rows import TABLE, rows_of
+from table_columns import first_number, tables
 
 # what compare_published.training_run states for a row; every other field is derived
 # from these or set by the family's semantics (a default such as grad_reduce_dtype fp32 or

@@ -55,7 +55,8 @@ import re
 from pathlib import Path
 
 from fidelity_families import Case, family_name
-from published_rows import REPO, first_number, tables
+from published_rows import REPO
+from table_columns import first_number, tables
 
 MORE_TABLE = REPO.parent / "shared" / "tables" / "more-published.md"
 A100 = "a100-80gb-sxm"

@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from published_rows import REPO, TABLE, rows_of, tables  # noqa: E402
+from published_rows import REPO, TABLE, rows_of  # noqa: E402
+from table_columns import tables  # noqa: E402
 
 OUT = REPO / "build" / "plan_published"
 

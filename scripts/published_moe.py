@@ -73,13 +73,13 @@ class MoeRow:
 
 def csv_blocks(path: Path):
     """(section id, rows as dicts) for every ```csv block (compare_published's reader)."""
-    from published_rows import tables
+    from table_columns import tables
 
     return [(heading.split(" ")[0].rstrip("."), records) for heading, records in tables(path)]
 
 
 def num(cell) -> float | None:
-    from published_rows import first_number
+    from table_columns import first_number
 
     return first_number(cell)
 

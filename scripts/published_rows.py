@@ -1,10 +1,10 @@
-"""The rows of ../shared/tables/published.md and the configuration each one states: the
-parsing half of scripts/compare_published.py (whose docstring lists the assumptions used
-where a row is silent), shared with scripts/published_moe.py."""
+"""The rows of ../shared/tables/published.md (or a table in its form) and the configuration
+each one states: model, system, precision, parallelism, sharding and recompute as a row
+names them, the parsing half of scripts/compare_published.py (whose docstring lists the
+assumptions used where a row is silent), shared with scripts/published_moe.py. Reading the
+tables and their column names: scripts/table_columns.py."""
 from __future__ import annotations
 
-import csv
-import io
 import re
 import sys
 from dataclasses import dataclass, field
@@ -12,6 +12,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from table_columns import first_number, published_step  # noqa: E402
 
 TABLE = REPO.parent / "shared" / "tables" / "published.md"
 WITHIN = 0.10
@@ -97,87 +99,6 @@ class Row:
     fp8_recipe: str = ""              # the FP8 scaling the table states ("": not stated)
     published_step_s: float = 0.0
     result: dict = field(default_factory=dict)
-
-
-def first_number(cell) -> float | None:
-    m = re.match(r"\s*([\d.]+)", str(cell or ""))
-    return float(m.group(1)) if m else None
-
-
-# other names tables give the columns this module reads (lowercase, "_" for spaces/dashes)
-COLUMN_ALIASES = {
-    "gpus": ("num_gpus", "n_gpus", "gpu_count", "total_gpus", "number_of_gpus", "world_size"),
-    "tp": ("tensor_parallel", "tensor_parallel_size", "tp_size", "tensor_model_parallel_size"),
-    "pp": ("pipeline_parallel", "pipeline_parallel_size", "pp_size",
-           "pipeline_model_parallel_size"),
-    "cp": ("context_parallel", "context_parallel_size", "cp_size"),
-    "vp": ("vpp", "virtual_pipeline", "virtual_pipeline_model_parallel_size"),
-    "mbs": ("micro_batch_size", "micro_batch", "microbatch", "microbatch_size",
-            "local_batch", "batch_per_gpu", "per_gpu_batch"),
-    "gbs": ("global_batch_size", "global_batch"),    # a bare "batch size" may be per GPU
-    "seq": ("seq_len", "seq_length", "sequence_length", "context_length"),
-    "precision": ("dtype", "mixed_precision", "data_type"),
-    "system": ("gpu", "gpu_type", "accelerator", "device"),
-    "layers": ("num_layers", "n_layers"), "hidden": ("hidden_size", "d_model"),
-    "heads": ("attention_heads", "num_attention_heads", "n_heads"),
-    "kv_heads": ("num_query_groups", "n_kv_heads"), "ffn": ("ffn_hidden_size", "d_ff"),
-    "vocab": ("vocab_size",),
-    # the published figure (STEP_FIGURES) under benchmark tables' names
-    "tok_s_gpu": ("throughput_t_s_gpu", "throughput_tokens_s_gpu", "tokens_s_gpu",
-                  "tokens_sec_gpu", "tokens_per_sec_per_gpu"),
-    "tokens_s": ("throughput_t_s", "throughput_tokens_s", "tokens_sec"),
-    "samples_s": ("throughput_s_s", "throughput_samples_s", "samples_sec"),
-    "step_time_s": ("step_time", "iteration_time", "time_per_step_s", "sec_per_step"),
-}
-_ALIAS = {alias: name for name, aliases in COLUMN_ALIASES.items() for alias in aliases}
-
-
-def column_keys(name: str) -> tuple[str, ...]:
-    """The snake_case keys a column header may mean, most specific first: `# GPUs` ->
-    num_gpus, `MicroBatchSize` -> micro_batch_size, `Throughput (T/s/GPU)` ->
-    throughput_t_s_gpu, `SeqLen (T)` -> seq_len_t, then seq_len (a unit in parentheses
-    dropped)."""
-    text = str(name).strip().replace("#", " num ")
-    text = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", text)      # camelCase -> camel_Case
-    full = re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
-    bare = re.sub(r"[^a-z0-9]+", "_", re.sub(r"\(.*?\)", " ", text).lower()).strip("_")
-    return (full, bare) if bare and bare != full else (full,)
-
-
-def with_aliases(record: dict) -> dict:
-    """`record` plus each column under its snake_case key (column_keys) and, under this
-    module's names, the columns a table names otherwise (a column of the module's own
-    name wins)."""
-    out = dict(record)
-    for key, value in record.items():
-        out.setdefault(column_keys(key)[0], value)
-    for key, value in record.items():
-        for k in column_keys(key):
-            name = _ALIAS.get(k) or (k if k in COLUMN_ALIASES or k in _FIGURE_NAMES else None)
-            if name:
-                if name not in record:
-                    out.setdefault(name, value)
-                break
-    return out
-
-
-def tables(path: Path):
-    """(heading, rows as dicts) for every ```csv block, other names of the columns read
-    here added under this module's (with_aliases)."""
-    heading, lines, out = "", path.read_text().splitlines(), []
-    i = 0
-    while i < len(lines):
-        if lines[i].startswith("#"):
-            heading = lines[i].lstrip("# ").strip()
-        if lines[i].strip() == "```csv":
-            j = i + 1
-            while lines[j].strip() != "```":
-                j += 1
-            out.append((heading, [with_aliases(r) for r in csv.DictReader(
-                io.StringIO("\n".join(lines[i + 1:j])))]))
-            i = j
-        i += 1
-    return out
 
 
 def rows_of(heading: str, records: list[dict]) -> list[Row]:
@@ -376,35 +297,6 @@ def stated_sharding(r: dict) -> dict:
     elif re.search(r"zero_?1|distributed_optimizer", text) or stage == 1:
         out["zero"] = 1
     return out
-
-
-# the published figure, under the names tables give it: (columns, seconds per step from
-# the value); per-GPU and whole-cluster token rates, sequence rates, step times in s or ms
-STEP_FIGURES = (
-    (("step_time_s", "step_s_median", "step_s", "iter_s_seqpar+selective", "iter_time_s",
-      "iteration_time_s", "seconds_per_iteration"), lambda v, row: v),
-    (("step_time_ms", "iter_time_ms", "iteration_time_ms", "elapsed_time_per_iteration_ms"),
-     lambda v, row: v / 1e3),
-    (("tok_s_gpu", "tokens_s_device", "tokens_s_per_gpu", "tokens_per_s_per_gpu", "wps",
-      "tokens_per_gpu_per_s"), lambda v, row: row.gbs * row.seq / (v * row.gpus)),
-    (("tokens_s", "tokens_per_s", "throughput_tokens_s", "tokens_per_second"),
-     lambda v, row: row.gbs * row.seq / v),
-    (("samples_s", "samples_per_s", "sequences_per_s", "samples_per_second"),
-     lambda v, row: row.gbs / v),
-)
-
-
-_FIGURE_NAMES = frozenset(c for columns, _ in STEP_FIGURES for c in columns)
-
-
-def published_step(r: dict, row: Row) -> float:
-    """Seconds per step from the first figure the row gives (0.0: none)."""
-    for columns, seconds in STEP_FIGURES:
-        for c in columns:
-            v = first_number(r.get(c))
-            if v:
-                return seconds(v, row)
-    return 0.0
 
 
 def _have_libtpu() -> bool:

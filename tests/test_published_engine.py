@@ -19,7 +19,8 @@ ROWS = ("1b#6 v1 LLAMA2-13B DGX-H100 16 FP8",          # tp1 pp4 vp10, distribut
 def _table_runs():
     import published_moe
     from compare_published import training_run
-    from published_rows import TABLE, rows_of, tables
+    from published_rows import TABLE, rows_of
+    from table_columns import tables
 
     if not TABLE.is_file():
         pytest.skip("shared published table not present")

@@ -28,7 +28,7 @@ def load_dump(target: str, *, devices: int | None = None, mesh=None,
     """The WorkloadGraph of a dump's optimized module (see module docstring). `devices`
     and `mesh` (a tuple of (axis, size)) are only needed where the module does not say:
     a module partitioned for N devices is read for N devices."""
-    from flint.hlo.loaders import load_hlo
+    from flint.hlo.loaders import copied_updates_beside, load_hlo
     from flint.passes.lower_hlo import lower_hlo
     from flint.validate.load import devices_named
 
@@ -36,7 +36,7 @@ def load_dump(target: str, *, devices: int | None = None, mesh=None,
     try:
         module = load_hlo(chosen.path)
         if chosen.proto is not None and not module.copied_updates:
-            module.copied_updates = load_hlo(chosen.proto).copied_updates
+            module.copied_updates = copied_updates_beside(chosen.proto, module)
     except FlintError as e:
         raise FlintError(f"{chosen.path}: {e}") from None
     participants = module.num_partitions * module.replica_count

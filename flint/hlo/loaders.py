@@ -33,20 +33,35 @@ def module_from_proto(data: bytes, where: str = "proto") -> HloModule:
     buffer assignment says about in-place updates (buffer_assignment.py)."""
     from flint.hlo.buffer_assignment import copied_updates
 
-    module = parse_module(hlo_text_from_proto(data, where))
-    if hlo_module_of(data) is not None:
+    inner = hlo_module_of(data)          # None: an HloModuleProto (no buffer assignment)
+    module = parse_module(_module_text(inner or data, where))
+    if inner is not None:
         module.copied_updates = copied_updates(data, module)
     return module
 
 
+def copied_updates_beside(path, module: HloModule) -> frozenset:
+    """The in-place updates the HloProto at `path` (a dump's proto of the same module as
+    `module`, read from its text) says XLA did not run in place."""
+    from flint.hlo.buffer_assignment import copied_updates
+
+    path = Path(path)
+    data = _decompress(path.read_bytes(), path)
+    return copied_updates(data, module) if hlo_module_of(data) is not None else frozenset()
+
+
 def hlo_text_from_proto(data: bytes, where: str = "proto") -> str:
     """HLO text of a serialized HloModuleProto, or of the module inside an HloProto."""
+    return _module_text(hlo_module_of(data) or data, where)
+
+
+def _module_text(module_proto: bytes, where: str) -> str:
     from jaxlib import _hlo
 
     invalid = f"{where} is neither HLO text nor a valid HloModuleProto/HloProto"
-    blob = data
+    blob = module_proto
     try:
-        blob = compact_instruction_ids(hlo_module_of(data) or data)
+        blob = compact_instruction_ids(module_proto)
         module = _hlo.HloModule.from_serialized_hlo_module_proto(blob)
         return module.to_string() + _wrapped_names_comment(module)
     except MalformedProto as e:
