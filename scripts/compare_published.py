@@ -15,10 +15,10 @@ published step time, never TFLOP/s (FLOP conventions differ between releases; se
 table's caveats). A rerun only re-prices.
 
 Columns: the names published.md uses, or the other names Megatron's logs and other
-tables give them (published_rows.COLUMN_ALIASES: num_gpus, tensor_model_parallel_size,
+tables give them (table_columns.COLUMN_ALIASES: num_gpus, tensor_model_parallel_size,
 micro_batch_size, global_batch_size, seq_length, dtype, gpu_type, ...); the published
 figure as a step time (s or ms), tokens/s (per GPU or in all) or samples/s
-(published_rows.STEP_FIGURES).
+(table_columns.STEP_FIGURES).
 
 Assumptions (the same for every row, never chosen per row):
 - Model shapes: the presets of flint.models.describe (public configs), or the layers /
