@@ -30,6 +30,9 @@ _FINISHED = re.compile(r"sys\[(\d+)\] finished, (\d+) cycles")
 # glibc's messages when its heap checks abort a process
 _HEAP_ABORT = re.compile(r"malloc(_consolidate)?\(\)|free\(\): |double free or corruption|"
                          r"corrupted (size|double-linked)")
+# runs of one export before a glibc heap abort is reported as ranks that did not finish:
+# about 1 run in 20 of the `tiny` export aborts before every rank printed (40 runs here)
+_HEAP_ABORT_ATTEMPTS = 5
 
 
 @dataclass
@@ -124,18 +127,22 @@ def run_export(export_dir, binary: AstraSimBinary, timeout_s: float | None = Non
         env["LD_LIBRARY_PATH"] = str(binary.lib) + (
             ":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     t0 = time.perf_counter()
-    for _ in range(2):
+    per_rank: dict[int, int] = {}
+    out = ""
+    for _ in range(_HEAP_ABORT_ATTEMPTS):
         out, aborted = _run_once(cmd, env, timeout_s)
-        # the prebuilt binary sometimes dies in glibc's heap checks while it tears down
-        # ("malloc_consolidate(): unaligned fastbin chunk detected", SIGABRT), after some
-        # ranks have printed their results; the simulation itself is deterministic, so a
-        # run killed that way is run once more rather than read as a deadlock
-        if not aborted:
+        for m in _FINISHED.finditer(out):
+            per_rank.setdefault(int(m.group(1)), int(m.group(2)))
+        # the prebuilt binary double-frees a 4-byte block while it simulates all-gathers
+        # on sub-groups (valgrind: 16 invalid frees on the `tiny` export, none on exports
+        # without such all-gathers); glibc notices at a moment that depends on the heap's
+        # layout, so it aborts ("malloc_consolidate(): unaligned fastbin chunk detected",
+        # SIGABRT) after all, some or (rarely) no ranks printed their result. The
+        # simulation is deterministic, so the ranks of several runs are pooled; a run
+        # that ends without glibc's abort is the whole answer
+        if not aborted or len(per_rank) == ranks:
             break
     wall = time.perf_counter() - t0
-    per_rank: dict[int, int] = {}
-    for m in _FINISHED.finditer(out):
-        per_rank.setdefault(int(m.group(1)), int(m.group(2)))
     step = max(per_rank.values(), default=0) * 1e-9
     return AstraSimResult(ranks, len(per_rank), step, float(manifest.get("flint_step_s", 0.0)),
                           wall, binary.path.name,
