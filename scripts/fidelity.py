@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fidelity_families import MECHANISMS, applicable, available, variant_fields  # noqa: E402
 from fidelity_lofo import (holdout_sets, holdout_table, mechanism_table,  # noqa: E402
                            mech_id, variant_name, without)
-from fidelity_stats import family_table, median, spearman  # noqa: E402
+from fidelity_bloom import alignment_table, spearman_table, topology_table  # noqa: E402
+from fidelity_stats import family_table  # noqa: E402
 from published_rows import REPO  # noqa: E402
 
 
@@ -177,82 +178,6 @@ def _size(run) -> float:
     return param_count(run.model_config()) / run.pp / run.tp
 
 
-def bloom_spearman(cases, name_of) -> dict:
-    """Rank correlation of predicted vs measured step over BLOOM's rows: all of them, the
-    384-GPU cluster, and within each model shape (the topology choices alone);
-    `name_of(case)` is the variant whose prediction counts."""
-    rows = [c for c in cases if c.section == "1" and c.file == "more-published"
-            and not c.reason and c.predicted.get(name_of(c), {}).get("step_s")]
-
-    def rho(group):
-        return spearman([c.predicted[name_of(c)]["step_s"] for c in group],
-                        [c.published_step_s for c in group])
-
-    out = {"all": (len(rows), rho(rows))}
-    full = [c for c in rows if c.fields.get("devices") == 384]
-    out["384 GPUs"] = (len(full), rho(full))
-    for g in sorted({c.group for c in full}):
-        mine = [c for c in full if c.group == g]
-        if len(mine) >= 4:
-            out[f"384 GPUs, {g}"] = (len(mine), rho(mine))
-    return out
-
-
-def spearman_table(cases) -> tuple[str, dict]:
-    """BLOOM's rank correlation before, after, and after without each of its mechanisms."""
-    bloom = [c for c in cases if c.section == "1" and c.file == "more-published"]
-    if not bloom:
-        return "", {}
-    columns = {"before": lambda c: "before", "after": lambda c: "after"}
-    for m in applicable(bloom[0]):
-        columns[f"-{mech_id(m)}"] = lambda c, m=m: variant_name(c, without(c, m))
-    got = {name: bloom_spearman(cases, f) for name, f in columns.items()}
-    if not got["after"]["all"][0]:
-        return "", {}
-    lines = ["", "BLOOM-176B sweep: Spearman rank correlation of predicted vs measured step "
-             "(-Mk: after without mechanism k)",
-             f"{'rows':34s} " + " ".join(f"{n:>7s}" for n in columns)]
-    for k, (n, _) in got["after"].items():
-        cells = [got[name].get(k, (0, None))[1] for name in columns]
-        lines.append(f"{k + f' ({n})':34s} " + " ".join(
-            f"{'-':>7s}" if x is None else f"{x:+7.3f}" for x in cells))
-    doc = {name: {k: {"rows": n, "rho": r} for k, (n, r) in d.items()}
-           for name, d in got.items()}
-    return "\n".join(lines), doc
-
-
-def alignment_table(cases) -> tuple[str, dict]:
-    """BLOOM's after-errors by how its attention head width aligns: tensor-core GEMMs load
-    16-byte vectors (cuBLAS documentation, 'Tensor Core Usage'), so a 16-bit batched GEMM
-    of the unfused attention with a head width not a multiple of 8 runs a kernel of lower
-    alignment, one that Flint does not price (no published A100 rate for it)."""
-    rows = [c for c in cases if c.section == "1" and c.file == "more-published"
-            and not c.reason and c.predicted.get("after", {}).get("step_s")]
-    groups: dict[str, list[float]] = {}
-    for c in rows:
-        m = c.fields["model"]
-        width = m["hidden"] // m["heads"]
-        key = ("multiple of 8" if width % 8 == 0 else "even, not a multiple of 8"
-               if width % 2 == 0 else "odd")
-        groups.setdefault(key, []).append(
-            100 * (c.predicted["after"]["step_s"] / c.published_step_s - 1))
-    if not groups:
-        return "", {}
-    lines = ["", "BLOOM-176B sweep by attention head width: after, signed error of the step",
-             f"{'head width':28s} {'rows':>5s} {'median':>8s} {'<=10%':>6s} {'<=15%':>6s}"]
-    doc = {}
-    for key in ("multiple of 8", "even, not a multiple of 8", "odd"):
-        errs = groups.get(key)
-        if not errs:
-            continue
-        doc[key] = {"rows": len(errs), "median_pct": median(errs),
-                    "within_10": sum(abs(e) <= 10 for e in errs),
-                    "within_15": sum(abs(e) <= 15 for e in errs)}
-        lines.append(f"{key:28s} {len(errs):5d} {median(errs):+7.1f}% "
-                     f"{doc[key]['within_10']:6d} {doc[key]['within_15']:6d}")
-    return "\n".join(lines), doc
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--file", default="both", help="published | more | both, or the path "
@@ -325,6 +250,8 @@ def main(argv=None) -> int:
     text, report["bloom_spearman"] = spearman_table(cases)
     print(text)
     text, report["bloom_head_width"] = alignment_table(cases)
+    print(text)
+    text, report["bloom_topology"] = topology_table(cases)
     print(text)
     skipped = [c for c in cases if c.reason]
     print(f"\nnot rebuildable: {len(skipped)} of {len(cases)} rows (reasons in --json); "

@@ -34,7 +34,17 @@ def published():
 def test_bloom_rows_state_their_dims_and_cluster(more):
     prod = more["1-P1"]           # the first production line (iteration 12695)
     assert prod.published_step_s == 105.22
-    assert prod.what_if == ("nic_bandwidth=50Gb/s",)
+    # Jean Zay's Omni-Path as measured: 135 Gb/s of all-reduce per 8-GPU node achieved
+    # (more_published.JEAN_ZAY_OPA_MEASURED), i.e. 16.875 Gb/s per GPU after Flint's
+    # scale-out bus efficiency
+    assert prod.what_if == ("nic_bandwidth=18.75Gb/s",)
+    from flint.hardware_models.network import DEFAULT_BUS_EFFICIENCY
+    from flint.hardware_models.spec import load_spec
+
+    spec = load_spec(prod.fields["hardware"], prod.what_if)
+    achieved = spec.nic_bandwidth * spec.efficiency.get(
+        "bus_scale_out", DEFAULT_BUS_EFFICIENCY["scale_out"])
+    assert achieved * 8 * 8 == pytest.approx(135e9)        # bytes/s per GPU -> Gb/s per node
     f = prod.fields
     assert (f["devices"], f["tp"], f["pp"], f["micro_batch"], f["global_batch"]) == \
         (384, 4, 12, 2, 2048)
@@ -130,23 +140,45 @@ def test_rank_correlation_averages_ties():
     assert median([3, 1, 2]) == 2 and median([4, 1, 2, 3]) == 2.5 and median([]) is None
 
 
-def test_bloom_errors_grouped_by_head_width(more):
-    import fidelity
+def _priced(more, label, step):
+    case = more[label]
+    return type(case)(**{**vars(case), "predicted": {"after": {"step_s": step}}})
 
-    def priced(label, step):
-        case = more[label]
-        return type(case)(**{**vars(case), "predicted": {"after": {"step_s": step}}})
+
+def test_bloom_errors_grouped_by_head_width(more):
+    import fidelity_bloom
 
     # 1-L583: 13824 / 64 = 216 wide; 1-L582: 14400 / 64 = 225; 1-L389: 14400 / 32 = 450
-    cases = [priced("1-L583", 144.261), priced("1-L582", 110.605),
-             priced("1-L389", 846.989), more["1-L518"]]
-    text, doc = fidelity.alignment_table(cases)
+    cases = [_priced(more, "1-L583", 144.261), _priced(more, "1-L582", 110.605),
+             _priced(more, "1-L389", 846.989), more["1-L518"]]
+    text, doc = fidelity_bloom.alignment_table(cases)
     assert doc["multiple of 8"] == {"rows": 1, "median_pct": pytest.approx(-10.0, abs=0.01),
                                     "within_10": 1, "within_15": 1}
     assert doc["odd"]["rows"] == 1 and doc["odd"]["median_pct"] == pytest.approx(-50.0, abs=0.01)
     assert doc["even, not a multiple of 8"]["median_pct"] == pytest.approx(10.0, abs=0.01)
     assert "odd" in text and "-50.0%" in text
-    assert fidelity.alignment_table([more["1-L518"]]) == ("", {})
+    assert fidelity_bloom.alignment_table([more["1-L518"]]) == ("", {})
+
+
+def test_bloom_errors_by_tp_and_dp_with_one_node_rows_apart(more):
+    """Aligned rows only, by TP and DP, a one-node row in its own column: 1-L658 (TP8 on
+    8 GPUs), 1-L609 (TP8 PP12 DP4), 1-L617 (TP8 PP6 DP8) and 1-L792 (TP8 PP2 DP24), 1-L802
+    (TP4 PP12 DP8); 1-L582 (head width 225) is left out."""
+    import fidelity_bloom
+
+    published = {c: more[c].published_step_s for c in
+                 ("1-L658", "1-L609", "1-L617", "1-L792", "1-L802", "1-L582")}
+    errors = {"1-L658": -0.2, "1-L609": -0.1, "1-L617": -0.2, "1-L792": -0.3,
+              "1-L802": -0.1, "1-L582": +0.5}
+    cases = [_priced(more, c, published[c] * (1 + e)) for c, e in errors.items()]
+    text, doc = fidelity_bloom.topology_table(cases)
+    assert doc["8"] == {"one node": {"rows": 1, "median_pct": pytest.approx(-20.0)},
+                        "DP 1-4": {"rows": 1, "median_pct": pytest.approx(-10.0)},
+                        "DP 8": {"rows": 1, "median_pct": pytest.approx(-20.0)},
+                        "DP 12-48": {"rows": 1, "median_pct": pytest.approx(-30.0)}}
+    assert doc["4"] == {"DP 8": {"rows": 1, "median_pct": pytest.approx(-10.0)}}
+    assert "one node" in text and "-30.0% ( 1)" in text
+    assert fidelity_bloom.topology_table([_priced(more, "1-L582", 100.0)]) == ("", {})
 
 
 def test_documented_command_bounded_by_cached_only(more, tmp_path, capsys):
