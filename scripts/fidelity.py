@@ -252,7 +252,8 @@ def main(argv=None) -> int:
     text, report["bloom_head_width"] = alignment_table(cases)
     print(text)
     text, report["bloom_topology"] = topology_table(cases)
-    print(text)
+    if text:                    # only with BLOOM's rows (the tables above print theirs)
+        print(text)
     skipped = [c for c in cases if c.reason]
     print(f"\nnot rebuildable: {len(skipped)} of {len(cases)} rows (reasons in --json); "
           f"runs left out by --cached-only: {runner.skipped}")
