@@ -88,17 +88,21 @@ class CostRules:
     def __init__(self, module: HloModule):
         self.module = module
         self._comp_flops: dict[tuple[str, bool], tuple[float, float, str]] = {}
+        self._in_place: dict[str, bool] = {}    # by fusion name: flops, bytes, class ask
 
     def in_place(self, ins: HloInstruction) -> bool:
         """Whether a fusion rooted in dynamic-update-slices writes only its updates (True
         for every other instruction: nothing to decide)."""
         if ins.opcode != "fusion" or not ins.called("calls"):
             return True
-        fused = self.module.computations.get(ins.called("calls")[0])
-        if fused is None or not update_roots(fused):
-            return True
-        return (updated_parameters(fused) is not None
-                and ins.name not in self.module.copied_updates)
+        hit = self._in_place.get(ins.name)
+        if hit is None:
+            fused = self.module.computations.get(ins.called("calls")[0])
+            hit = (fused is None or not update_roots(fused)
+                   or (updated_parameters(fused) is not None
+                       and ins.name not in self.module.copied_updates))
+            self._in_place[ins.name] = hit
+        return hit
 
     # --- flops ---------------------------------------------------------------------
     def flops(self, ins: HloInstruction, comp: HloComputation) -> tuple[float, float]:

@@ -17,9 +17,8 @@ the module before optimization.
 from __future__ import annotations
 
 import glob
-import dataclasses
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from flint.errors import FlintError
@@ -76,7 +75,7 @@ def dump_modules(directory: Path) -> list[DumpModule]:
         name = prefix.group(1) if prefix else p.name[:m.start()].rstrip("._")
         if name in by_name and by_name[name].path.name.endswith(".txt"):
             if not p.name.endswith(".txt"):
-                by_name[name] = dataclasses.replace(by_name[name], proto=p)
+                by_name[name] = replace(by_name[name], proto=p)
             continue
         proto = by_name[name].path if name in by_name else None
         by_name[name] = DumpModule(p, name, _sibling_before(p), _size(p),
