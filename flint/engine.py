@@ -381,7 +381,10 @@ def _pipelined(run: TrainingRun, cache, overrides, factory, microbatches: int,
         return layered, estimate_memory(layered) if memory else None, extracted
     split = run.pipeline_split if run.pp > 1 else "layers"
     every = run.grad_sync == "every-microbatch"
+    # the boundary goes as one slice per TP rank where each rank holds all of it
+    slices = run.tp if run.pipeline_scatter_gather and not run.sp else 1
     key = (id(layered), run.pp, microbatches, run.schedule, run.vp, split, every,
+           run.pipeline_p2p, slices,
            (run.hardware, tuple(overrides), id(factory)) if split == "time" else None)
     hit = _PIPELINED.get(key)
     if hit is None or hit[0] is not layered:
@@ -389,7 +392,8 @@ def _pipelined(run: TrainingRun, cache, overrides, factory, microbatches: int,
                                  hardware=run.hardware if split == "time" else "",
                                  what_if=";".join(overrides) if split == "time" else "",
                                  cost_model=factory,
-                                 reduce_every_microbatch=every).run(layered)
+                                 reduce_every_microbatch=every, p2p=run.pipeline_p2p,
+                                 scatter_gather=slices).run(layered)
         hit = [layered, piped, None]
         while len(_PIPELINED) >= 2:     # the two of a steady-state pair: they are large
             _PIPELINED.pop(next(iter(_PIPELINED)))

@@ -22,6 +22,14 @@ _SYNC = {"every-microbatch": "every micro-batch's backward (PyTorch DDP/FSDP2 de
          "last-microbatch": "the last micro-batch's backward only (no_sync, Megatron)"}
 
 
+# how a stage's boundary sends and receives run beside its compute (passes.pipeline)
+_P2P = {"posted-ahead": "posted ahead (the stage computes on while they move)",
+        "blocking": "blocking: each step's sends and receives waited on together "
+                    "(Megatron's 1F1B)",
+        "blocking-serial": "blocking, one send or receive at a time (DeepSpeed's "
+                           "PipelineEngine)"}
+
+
 def wide(console: Console, width: int = WIDTH) -> Console:
     """Off a terminal (a log, a pipe) tables get `width` columns instead of 80, so that
     their names and numbers are not cut."""
@@ -69,6 +77,9 @@ def render_prediction(p: dict, console: Console) -> None:
         p["exposed_communication_s"], step))
     if run["pp"] > 1:
         t.add_row("pipeline bubble", f"{_pct(p['bubble_fraction'])} of the pipelined part")
+        sliced = run.get("pipeline_scatter_gather") and run["tp"] > 1 and not run["sp"]
+        t.add_row("  stage sends", _P2P.get(run.get("pipeline_p2p"), "?") + (
+            f"; the boundary as {run['tp']} TP slices, all-gathered" if sliced else ""))
     verdict = "OUT OF MEMORY" if p["oom"] else "fits"
     t.add_row("memory per device", f"{fmt_bytes(p['memory_bytes'])} of "
               f"{fmt_bytes(p['memory_capacity_bytes'])}: {verdict}")

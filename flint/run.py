@@ -51,6 +51,17 @@ class TrainingRun:
     vp: int = 1
     schedule: Optional[str] = None
     pipeline_split: str = "time"
+    # how a stage's boundary sends and receives run beside its compute
+    # (passes.pipeline.P2P_MODES: posted-ahead, blocking, blocking-serial). None: the
+    # framework's own: blocking for megatron's non-interleaved schedules (Megatron-LM turns
+    # overlap_p2p_comm off without virtual stages: "non-interleaved schedule does not
+    # support overlapping p2p communication"), posted ahead otherwise
+    pipeline_p2p: Optional[str] = None
+    # tp > 1 without sequence parallelism: each tensor-parallel rank sends 1/tp of the
+    # boundary tensor and the receiver all-gathers it over TP (Megatron-LM 2021's
+    # scatter/gather optimization, Narayanan et al. 2021 section 4.1; DeepSpeed's
+    # pipe_partitioned). Off: every rank sends the whole tensor (Megatron-Core)
+    pipeline_scatter_gather: bool = False
     ep: int = 1
     dispatcher: str = "alltoall"
     zero: int = 1
@@ -227,7 +238,8 @@ class TrainingRun:
     def derived_defaults(self) -> dict:
         """What the fields left out (None) take from the others: sp on with TP; TP
         communication overlap for megatron with TP and SP (the performance recipes');
-        interleaved 1F1B with virtual stages; and the framework's gradient handling:
+        interleaved 1F1B with virtual stages; pipeline sends waited on in megatron's
+        non-interleaved schedules, posted ahead otherwise; and the framework's gradient handling:
         PyTorch sums micro-batch gradients with AccumulateGrad and reduces them in every
         backward (DDP's and FSDP2's default, and ZeRO-2's need), Megatron's
         gradient-accumulation fusion and XLA sum in the GEMM and reduce once."""
@@ -236,14 +248,17 @@ class TrainingRun:
                 "tp_comm_overlap": self.framework == "megatron" and self.tp > 1
                 and bool(self.sp),
                 "schedule": "interleaved" if self.vp > 1 else "1f1b",
+                "pipeline_p2p": "blocking" if self.framework == "megatron" and (
+                    self.schedule or ("interleaved" if self.vp > 1 else "1f1b")) != "interleaved"
+                else "posted-ahead",
                 "grad_accumulation": "autograd" if torch else "in-gemm",
                 "grad_sync": "every-microbatch" if torch or self.zero == 2
                 else "last-microbatch"}
 
     def replace(self, **changes) -> "TrainingRun":
         """The same run with some fields changed (checked again). A field holding the
-        default derived from other fields (sp, tp_comm_overlap, schedule, the framework's
-        grad_accumulation and grad_sync) is derived again from the new ones unless given;
+        default derived from other fields (sp, tp_comm_overlap, schedule, pipeline_p2p, the
+        framework's grad_accumulation and grad_sync) is derived again from the new ones unless given;
         one set to something else stays, and so does global_batch."""
         doc = self.to_json()
         for name, value in self.derived_defaults().items():

@@ -15,6 +15,8 @@ from flint.models import REMAT_POLICIES
 # where a step's micro-batch gradients are summed: inside the weight-gradient GEMM, by
 # PyTorch's AccumulateGrad, or DeepSpeed BF16_Optimizer's fp32 copy
 from flint.passes.grad_accumulation import MODES as GRAD_ACCUMULATION
+# how a pipeline stage's sends and receives run beside its compute (passes.pipeline)
+from flint.passes.pipeline import P2P_MODES as PIPELINE_P2P
 from flint.schema import Bool, Number, PositiveInt, Str, Strict, did_you_mean
 
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
@@ -73,6 +75,8 @@ class RunSchema(Strict):
     vp: Annotated[PositiveInt, Field(le=1024)] = 1
     schedule: Optional[Literal[SCHEDULES]] = None
     pipeline_split: Literal[SPLITS] = "time"
+    pipeline_p2p: Optional[Literal[PIPELINE_P2P]] = None
+    pipeline_scatter_gather: Bool = False
     ep: _Degree = 1
     dispatcher: Literal[DISPATCHERS] = "alltoall"
     zero: Literal[ZERO_STAGES] = 1

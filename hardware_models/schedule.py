@@ -67,14 +67,16 @@ def stream_of(node, duplex: bool = True) -> str:
     """The stream a node runs on. `duplex`: a NIC port is full duplex, so a stage's sends
     (to the next stage) and receives (from the previous one) move at once, as Megatron's
     batched isend/irecv do; without it both share one point-to-point stream (what an
-    ASTRA-sim rank, one collective in flight, runs)."""
+    ASTRA-sim rank, one collective in flight, runs). A transfer marked `half_duplex` takes
+    that one stream anyway: its framework issues one blocking send or receive at a time
+    (passes.pipeline, blocking-serial)."""
     if node.meta.get("stream"):     # a framework's own stream (FSDP2's all-gathers)
         return node.meta["stream"]
     c = node.collective
     if c is not None and c.is_async:
         if node.kind not in (NodeKind.SEND, NodeKind.RECV):
             return "collectives"
-        if not duplex:
+        if not duplex or node.meta.get("half_duplex"):
             return "p2p"
         return "p2p-send" if node.kind == NodeKind.SEND else "p2p-recv"
     if node.meta.get("async") and node.kind == NodeKind.MEMORY:

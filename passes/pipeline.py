@@ -23,6 +23,16 @@ from flint.passes.pipeline_stages import (SCHEDULES, arguments_by_layer, assign_
                                           device_order, layer_index, task_of)
 
 PIPE_AXIS = "pipe"
+# What a stage does with the boundary tensors it sends and receives:
+# - posted-ahead: sends run on while the stage computes, beside its receives (Megatron-
+#   Core's interleaved schedule with overlap_p2p_comm, PyTorch's pipelining schedules);
+# - blocking: a step's sends and receives go together (batch_isend_irecv, both directions
+#   at once) and the stage waits for all of them before its next step (Megatron's
+#   non-interleaved 1F1B: _communicate waits on every request and synchronizes the device);
+# - blocking-serial: each send and each receive is a blocking call of its own, one after
+#   another (DeepSpeed's PipelineEngine: dist.send / dist.recv, "The communication is
+#   blocking and must be paired", runtime/pipe/schedule.py).
+P2P_MODES = ("posted-ahead", "blocking", "blocking-serial")
 
 
 @dataclass(frozen=True)
@@ -47,11 +57,22 @@ class PipelineParallel:
     # per step: ZeRO-2 keeps only its shard of the gradients, so it must reduce-scatter
     # them before the next micro-batch adds to them (DeepSpeed stage 2)
     reduce_every_microbatch: bool = False
+    p2p: str = "posted-ahead"       # P2P_MODES
+    # each boundary tensor crosses as this many slices, one per tensor-parallel rank, and
+    # the receiver all-gathers them over TP before using it (Megatron-LM 2021's
+    # scatter/gather, DeepSpeed's pipe_partitioned)
+    scatter_gather: int = 1
     max_nodes: int = 3_000_000
     name: ClassVar[str] = "pipeline"
     # for split=time: a cost model (factory or CostModel, hardware_models.pluggable)
     # instead of the built-in one for `hardware`
     cost_model: object = None
+
+    def __post_init__(self):
+        if self.p2p not in P2P_MODES:
+            raise FlintError(f"pipeline: unknown p2p {self.p2p!r}; use {' | '.join(P2P_MODES)}")
+        if self.scatter_gather < 1:
+            raise FlintError(f"pipeline: scatter_gather must be >= 1, not {self.scatter_gather}")
 
     def what_if_list(self) -> list[str]:
         return [w.strip() for w in self.what_if.split(";") if w.strip()]
@@ -113,6 +134,8 @@ class _Builder:
         self.deferred: list[tuple] | None = None         # sends held to a task's end
         self.sent: dict[tuple[int, int, int], int] = {}  # (template, mb, device) -> SEND
         self.sizes: dict[int, tuple[int, str]] = {}      # template -> (p2p bytes, dtype)
+        self.unfinished: dict[int, list[int]] = {}       # device -> sends its next task awaits
+        self.tp_comm = _tensor_parallel(self.comms, cfg.scatter_gather)
         for n in graph.nodes:
             self.members.setdefault(self.group(n.id), []).append(n.id)
             dev = self.device(n.id)
@@ -179,7 +202,7 @@ class _Builder:
         dev = c % self.p
         self.gate = sorted({self.receive(i, self.instance(i, phase, mb), dev)
                             for t in members for i in self.g.nodes[t].inputs
-                            if self.device(i) != dev})
+                            if self.device(i) != dev} | set(self.unfinished.pop(dev, ())))
         # ... and sends what it produced for other stages when it is done (send_forward /
         # send_backward after the stage's forward or backward step).
         self.deferred = []
@@ -204,8 +227,10 @@ class _Builder:
         done, self.deferred = self.deferred, None
         for t, node_id, dev_, mb_, c_ in done:
             for dst in self.send_to[t]:
-                self.p2p(NodeKind.SEND, self.g.nodes[t], [node_id], dev_, dst, mb_, c_,
-                         control=[end])
+                sent = self.p2p(NodeKind.SEND, self.g.nodes[t], [node_id], dev_, dst, mb_, c_,
+                                control=[end])
+                if self.cfg.p2p != "posted-ahead":
+                    self.unfinished.setdefault(dev_, []).append(sent)
 
     def instance(self, i: int, phase: str, mb: int) -> int:
         """Which microbatch's copy of node i a node of `phase` in microbatch `mb` reads:
@@ -262,9 +287,28 @@ class _Builder:
         if key not in self.recv:
             send = self.sent[(template, mb, dev)]
             old = self.g.nodes[template]
-            self.recv[key] = self.p2p(NodeKind.RECV, old, [send], self.device(template), dev,
-                                      mb, self.chunk[template])
+            got = self.p2p(NodeKind.RECV, old, [send], self.device(template), dev, mb,
+                           self.chunk[template])
+            if self.tp_comm is not None:
+                got = self.gather(got, old, dev, mb, self.chunk[template])
+            self.recv[key] = got
         return self.recv[key]
+
+    def gather(self, recv: int, old: Node, dev: int, mb: int, c: int) -> int:
+        """The all-gather over TP that puts the received slices back together, on the
+        compute stream before the tensor is used (DeepSpeed's PartitionedTensor.full(),
+        Megatron-LM's gather_split_1d_tensor)."""
+        nbytes, dtype = self.sizes[old.id]
+        node = Node(len(self.nodes), f"p2p-gather.{old.name}.mb{mb}", NodeKind.COLLECTIVE,
+                    "all-gather", "collective", inputs=[recv],
+                    outputs=list(old.outputs),
+                    collective=Collective("all-gather", self.tp_comm,
+                                          nbytes // self.cfg.scatter_gather, nbytes, dtype),
+                    meta={"device": dev, "chunk": c, "microbatch": mb, "task": "p2p",
+                          "phase": old.meta.get("phase") or "unknown",
+                          "layer": old.meta.get("layer")})
+        self.nodes.append(node)
+        return node.id
 
     def p2p(self, kind: NodeKind, old: Node, inputs, src: int, dst: int, mb: int,
             c: int, control=()) -> int:
@@ -272,6 +316,7 @@ class _Builder:
         if sized is None:               # per template node: the same for every micro-batch
             sized = self.sizes[old.id] = (shapes_bytes(old.outputs), _dtype(old))
         nbytes, dtype = sized
+        nbytes //= self.cfg.scatter_gather      # this rank's slice
         comm = self.pairs.get((src, dst))
         if comm is None:
             comm = self.pairs[(src, dst)] = len(self.comms)
@@ -287,6 +332,8 @@ class _Builder:
                     meta={"device": dev, "chunk": c, "microbatch": mb, "task": "p2p",
                           "phase": old.meta.get("phase") or "unknown",
                           "layer": old.meta.get("layer")})
+        if self.cfg.p2p == "blocking-serial":       # the stage's transfers take turns
+            node.meta["half_duplex"] = True
         self.nodes.append(node)
         if kind == NodeKind.SEND:
             self.sent[(old.id, mb, dst)] = node.id
@@ -320,6 +367,18 @@ def _stage_pairs(comm: int, cluster: Cluster, src: int, dst: int, stages: int) -
     offsets = range(min(base, cluster.devices_per_host))
     spec = "{" + ",".join(f"{{{src * base + k},{dst * base + k}}}" for k in offsets) + "}"
     return Communicator(comm, "pairs", spec, base * stages, 2, len(offsets), (PIPE_AXIS,))
+
+
+def _tensor_parallel(comms: list[Communicator], slices: int) -> int | None:
+    """The tensor-parallel communicator that gathers a boundary sent in `slices` slices
+    (None for one slice)."""
+    if slices == 1:
+        return None
+    for c in comms:
+        if c.kind == "groups" and tuple(c.mesh_axes) == ("model",) and c.size == slices:
+            return c.id
+    raise FlintError(f"pipeline: scatter_gather {slices} needs the stage's tensor-parallel "
+                     f"communicator of {slices} ranks, and its program has none")
 
 
 def _dtype(node: Node) -> str:

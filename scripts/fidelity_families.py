@@ -13,13 +13,13 @@ fits (flint.fit_memory), as the recipes set it.
 
 "before": every family as Flint priced runs before issue 27 (framework megatron, or xla on
 a TPU; flash attention; gradient reduction overlapped with the backward; stages balanced by
-predicted time; no TP communication overlap). "after": before plus every mechanism of the
+predicted time; no TP communication overlap; pipeline sends posted ahead, each rank sending
+the whole boundary tensor). "after": before plus every mechanism of the
 row's era. fp16 rows run bf16 GEMMs (the same dense tensor rate: A100 312, H100 989 TFLOP/s).
 """
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass, field, fields
 
 # era -> (framework in words, what the source states about it)
@@ -112,6 +112,39 @@ MECHANISMS = (
               "backward (megatron/model/distributed.py allreduce_gradients, called from "
               "train_step; overlap came with --overlap-grad-reduce in 2023)",
               "more 1 BigScience tr11 x Megatron-DeepSpeed 2022 x A100"),
+    Mechanism("Megatron's 1F1B waits on its pipeline sends (framework default)",
+              (("pipeline_p2p", None),), ("megatron-core", *PERF_RECIPES),
+              "Megatron-Core pipeline_parallel/p2p_communication.py _communicate waits on "
+              "every request (wait_on_reqs=True) and, with batch_p2p_comm and "
+              "batch_p2p_sync (ModelParallelConfig defaults), synchronizes the device; "
+              "Megatron-LM arguments.py sets overlap_p2p_comm False without virtual "
+              "stages ('non-interleaved schedule does not support overlapping p2p "
+              "communication'); the interleaved schedule posts them ahead "
+              "(--no-overlap-p2p-communication: on by default)",
+              "- (from the framework's source, no family's error)", needs="pipeline_p2p"),
+    Mechanism("pipeline sends waited on (Megatron-LM 2021-22)",
+              (("pipeline_p2p", "blocking"),), ("megatron-lm-2021", "megatron-lm-2022"),
+              "Megatron-LM 2021 megatron/p2p_communication.py _communicate: "
+              "batch_isend_irecv, req.wait() on each, then torch.cuda.synchronize(), for "
+              "the interleaved schedule too (overlap_p2p_comm came in 2023)",
+              "- (from the framework's source, no family's error)", needs="pipeline_p2p"),
+    Mechanism("one blocking send or receive at a time (DeepSpeed PipelineEngine)",
+              (("pipeline_p2p", "blocking-serial"),), (*DEEPSPEED_2022, "megatron-deepspeed-2021"),
+              "DeepSpeed runtime/pipe/p2p.py send/recv: dist.send / dist.recv ('Doesnt "
+              "support async_op true'); runtime/pipe/schedule.py TrainSchedule issues "
+              "RecvActivation then SendGrad before a forward, SendActivation then RecvGrad "
+              "before a backward, each 'blocking and must be paired'",
+              "- (from the framework's source, no family's error)", needs="pipeline_p2p"),
+    Mechanism("pipeline boundary sent as TP slices and all-gathered",
+              (("pipeline_scatter_gather", True),),
+              ("megatron-lm-2021", *DEEPSPEED_2022, "megatron-deepspeed-2021"),
+              "Narayanan et al. 2021 (arXiv 2104.04473) section 4.1 'scatter/gather "
+              "optimization', Megatron-LM's --no-scatter-gather-tensors-in-pipeline "
+              "(store_false: on by default); DeepSpeed runtime/pipe/engine.py "
+              "is_pipe_partitioned = is_model_parallel (activations and their gradients "
+              "sent as PartitionedTensor slices, .full() all-gathers them over the TP group)",
+              "- (from the frameworks' source, no family's error)",
+              needs="pipeline_scatter_gather"),
     Mechanism("stages split by layer count", (("pipeline_split", "layers"),),
               ("megatron-lm-2021", "megatron-lm-2022", *DEEPSPEED_2022,
                "megatron-deepspeed-2021"),
@@ -289,6 +322,8 @@ def before_fields(case) -> dict:
            "attention": "flash", "overlap_grad_reduce": True, "pipeline_split": "time"}
     if "tp_comm_overlap" in run_fields():
         out["tp_comm_overlap"] = False
+    if "pipeline_p2p" in run_fields():      # every send posted ahead, the whole boundary
+        out["pipeline_p2p"] = "posted-ahead"
     return out
 
 
@@ -337,64 +372,3 @@ class Case:
         d = dict(self.__dict__)
         d["what_if"] = list(self.what_if)
         return d
-
-
-def family_name(file: str, section: str, source: str, era: str, gpu: str) -> str:
-    return f"{'published' if file == 'published' else 'more'} {section} {source} x " \
-           f"{ERAS[era][0]} x {gpu}"
-
-
-def section_of(section: str, heading: str) -> tuple[str, str]:
-    """(source in words, era) of a published.md section: as listed below, else what its
-    heading says of its framework (a table beyond the shared ones); a heading that names
-    none is Megatron-Core's, as every NVIDIA table is."""
-    if section in PUBLISHED_SECTIONS:
-        return PUBLISHED_SECTIONS[section]
-    text = heading.lower()
-    source = re.sub(r"^[\w.]+\s*", "", heading.strip("# ")).split("(")[0].strip()[:24].strip()
-    nvidia = re.search(r"megatron|nemo|nvidia", text)
-    if re.search(r"narayanan|2104\.04473|megatron-lm[^|]*\b2021\b", text):
-        return source, "megatron-lm-2021"
-    if re.search(r"korthikanti|2205\.05198", text):
-        return source, "megatron-lm-2022"
-    if not nvidia and re.search(r"maxtext|\btpu\b|\bjax\b|\bxla\b", text):
-        return source, "maxtext"
-    if not nvidia and re.search(r"fsdp|torchtitan|pytorch|\bddp\b", text):
-        return source, "pytorch-compile" if re.search(r"compile", text) else "pytorch"
-    return source, "megatron-core"
-
-
-# published.md: section -> (source in words, era)
-PUBLISHED_SECTIONS = {
-    "1a": ("Megatron-Bridge", "bridge-perf-recipes"), "1b": ("NeMo 24.07", "megatron-core"),
-    # the rows priced are 25.02-25.07's (NeMo 2.0; 24.09's repeat 1b v3 and are not listed)
-    "1c": ("NeMo docs 24.09-25.07", "nvidia-perf-recipes"),
-    "1d": ("NeMo long-sequence", "megatron-core"),
-    "1f": ("Megatron-LM examples", "megatron-core"),
-    "1g": ("DeepSeek-V3 ladder", "megatron-core"), "1h": ("NeMo AutoModel", "automodel"),
-    "2a": ("MaxText configs", "maxtext"), "2b": ("MaxText README", "maxtext"),
-    "2c": ("MaxText tiering", "maxtext"), "2d": ("tpu-recipes", "maxtext"),
-    "2e": ("MaxText A3", "maxtext"), "4": ("Korthikanti 2022", "megatron-lm-2022"),
-    "5": ("PaLM Table 3", "pathways"), "6b": ("MLPerf LoRA", "megatron-core"),
-    "6c": ("MLPerf v5.1", "megatron-core"),
-}
-# accelerator names as the tables spell them, most specific first
-GPUS = (("gb300", "GB300"), ("gb200", "GB200"), ("b300", "B300"), ("b200", "B200"),
-        ("h200", "H200"), ("h100", "H100"), ("a100", "A100"), ("v100", "V100"),
-        ("v6e", "TPU v6e"), ("v5p", "TPU v5p"), ("v5e", "TPU v5e"), ("v4", "TPU v4"),
-        ("tpu v3", "TPU v3"))
-# accelerators a section states in its prose rather than its rows
-SECTION_GPU = {"1f": "H100", "1g": "GB200", "1h": "H100", "2e": "H100", "4": "A100"}
-
-
-def gpu_of(record: dict, section: str, block: int = 0) -> str:
-    if section == "1d":         # prose: the first table ran on DGX-H100, the second on B200
-        return ("H100", "B200")[min(block, 1)]
-    if section in SECTION_GPU:
-        return SECTION_GPU[section]
-    for col in ("system", "hw", "tpu", "accelerators", "hardware", "model"):
-        text = str(record.get(col) or "").lower()
-        for token, name in GPUS:
-            if re.search(rf"(?<![a-z0-9]){re.escape(token)}(?![0-9])", text):
-                return name
-    return "unstated"

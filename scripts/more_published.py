@@ -57,7 +57,8 @@ from pathlib import Path
 
 from flint.hardware_models.network import DEFAULT_BUS_EFFICIENCY
 
-from fidelity_families import Case, family_name
+from fidelity_families import Case
+from fidelity_sections import family_name
 from published_rows import REPO
 from table_columns import first_number, tables
 

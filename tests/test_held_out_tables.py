@@ -17,7 +17,8 @@ def test_a_section_beyond_the_shared_ones_takes_the_framework_its_heading_names(
     """A table file with sections published.md does not list (the held-out families): a
     PyTorch FSDP heading prices with PyTorch's kernels (DDP rows as zero 0), a Megatron-LM
     2021 heading with that era's semantics, an NVIDIA heading stays Megatron-Core."""
-    from fidelity_families import applicable, section_of, variant_fields
+    from fidelity_families import applicable, variant_fields
+    from fidelity_sections import section_of
     from fidelity_published import published_cases
 
     from flint.run import TrainingRun

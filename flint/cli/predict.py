@@ -32,6 +32,12 @@ def predict(
                                            "interleaved when vp > 1)"),
     pipeline_split: Optional[str] = typer.Option(None, help="time | layers: balance stages "
                                                  "by predicted time or by layer count"),
+    pipeline_p2p: Optional[str] = typer.Option(
+        None, help="stage sends: posted-ahead | blocking (Megatron's 1F1B) | blocking-serial "
+                   "(DeepSpeed's engine) (default: blocking for megatron without vp)"),
+    pipeline_scatter_gather: Optional[bool] = typer.Option(
+        None, "--pipeline-scatter-gather/--no-pipeline-scatter-gather",
+        help="tp without sp: each TP rank sends 1/tp of the boundary, all-gathered on arrival"),
     ep: Optional[int] = typer.Option(None, help="expert-parallel degree (MoE models)"),
     dispatcher: Optional[str] = typer.Option(None, help="MoE token dispatcher: alltoall | "
                                              "deepep"),
@@ -99,7 +105,8 @@ def predict(
     """Predict one training configuration's step: time, MFU, memory, communication."""
     flags = dict(model=model, seq_len=seq_len, devices=devices, hardware=hardware,
                  devices_per_host=devices_per_host, tp=tp, sp=sp, cp=cp, pp=pp, vp=vp,
-                 schedule=schedule, pipeline_split=pipeline_split, ep=ep,
+                 schedule=schedule, pipeline_split=pipeline_split,
+                 pipeline_p2p=pipeline_p2p, pipeline_scatter_gather=pipeline_scatter_gather, ep=ep,
                  dispatcher=dispatcher, zero=zero, hsdp=hsdp, zero_sync=zero_sync,
                  grad_reduce_dtype=grad_reduce_dtype, micro_batch=micro_batch,
                  global_batch=global_batch, remat=remat, recompute_layers=recompute_layers,
