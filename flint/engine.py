@@ -245,9 +245,6 @@ def _cache(cache):
     return cache
 
 
-_CACHES: dict = {}
-
-
 def _shared_cache(directory):
     """One TemplateCache per directory in this process (its in-memory graphs are reused by
     later runs: a sweep or a plan prices many runs of one program)."""
@@ -263,6 +260,7 @@ def _shared_cache(directory):
 # a sweep over hardware or what-ifs re-prices them without re-running the passes.
 _LAYERED: dict = {}
 _KEPT = 4
+_CACHES: dict = {}          # directory -> its TemplateCache (_shared_cache)
 
 
 def layered_graph(run: TrainingRun, cache) -> tuple:
@@ -381,19 +379,17 @@ def _pipelined(run: TrainingRun, cache, overrides, factory, microbatches: int,
         return layered, estimate_memory(layered) if memory else None, extracted
     split = run.pipeline_split if run.pp > 1 else "layers"
     every = run.grad_sync == "every-microbatch"
-    # the boundary goes as one slice per TP rank where each rank holds all of it
-    slices = run.tp if run.pipeline_scatter_gather and not run.sp else 1
     key = (id(layered), run.pp, microbatches, run.schedule, run.vp, split, every,
-           run.pipeline_p2p, slices,
+           run.pipeline_p2p, run.boundary_slices,
            (run.hardware, tuple(overrides), id(factory)) if split == "time" else None)
     hit = _PIPELINED.get(key)
     if hit is None or hit[0] is not layered:
         piped = PipelineParallel(run.pp, microbatches, run.schedule, run.vp, split,
                                  hardware=run.hardware if split == "time" else "",
                                  what_if=";".join(overrides) if split == "time" else "",
-                                 cost_model=factory,
-                                 reduce_every_microbatch=every, p2p=run.pipeline_p2p,
-                                 scatter_gather=slices).run(layered)
+                                 cost_model=factory, reduce_every_microbatch=every,
+                                 p2p=run.pipeline_p2p, scatter_gather=run.boundary_slices
+                                 ).run(layered)
         hit = [layered, piped, None]
         while len(_PIPELINED) >= 2:     # the two of a steady-state pair: they are large
             _PIPELINED.pop(next(iter(_PIPELINED)))

@@ -193,6 +193,12 @@ class TrainingRun:
         kept = [(n, s) for n, s in axes if s > 1]
         return tuple(kept) or (("data", 1),)
 
+    @property
+    def boundary_slices(self) -> int:
+        """How many slices a pipeline boundary crosses in: one per TP rank with
+        pipeline_scatter_gather where every rank holds the whole boundary (no SP)."""
+        return self.tp if self.pipeline_scatter_gather and not self.sp else 1
+
     # --- identity ----------------------------------------------------------------------
     def to_json(self) -> dict:
         d = asdict(self)
@@ -258,8 +264,8 @@ class TrainingRun:
     def replace(self, **changes) -> "TrainingRun":
         """The same run with some fields changed (checked again). A field holding the
         default derived from other fields (sp, tp_comm_overlap, schedule, pipeline_p2p, the
-        framework's grad_accumulation and grad_sync) is derived again from the new ones unless given;
-        one set to something else stays, and so does global_batch."""
+        framework's grad_accumulation and grad_sync) is derived again from the new ones
+        unless given; one set to something else stays, and so does global_batch."""
         doc = self.to_json()
         for name, value in self.derived_defaults().items():
             if name not in changes and doc[name] == value:

@@ -16,13 +16,13 @@ from typing import ClassVar
 
 from flint.cluster import Cluster
 from flint.errors import FlintError
-from flint.graph import Collective, Communicator, Node, NodeKind, WorkloadGraph
+from flint.graph import Collective, Node, NodeKind, WorkloadGraph
 from flint.hlo.shapes import shapes_bytes
 from flint.passes.expand_loops import ExpandLoops
+from flint.passes.pipeline_comms import PIPE_AXIS, stage_pairs, tensor_parallel
 from flint.passes.pipeline_stages import (SCHEDULES, arguments_by_layer, assign_chunks,
                                           device_order, layer_index, task_of)
 
-PIPE_AXIS = "pipe"
 # What a stage does with the boundary tensors it sends and receives:
 # - posted-ahead: sends run on while the stage computes, beside its receives (Megatron-
 #   Core's interleaved schedule with overlap_p2p_comm, PyTorch's pipelining schedules);
@@ -135,7 +135,7 @@ class _Builder:
         self.sent: dict[tuple[int, int, int], int] = {}  # (template, mb, device) -> SEND
         self.sizes: dict[int, tuple[int, str]] = {}      # template -> (p2p bytes, dtype)
         self.unfinished: dict[int, list[int]] = {}       # device -> sends its next task awaits
-        self.tp_comm = _tensor_parallel(self.comms, cfg.scatter_gather)
+        self.tp_comm = tensor_parallel(self.comms, cfg.scatter_gather)
         for n in graph.nodes:
             self.members.setdefault(self.group(n.id), []).append(n.id)
             dev = self.device(n.id)
@@ -320,7 +320,7 @@ class _Builder:
         comm = self.pairs.get((src, dst))
         if comm is None:
             comm = self.pairs[(src, dst)] = len(self.comms)
-            self.comms.append(_stage_pairs(comm, self.g.cluster, src, dst, self.p))
+            self.comms.append(stage_pairs(comm, self.g.cluster, src, dst, self.p))
         verb = "send" if kind == NodeKind.SEND else "recv"
         dev = src if kind == NodeKind.SEND else dst
         node = Node(len(self.nodes), f"{verb}.{old.name}.mb{mb}", kind, verb, "p2p",
@@ -356,29 +356,6 @@ class _Builder:
             meta["model_flops_per_device"] *= cfg.microbatches / self.p
         meta["device_arguments"] = _arguments_by_device(g, self.chunk, self.p)
         return WorkloadGraph(cluster, self.nodes, self.comms, [], meta)
-
-
-def _stage_pairs(comm: int, cluster: Cluster, src: int, dst: int, stages: int) -> Communicator:
-    """Rank l of stage `src` sends to rank l of stage `dst` (the pipe axis is outermost,
-    as in Megatron-LM's rank order). Whether a pair crosses a host depends on l only
-    through l mod devices_per_host, so that many pairs tell the network model which link
-    (NVLink inside a node, the NIC across nodes) every pair of the boundary uses."""
-    base = cluster.devices
-    offsets = range(min(base, cluster.devices_per_host))
-    spec = "{" + ",".join(f"{{{src * base + k},{dst * base + k}}}" for k in offsets) + "}"
-    return Communicator(comm, "pairs", spec, base * stages, 2, len(offsets), (PIPE_AXIS,))
-
-
-def _tensor_parallel(comms: list[Communicator], slices: int) -> int | None:
-    """The tensor-parallel communicator that gathers a boundary sent in `slices` slices
-    (None for one slice)."""
-    if slices == 1:
-        return None
-    for c in comms:
-        if c.kind == "groups" and tuple(c.mesh_axes) == ("model",) and c.size == slices:
-            return c.id
-    raise FlintError(f"pipeline: scatter_gather {slices} needs the stage's tensor-parallel "
-                     f"communicator of {slices} ranks, and its program has none")
 
 
 def _dtype(node: Node) -> str:

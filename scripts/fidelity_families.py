@@ -112,39 +112,6 @@ MECHANISMS = (
               "backward (megatron/model/distributed.py allreduce_gradients, called from "
               "train_step; overlap came with --overlap-grad-reduce in 2023)",
               "more 1 BigScience tr11 x Megatron-DeepSpeed 2022 x A100"),
-    Mechanism("Megatron's 1F1B waits on its pipeline sends (framework default)",
-              (("pipeline_p2p", None),), ("megatron-core", *PERF_RECIPES),
-              "Megatron-Core pipeline_parallel/p2p_communication.py _communicate waits on "
-              "every request (wait_on_reqs=True) and, with batch_p2p_comm and "
-              "batch_p2p_sync (ModelParallelConfig defaults), synchronizes the device; "
-              "Megatron-LM arguments.py sets overlap_p2p_comm False without virtual "
-              "stages ('non-interleaved schedule does not support overlapping p2p "
-              "communication'); the interleaved schedule posts them ahead "
-              "(--no-overlap-p2p-communication: on by default)",
-              "- (from the framework's source, no family's error)", needs="pipeline_p2p"),
-    Mechanism("pipeline sends waited on (Megatron-LM 2021-22)",
-              (("pipeline_p2p", "blocking"),), ("megatron-lm-2021", "megatron-lm-2022"),
-              "Megatron-LM 2021 megatron/p2p_communication.py _communicate: "
-              "batch_isend_irecv, req.wait() on each, then torch.cuda.synchronize(), for "
-              "the interleaved schedule too (overlap_p2p_comm came in 2023)",
-              "- (from the framework's source, no family's error)", needs="pipeline_p2p"),
-    Mechanism("one blocking send or receive at a time (DeepSpeed PipelineEngine)",
-              (("pipeline_p2p", "blocking-serial"),), (*DEEPSPEED_2022, "megatron-deepspeed-2021"),
-              "DeepSpeed runtime/pipe/p2p.py send/recv: dist.send / dist.recv ('Doesnt "
-              "support async_op true'); runtime/pipe/schedule.py TrainSchedule issues "
-              "RecvActivation then SendGrad before a forward, SendActivation then RecvGrad "
-              "before a backward, each 'blocking and must be paired'",
-              "- (from the framework's source, no family's error)", needs="pipeline_p2p"),
-    Mechanism("pipeline boundary sent as TP slices and all-gathered",
-              (("pipeline_scatter_gather", True),),
-              ("megatron-lm-2021", *DEEPSPEED_2022, "megatron-deepspeed-2021"),
-              "Narayanan et al. 2021 (arXiv 2104.04473) section 4.1 'scatter/gather "
-              "optimization', Megatron-LM's --no-scatter-gather-tensors-in-pipeline "
-              "(store_false: on by default); DeepSpeed runtime/pipe/engine.py "
-              "is_pipe_partitioned = is_model_parallel (activations and their gradients "
-              "sent as PartitionedTensor slices, .full() all-gathers them over the TP group)",
-              "- (from the frameworks' source, no family's error)",
-              needs="pipeline_scatter_gather"),
     Mechanism("stages split by layer count", (("pipeline_split", "layers"),),
               ("megatron-lm-2021", "megatron-lm-2022", *DEEPSPEED_2022,
                "megatron-deepspeed-2021"),
@@ -299,6 +266,41 @@ MECHANISMS = (
               "config); the other models' configs keep the fp32 default",
               "published 1b NeMo 24.07 x Megatron-Core+TE x H100", needs="grad_reduce_dtype",
               only=(("model", ("nemotron-340b",)), ("zero", (1, 2)))),
+    # issue 27 deliverable 3, session 45: pipeline sends as each framework issues them
+    Mechanism("Megatron's 1F1B waits on its pipeline sends (framework default)",
+              (("pipeline_p2p", None),), ("megatron-core", *PERF_RECIPES),
+              "Megatron-Core pipeline_parallel/p2p_communication.py _communicate waits on "
+              "every request (wait_on_reqs=True) and, with batch_p2p_comm and "
+              "batch_p2p_sync (ModelParallelConfig defaults), synchronizes the device; "
+              "Megatron-LM arguments.py sets overlap_p2p_comm False without virtual "
+              "stages ('non-interleaved schedule does not support overlapping p2p "
+              "communication'); the interleaved schedule posts them ahead "
+              "(--no-overlap-p2p-communication: on by default)",
+              "- (from the framework's source, no family's error)", needs="pipeline_p2p"),
+    Mechanism("pipeline sends waited on (Megatron-LM 2021-22)",
+              (("pipeline_p2p", "blocking"),), ("megatron-lm-2021", "megatron-lm-2022"),
+              "Megatron-LM 2021 megatron/p2p_communication.py _communicate: "
+              "batch_isend_irecv, req.wait() on each, then torch.cuda.synchronize(), for "
+              "the interleaved schedule too (overlap_p2p_comm came in 2023)",
+              "- (from the framework's source, no family's error)", needs="pipeline_p2p"),
+    Mechanism("one blocking send or receive at a time (DeepSpeed PipelineEngine)",
+              (("pipeline_p2p", "blocking-serial"),),
+              (*DEEPSPEED_2022, "megatron-deepspeed-2021"),
+              "DeepSpeed runtime/pipe/p2p.py send/recv: dist.send / dist.recv ('Doesnt "
+              "support async_op true'); runtime/pipe/schedule.py TrainSchedule issues "
+              "RecvActivation then SendGrad before a forward, SendActivation then RecvGrad "
+              "before a backward, each 'blocking and must be paired'",
+              "- (from the framework's source, no family's error)", needs="pipeline_p2p"),
+    Mechanism("pipeline boundary sent as TP slices and all-gathered",
+              (("pipeline_scatter_gather", True),),
+              ("megatron-lm-2021", *DEEPSPEED_2022, "megatron-deepspeed-2021"),
+              "Narayanan et al. 2021 (arXiv 2104.04473) section 4.1 'scatter/gather "
+              "optimization', Megatron-LM's --no-scatter-gather-tensors-in-pipeline "
+              "(store_false: on by default); DeepSpeed runtime/pipe/engine.py "
+              "is_pipe_partitioned = is_model_parallel (activations and their gradients "
+              "sent as PartitionedTensor slices, .full() all-gathers them over the TP group)",
+              "- (from the frameworks' source, no family's error)",
+              needs="pipeline_scatter_gather"),
 )
 
 
