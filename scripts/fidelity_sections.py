@@ -26,6 +26,14 @@ def section_of(section: str, heading: str) -> tuple[str, str]:
         return source, "megatron-lm-2021"
     if re.search(r"korthikanti|2205\.05198", text):
         return source, "megatron-lm-2022"
+    # Megatron's layers inside DeepSpeed's PipelineEngine (Megatron-DeepSpeed, GPT-NeoX,
+    # MT-NLG, BLOOM), by the year the heading states: 2021's (fp16, ZeRO stage 0 by
+    # default) or 2022's; both before flash attention and sequence parallelism, which
+    # Megatron-DeepSpeed added later as opt-in flags (--use-flash-attn, --sequence-parallel)
+    if re.search(r"megatron[- ]deepspeed|gpt-neox|mt-nlg|\bbloom\b", text):
+        years = [int(y) for y in re.findall(r"\b(20[12]\d)\b", text)]
+        old = years and min(years) <= 2021
+        return source, "megatron-deepspeed-2021" if old else "megatron-deepspeed-2022"
     if not nvidia and re.search(r"maxtext|\btpu\b|\bjax\b|\bxla\b", text):
         return source, "maxtext"
     if not nvidia and re.search(r"fsdp|torchtitan|pytorch|\bddp\b", text):

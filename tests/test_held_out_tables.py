@@ -16,7 +16,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 def test_a_section_beyond_the_shared_ones_takes_the_framework_its_heading_names(tmp_path):
     """A table file with sections published.md does not list (the held-out families): a
     PyTorch FSDP heading prices with PyTorch's kernels (DDP rows as zero 0), a Megatron-LM
-    2021 heading with that era's semantics, an NVIDIA heading stays Megatron-Core."""
+    2021 heading with that era's semantics, a Megatron-DeepSpeed one with DeepSpeed's
+    pipeline engine's, an NVIDIA heading stays Megatron-Core."""
     from fidelity_families import applicable, variant_fields
     from fidelity_sections import section_of
     from fidelity_published import published_cases
@@ -30,7 +31,8 @@ def test_a_section_beyond_the_shared_ones_takes_the_framework_its_heading_names(
         ("7a. PyTorch FSDP2 on A100 (a blog)", 64, ""),
         ("7b. PyTorch DDP with torch.compile", 0, "no"),
         ("8. Narayanan et al. 2021, Megatron-LM (arXiv 2104.04473)", 0, "full"),
-        ("9. Megatron-Core 2024 scaling", 0, "")))
+        ("9. Megatron-Core 2024 scaling", 0, ""),
+        ("10. GPT-NeoX 2022 (Megatron-DeepSpeed)", 0, "full")))
     path = tmp_path / "held.md"
     path.write_text(text)
     cases = {c.section: c for c in published_cases(path)}
@@ -43,7 +45,16 @@ def test_a_section_beyond_the_shared_ones_takes_the_framework_its_heading_names(
         "megatron", "unfused", False, "full")
     assert (runs["7a"].remat, runs["7b"].remat) == ("selective", "none")
     assert runs["9"].framework == "megatron" and runs["9"].attention == "flash"
+    assert runs["9"].pipeline_p2p == "blocking" and not runs["9"].pipeline_scatter_gather
+    neox = runs["10"]       # DeepSpeed's PipelineEngine around Megatron's layers, 2022
+    assert (neox.attention, neox.sp, neox.overlap_grad_reduce, neox.pipeline_p2p,
+            neox.pipeline_scatter_gather) == ("unfused", False, False, "blocking-serial", True)
     assert section_of("1a", "anything") == ("Megatron-Bridge", "bridge-perf-recipes")
+    # Megatron inside DeepSpeed's pipeline engine: its era by the year the heading states
+    assert section_of("9", "9. GPT-NeoX-20B (DeepSpeed pipeline, 2022)")[1] == \
+        "megatron-deepspeed-2022"
+    assert section_of("9", "9. Megatron-DeepSpeed 2021 runs")[1] == "megatron-deepspeed-2021"
+    assert section_of("9", "9. Megatron-DeepSpeed sweep")[1] == "megatron-deepspeed-2022"
     assert section_of("12", "12. NeMo AutoModel with FSDP2")[1] == "megatron-core"
 
 
