@@ -77,9 +77,13 @@ def render_prediction(p: dict, console: Console) -> None:
         p["exposed_communication_s"], step))
     if run["pp"] > 1:
         t.add_row("pipeline bubble", f"{_pct(p['bubble_fraction'])} of the pipelined part")
-        sliced = run.get("pipeline_scatter_gather") and run["tp"] > 1 and not run["sp"]
-        t.add_row("  stage sends", _P2P.get(run.get("pipeline_p2p"), "?") + (
-            f"; the boundary as {run['tp']} TP slices, all-gathered" if sliced else ""))
+        sends = _P2P.get(run.get("pipeline_p2p"), "?")
+        if run.get("pipeline_scatter_gather"):      # only where each rank holds it all
+            sends += (f"; the boundary as {run['tp']} TP slices, all-gathered"
+                      if run["tp"] > 1 and not run["sp"] else
+                      "; scatter/gather has nothing to slice (" + (
+                          "tp 1" if run["tp"] == 1 else "SP already sends 1/tp") + ")")
+        t.add_row("  stage sends", sends)
     verdict = "OUT OF MEMORY" if p["oom"] else "fits"
     t.add_row("memory per device", f"{fmt_bytes(p['memory_bytes'])} of "
               f"{fmt_bytes(p['memory_capacity_bytes'])}: {verdict}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import LLAMA6
+from conftest import LLAMA6, prediction_text
 from flint.cluster import Cluster
 from flint.errors import FlintError
 from flint.graph import Communicator, NodeKind
@@ -135,9 +135,16 @@ def test_engine_prices_each_mode_and_the_sliced_boundary():
                                     pipeline_scatter_gather=sliced), what_if=SLOW_NIC)
             step[(mode, sliced)] = p.step_time_s
             sent[(mode, sliced)] = p.collectives_s["send"]
+            text = " ".join(prediction_text(p).split())
+            assert ("DeepSpeed's PipelineEngine" in text) == (mode == "blocking-serial")
+            assert ("the boundary as 2 TP slices, all-gathered" in text) == sliced
             # one data-parallel rank: the boundary's gathers are the only all-gathers
             assert ("all-gather" in p.collectives_s) == sliced
     assert step[("blocking-serial", False)] > step[("posted-ahead", False)]
     assert step[("blocking-serial", True)] < step[("blocking-serial", False)]
     for mode in ("posted-ahead", "blocking-serial"):     # half the bytes, half the time
         assert sent[(mode, True)] == pytest.approx(sent[(mode, False)] / 2, rel=0.01)
+    # with sequence parallelism each rank already sends its slice: the report says so
+    p = predict(TrainingRun(**dict(base, sp=True), pipeline_scatter_gather=True))
+    assert "scatter/gather has nothing to slice (SP already sends 1/tp)" in " ".join(
+        prediction_text(p).split())
