@@ -245,18 +245,18 @@ class TrainingRun:
         """What the fields left out (None) take from the others: sp on with TP; TP
         communication overlap for megatron with TP and SP (the performance recipes');
         interleaved 1F1B with virtual stages; pipeline sends waited on in megatron's
-        non-interleaved schedules, posted ahead otherwise; and the framework's gradient handling:
-        PyTorch sums micro-batch gradients with AccumulateGrad and reduces them in every
+        non-interleaved schedules, posted ahead otherwise; and the framework's gradient
+        handling: PyTorch sums micro-batch gradients with AccumulateGrad and reduces them in every
         backward (DDP's and FSDP2's default, and ZeRO-2's need), Megatron's
         gradient-accumulation fusion and XLA sum in the GEMM and reduce once."""
         torch = self.framework.startswith("torch")
+        schedule = "interleaved" if self.vp > 1 else "1f1b"
         return {"sp": self.tp > 1,
                 "tp_comm_overlap": self.framework == "megatron" and self.tp > 1
                 and bool(self.sp),
-                "schedule": "interleaved" if self.vp > 1 else "1f1b",
-                "pipeline_p2p": "blocking" if self.framework == "megatron" and (
-                    self.schedule or ("interleaved" if self.vp > 1 else "1f1b")) != "interleaved"
-                else "posted-ahead",
+                "schedule": schedule,
+                "pipeline_p2p": "blocking" if self.framework == "megatron"
+                and (self.schedule or schedule) != "interleaved" else "posted-ahead",
                 "grad_accumulation": "autograd" if torch else "in-gemm",
                 "grad_sync": "every-microbatch" if torch or self.zero == 2
                 else "last-microbatch"}
