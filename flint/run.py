@@ -99,6 +99,12 @@ class TrainingRun:
     # Megatron-Bridge performance recipes enable it), off otherwise (XLA's collective
     # matmul and PyTorch's AsyncTP are opt-in)
     tp_comm_overlap: Optional[bool] = None
+    # CUDA_LAUNCH_BLOCKING=1: every kernel launch returns only when the kernel has run, so
+    # the host never runs ahead and nothing overlaps (BigScience's tr11 launched so, "do
+    # not remove or the training will hang": tr11-176B-ml.slurm); each kernel then waits
+    # for its launch's round trip (hardware_models.populations.BLOCKING_LAUNCH_S). Needs
+    # overlap_grad_reduce off; derives blocking-serial pipeline sends and no TP overlap
+    launch_blocking: bool = False
     # zero 3: FSDP frees a layer's gathered parameters after its forward and gathers them
     # again for its backward (FULL_SHARD, FSDP2's default); False keeps them (ZeRO-2 style,
     # SHARD_GRAD_OP): one all-gather per layer and micro-batch instead of two, more memory
@@ -245,18 +251,21 @@ class TrainingRun:
         """What the fields left out (None) take from the others: sp on with TP; TP
         communication overlap for megatron with TP and SP (the performance recipes');
         interleaved 1F1B with virtual stages; pipeline sends waited on in megatron's
-        non-interleaved schedules, posted ahead otherwise; and the framework's gradient
+        non-interleaved schedules, posted ahead otherwise (one at a time, and no TP
+        overlap, where launches block); and the framework's gradient
         handling: PyTorch sums micro-batch gradients with AccumulateGrad and reduces them in every
         backward (DDP's and FSDP2's default, and ZeRO-2's need), Megatron's
         gradient-accumulation fusion and XLA sum in the GEMM and reduce once."""
         torch = self.framework.startswith("torch")
         schedule = "interleaved" if self.vp > 1 else "1f1b"
+        blocking = self.launch_blocking         # one launch at a time: nothing overlaps
         return {"sp": self.tp > 1,
                 "tp_comm_overlap": self.framework == "megatron" and self.tp > 1
-                and bool(self.sp),
+                and bool(self.sp) and not blocking,
                 "schedule": schedule,
-                "pipeline_p2p": "blocking" if self.framework == "megatron"
-                and (self.schedule or schedule) != "interleaved" else "posted-ahead",
+                "pipeline_p2p": "blocking-serial" if blocking else "blocking"
+                if self.framework == "megatron" and (self.schedule or schedule) != "interleaved"
+                else "posted-ahead",
                 "grad_accumulation": "autograd" if torch else "in-gemm",
                 "grad_sync": "every-microbatch" if torch or self.zero == 2
                 else "last-microbatch"}

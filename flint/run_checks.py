@@ -52,6 +52,7 @@ def _framework(run) -> None:
     """What the PyTorch twin (flint/models/torch_decoder.py) cannot run, by field."""
     _grad_sync(run)
     _zero_sync(run)
+    _launch_blocking(run)
     if not run.reshard_after_forward:
         if run.zero != 3:
             raise FlintError("reshard_after_forward: only FSDP (zero 3) reshards parameters")
@@ -202,3 +203,23 @@ def _hardware(run) -> None:
     if run.precision != "bf16" and "fp8" not in spec.peak_flops:
         raise FlintError(f"precision: {run.precision} GEMMs need FP8 tensor cores; "
                          f"{spec.name} lists none")
+
+
+def _launch_blocking(run) -> None:
+    """With every launch blocking the host until its kernel has run, nothing the host
+    issues overlaps anything else: a field that says something overlaps cannot apply."""
+    if not run.launch_blocking:
+        return
+    if run.framework == "xla":
+        raise FlintError("launch_blocking: XLA launches its kernels from command buffers, "
+                         "not one by one (framework megatron, torch-eager or torch-compile)")
+    clash = [f"{name} {value}" for name, value, fine in (
+        ("overlap_grad_reduce", run.overlap_grad_reduce, False),
+        ("tp_comm_overlap", run.tp_comm_overlap, False),
+        ("pipeline_p2p", run.pipeline_p2p, "blocking-serial")) if value != fine]
+    if run.zero == 3:
+        clash.append("zero 3 (FSDP prefetches the next layer's parameters)")
+    if clash:
+        hint = " (set overlap_grad_reduce false)" if run.overlap_grad_reduce else ""
+        raise FlintError("launch_blocking: each launch waits for its kernel, so nothing "
+                         "overlaps; it cannot apply with " + ", ".join(clash) + hint)

@@ -32,6 +32,10 @@ PyTorch eager and Inductor kernels are launched by the host one at a time (popul
 LAUNCH_S of host time each); the host runs ahead of the GPU while kernels are long, and a
 run of short kernels waits for their launches (`Timeline.launch_wait`: a compute stream
 idle for want of work, not for communication). XLA launches from command buffers.
+Where launches block (node meta `launch_blocking`, CUDA_LAUNCH_BLOCKING=1) the host waits
+for each kernel of the compute stream to finish before it launches the next, so each one
+starts a whole launch round trip (populations.BLOCKING_LAUNCH_S) after the host's last
+kernel ended; the run's own flags say that nothing else overlaps (flint.run).
 
 Multi-device (MPMD) graphs, made by the pipeline and placement passes, tag nodes with
 `meta["device"]`: each device then has its own set of streams, and a RECV that depends on
@@ -45,7 +49,7 @@ from dataclasses import dataclass, field
 
 from flint.graph import NodeKind, WorkloadGraph
 from flint.hardware_models.links import BOTH
-from flint.hardware_models.populations import LAUNCH_S, host_launches
+from flint.hardware_models.populations import BLOCKING_LAUNCH_S, LAUNCH_S, host_launches
 
 
 @dataclass
@@ -114,6 +118,9 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
     host: dict[int, float] = defaultdict(float)          # device -> its launch thread's clock
     launches = [0 if "composite" in node.meta else host_launches(node) for node in graph.nodes]
     launch_wait = [0.0] * n
+    # kernels whose launch returns only when they have run: the host's clock is their end
+    blocks = [bool(node.meta.get("launch_blocking")) and "composite" not in node.meta and (
+        bool(k) or node.collective is not None) for node, k in zip(graph.nodes, launches)]
     for node in graph.nodes:
         i = node.id
         ready, because = 0.0, -1
@@ -132,8 +139,10 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
             because = last_on[s]
         elif start_at == issue and issue > ready and dev in last_compute:
             because = last_compute[dev]
-        if launches[i] and streams[i] == "compute":
-            host[dev] += launches[i] * LAUNCH_S
+        blocking = blocks[i] and streams[i] == "compute"
+        if blocking or (launches[i] and streams[i] == "compute"):
+            host[dev] = (host[dev] + max(launches[i], 1) * BLOCKING_LAUNCH_S if blocking
+                         else host[dev] + launches[i] * LAUNCH_S)
             if host[dev] > start_at:
                 launch_wait[i] = host[dev] - start_at
                 start_at = host[dev]
@@ -155,6 +164,8 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
         finish[i] = start_at + d
         if streams[i] != "compute" and node.collective is not None:
             in_flight[dev].append(i)
+        if blocking:
+            host[dev] = finish[i]
         free[s] = finish[i]
         last_on[s] = i
         if streams[i] == "compute":

@@ -17,6 +17,11 @@ PyTorch frameworks run SDPA's FlashAttention-2 (FRAMEWORK_ATTENTION). It is stam
 meta["attention"]["impl"] on every fused-attention node (hardware_models.attention_kernels
 prices it). Unfused attention is a different program and is compiled as such.
 
+`launch_blocking` (CUDA_LAUNCH_BLOCKING=1: each kernel launch returns only when the kernel
+has finished) is stamped as meta["launch_blocking"] on every node, for the frameworks
+whose host launches kernels one by one; hardware_models.schedule then makes each of them
+wait for its launch's round trip.
+
 Contract: returns a copy whose nodes carry meta["kernel_source"] (one of
 hardware_models.populations.POPULATIONS) and meta["framework"] on the graph; shapes,
 flops, bytes and edges are unchanged. Raises FlintError for an unknown framework or
@@ -48,6 +53,7 @@ FRAMEWORK_ATTENTION = {"torch-eager": "flash2", "torch-compile": "flash2"}
 class KernelPopulation:
     framework: str = "megatron"
     attention_kernel: str = ""
+    launch_blocking: bool = False
     name: ClassVar[str] = "kernel-population"
 
     def __post_init__(self):
@@ -57,6 +63,9 @@ class KernelPopulation:
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise FlintError(f"kernel-population: unknown attention kernel "
                              f"{self.attention_kernel!r}; use flash1 or leave it out")
+        if self.launch_blocking and self.framework == "xla":
+            raise FlintError("kernel-population: launch_blocking is for frameworks that "
+                             "launch kernels from the host (XLA launches command buffers)")
 
     def run(self, graph: WorkloadGraph) -> WorkloadGraph:
         source = FRAMEWORKS[self.framework]
@@ -65,6 +74,8 @@ class KernelPopulation:
 
     def _stamped(self, meta: dict, source: str) -> dict:
         out = dict(meta, kernel_source=source)
+        if self.launch_blocking:
+            out["launch_blocking"] = True
         attn = meta.get("attention")
         impl = self.attention_kernel or FRAMEWORK_ATTENTION.get(self.framework)
         if impl and isinstance(attn, dict) and attn.get("impl") in (None, "native"):

@@ -20,6 +20,7 @@ row's era. fp16 rows run bf16 GEMMs (the same dense tensor rate: A100 312, H100 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass, field, fields
 
 # era -> (framework in words, what the source states about it)
@@ -84,6 +85,9 @@ class Mechanism:
     # ((field, allowed values), ...): rows whose fields (as built) hold other values keep
     # their run as it is, where the engine prices the assignment for only some layouts
     only: tuple = ()
+    # a regex the family must match, for what one team's runs did rather than the era's
+    # framework (BigScience's launch environment); "" = every family of the eras
+    families: str = ""
 
 
 MECHANISMS = (
@@ -309,6 +313,17 @@ MECHANISMS = (
               # order of the topologies; the level it uncovers is the TP8 miss that the
               # one-node rows (no pipeline, no fabric) show as much (-17%)
               needs="pipeline_scatter_gather"),
+    Mechanism("every kernel launch blocking (BigScience on Jean Zay, CUDA_LAUNCH_BLOCKING=1)",
+              # what blocking launches imply (flint.run_checks): nothing the host issues
+              # overlaps, whichever other mechanisms a leave-one-out variant keeps
+              (("launch_blocking", True), ("overlap_grad_reduce", False),
+               ("pipeline_p2p", "blocking-serial")), DEEPSPEED_2022,
+              "bigscience tr11-176B-ml.slurm: 'export CUDA_LAUNCH_BLOCKING=1' with 'do not "
+              "remove or the training will hang'; chronicles-prequel.md 'dealing with JZ "
+              "hanging on the large model' (set before the topology sweep, whose 320-384 "
+              "GPU runs always hung without it); its own check: 0-6% slower at 80-160 GPUs",
+              "- (from the team's launch script, no family's error)",
+              needs="launch_blocking", families=r"bigscience|bloom|jean zay"),
 )
 
 
@@ -341,7 +356,8 @@ def applicable(case) -> list:
     built = variant_fields(case, [])
     return [m for m in MECHANISMS if available(m) and case.era in m.eras and all(
         built.get(name, _run_defaults().get(name)) in values for name, values in m.only)
-        and not (m.fit_memory and case.remat_stated)]
+        and not (m.fit_memory and case.remat_stated)
+        and (not m.families or re.search(m.families, case.family, re.I))]
 
 
 @functools.cache

@@ -74,6 +74,10 @@ def predict(
     tp_comm_overlap: Optional[bool] = typer.Option(
         None, "--tp-comm-overlap/--no-tp-comm-overlap",
         help="TP collectives pipelined with their GEMMs (default: on for megatron with TP+SP)"),
+    launch_blocking: Optional[bool] = typer.Option(
+        None, "--launch-blocking/--no-launch-blocking",
+        help="CUDA_LAUNCH_BLOCKING=1: each launch waits for its kernel, nothing overlaps "
+             "(needs --no-overlap-grad-reduce)"),
     reshard_after_forward: Optional[bool] = typer.Option(
         None, "--reshard-after-forward/--no-reshard-after-forward",
         help="zero 3 (torch): FSDP2 regathers parameters for the backward (default) or "
@@ -113,6 +117,7 @@ def predict(
                  precision=precision, fp8_recipe=fp8_recipe,
                  framework=framework, attention=attention,
                  overlap_grad_reduce=overlap_grad_reduce, tp_comm_overlap=tp_comm_overlap,
+                 launch_blocking=launch_blocking,
                  reshard_after_forward=reshard_after_forward,
                  grad_accumulation=grad_accumulation, grad_sync=grad_sync,
                  routing=routing)
