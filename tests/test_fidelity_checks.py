@@ -151,3 +151,21 @@ def test_caching_allocator_rounds_splits_and_coalesces():
     a.free(x)
     a.free(w)
     assert a.allocated == 0 and a.needed == 0 and a.peak_needed == (22 << 20)
+
+
+@pytest.mark.skipif(not TABLE.is_file(), reason="../shared/tables absent")
+def test_bigscience_measured_its_blocking_launches_and_only_its_rows_block():
+    """compare_launch_blocking pairs the hang-debug rows whose asynchronous run finished;
+    the launch-blocking mechanism applies to BigScience's family and no other."""
+    script = _script("compare_launch_blocking")
+    pairs = script.hang_debug_pairs(TABLE)
+    measured = sorted(round((a / b - 1) * 100, 1) for _, b, a in pairs)
+    assert measured == [-0.2, -0.0, 6.8]
+    assert {c.fields["devices"] for c, _, _ in pairs} == {80, 160}
+    _script("fidelity")
+    from fidelity_families import applicable
+    from more_published import more_cases
+
+    blocked = {c.family for c in more_cases(TABLE) if any(
+        dict(m.assign).get("launch_blocking") for m in applicable(c))}
+    assert blocked and all("BigScience" in f for f in blocked)
