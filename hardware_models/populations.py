@@ -52,14 +52,14 @@ POPULATIONS = ("library", "generated", "eager", "inductor")
 LAUNCH_S = 5e-6
 # GPU time lost per kernel where every launch blocks until its kernel has finished
 # (CUDA_LAUNCH_BLOCKING=1, a run's `launch_blocking`): the host cannot run ahead, so each
-# kernel waits for the whole round trip of its launch, from the framework's call to the
-# kernel's first instruction. NVIDIA's Nsight Systems User Guide measures that round trip
-# for one PyTorch element-wise kernel at about 20 us (V100), "before the kernel ran its
-# first instruction" (as summarised in "Every CUDA kernel pays a launch tax", groundy.com);
-# the 5-25 us of CPU work per eager op before its kernel (Python, autograd, ATen dispatch,
-# cudaLaunchKernel: jiahuanglin.xyz "From PyTorch op to kernel launch") brackets it. The
-# wake-up after the kernel is left out, so this is a lower bound. Rule for other GPUs: the
-# same (a host-side cost).
+# kernel waits for the whole round trip of its launch, from the launch call to the
+# kernel's first instruction: "about 20 us of launch latency ... between the beginning of
+# the launch call (in the CUDA API row) and the beginning of the kernel execution" for one
+# PyTorch element-wise op on a V100-SXM (NVIDIA Developer Blog, "Understanding the
+# Visualization of Overhead and Latency in NVIDIA Nsight Systems", Figure 1). The
+# framework's own CPU work before the call (Python, autograd, ATen dispatch) and the
+# host's wake-up after the kernel are left out, so this is a lower bound. Rule for other
+# GPUs: the same (a host-side cost).
 BLOCKING_LAUNCH_S = 20e-6
 # Populations whose kernels the host launches one at a time: PyTorch eager, Inductor's
 # wrapper, and Megatron-Core/Transformer Engine (eager PyTorch around library kernels);
