@@ -297,10 +297,14 @@ MECHANISMS = (
               "- (from the framework's source, no family's error)", needs="pipeline_p2p"),
     Mechanism("pipeline boundary sent as TP slices and all-gathered",
               (("pipeline_scatter_gather", True),),
-              ("megatron-lm-2021", *DEEPSPEED_2022, "megatron-deepspeed-2021"),
+              ("megatron-lm-2021", "megatron-lm-2022", *DEEPSPEED_2022,
+               "megatron-deepspeed-2021"),
               "Narayanan et al. 2021 (arXiv 2104.04473) section 4.1 'scatter/gather "
               "optimization', Megatron-LM's --no-scatter-gather-tensors-in-pipeline "
-              "(store_false: on by default); DeepSpeed runtime/pipe/engine.py "
+              "(store_false: on by default), kept by the 2022 sequence-parallel release for "
+              "runs without SP (p2p_communication._communicate: 'if "
+              "args.scatter_gather_tensors_in_pipeline and not args.sequence_parallel'); "
+              "DeepSpeed runtime/pipe/engine.py "
               "is_pipe_partitioned = is_model_parallel (activations and their gradients "
               "sent as PartitionedTensor slices, .full() all-gathers them over the TP group)",
               "- (from the frameworks' source, no family's error)",
