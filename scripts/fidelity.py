@@ -29,6 +29,7 @@ from fidelity_families import MECHANISMS, applicable, available, variant_fields 
 from fidelity_lofo import (holdout_sets, holdout_table, mechanism_table,  # noqa: E402
                            mech_id, variant_name, without)
 from fidelity_bloom import alignment_table, spearman_table, topology_table  # noqa: E402
+from fidelity_frameworks import same_model_table  # noqa: E402
 from fidelity_stats import family_table  # noqa: E402
 from published_rows import REPO  # noqa: E402
 
@@ -253,6 +254,9 @@ def main(argv=None) -> int:
     print(text)
     text, report["bloom_topology"] = topology_table(cases)
     if text:                    # only with BLOOM's rows (the tables above print theirs)
+        print(text)
+    text, report["same_model"] = same_model_table(cases)
+    if text:                    # only with both table files' MT-NLG rows
         print(text)
     skipped = [c for c in cases if c.reason]
     print(f"\nnot rebuildable: {len(skipped)} of {len(cases)} rows (reasons in --json); "

@@ -85,8 +85,7 @@ class Mechanism:
     # ((field, allowed values), ...): rows whose fields (as built) hold other values keep
     # their run as it is, where the engine prices the assignment for only some layouts
     only: tuple = ()
-    # a regex the family must match, for what one team's runs did rather than the era's
-    # framework (BigScience's launch environment); "" = every family of the eras
+    # a regex the family must match: what one team did, not the era ("" = every family)
     families: str = ""
 
 
@@ -308,18 +307,15 @@ MECHANISMS = (
               "is_pipe_partitioned = is_model_parallel (activations and their gradients "
               "sent as PartitionedTensor slices, .full() all-gathers them over the TP group)",
               "- (from the frameworks' source, no family's error)",
-              # session 45, with -> without: BLOOM 15.9% -> 10.5% and MT-NLG 22.4% -> 19.7%
-              # median |error| (the leave-one-family-out verdict: dropped), but BLOOM's
-              # rank correlation +0.819 -> +0.761 (all 135 rows) and +0.711 -> +0.618 (the
-              # 110 at 384 GPUs): without it each rank sends the whole boundary, tp times
-              # the bytes DeepSpeed sends, and that over-priced transfer is what made the
-              # pipelined rows look right. Kept: the frameworks' behaviour, and the better
-              # order of the topologies; the level it uncovers is the TP8 miss that the
-              # one-node rows (no pipeline, no fabric) show as much (-17%)
+              # session 46, with -> without: BLOOM 14.2% -> 10.2%, MT-NLG 22.4% -> 19.7%,
+              # Korthikanti 2.7% -> 4.2% median |error| (the leave-one-family-out level
+              # verdict: dropped); BLOOM's rank correlation +0.837 -> +0.790 (135 rows).
+              # Without it every rank sends tp times DeepSpeed's bytes, an over-priced
+              # transfer that hid the TP8 miss the one-node rows show without any pipeline
+              # (-15%). Kept: the frameworks' behaviour and the better topology order
               needs="pipeline_scatter_gather"),
     Mechanism("every kernel launch blocking (BigScience on Jean Zay, CUDA_LAUNCH_BLOCKING=1)",
-              # what blocking launches imply (flint.run_checks): nothing the host issues
-              # overlaps, whichever other mechanisms a leave-one-out variant keeps
+              # and what it implies (flint.run_checks), whatever a leave-one-out keeps
               (("launch_blocking", True), ("overlap_grad_reduce", False),
                ("pipeline_p2p", "blocking-serial")), DEEPSPEED_2022,
               "bigscience tr11-176B-ml.slurm: 'export CUDA_LAUNCH_BLOCKING=1' with 'do not "

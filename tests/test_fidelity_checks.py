@@ -169,3 +169,25 @@ def test_bigscience_measured_its_blocking_launches_and_only_its_rows_block():
     blocked = {c.family for c in more_cases(TABLE) if any(
         dict(m.assign).get("launch_blocking") for m in applicable(c))}
     assert blocked and all("BigScience" in f for f in blocked)
+
+
+def test_one_model_under_two_frameworks_is_compared_per_micro_batch_slot():
+    """fidelity_frameworks brings each run to one pipeline slot: step / (m + (p-1)/v)."""
+    _script("fidelity")
+    from fidelity_families import Case
+    from fidelity_frameworks import same_model_table
+
+    def case(file, section, label, step, predicted, **fields):
+        base = dict(devices=280, tp=8, pp=35, global_batch=280, micro_batch=1)
+        return Case(label, file, section, "f", "e", fields=dict(base, **fields),
+                    published_step_s=step, predicted={"after": {"step_s": predicted}})
+
+    megatron = case("published", "4", "4#3 530B full-recompute", 280 + 34 / 3, 280 + 34 / 3,
+                    vp=3)
+    deepspeed = case("more-published", "3", "3#1 MT-NLG", 2 * (240 + 34), 240 + 34,
+                     devices=2240, global_batch=1920)
+    text, doc = same_model_table([megatron, deepspeed])
+    assert [round(r["measured_slot_s"], 6) for r in doc["rows"]] == [1.0, 2.0]
+    assert [round(r["flint_ratio"], 6) for r in doc["rows"]] == [1.0, 1.0]
+    assert "2.00x" in text
+    assert same_model_table([deepspeed]) == ("", {})
