@@ -259,13 +259,15 @@ class TrainingRun:
         torch = self.framework.startswith("torch")
         schedule = "interleaved" if self.vp > 1 else "1f1b"
         blocking = self.launch_blocking         # one launch at a time: nothing overlaps
+        one_f_one_b = (self.schedule or schedule) != "interleaved"
+        p2p = ("blocking-serial" if blocking
+               else "blocking" if self.framework == "megatron" and one_f_one_b
+               else "posted-ahead")
         return {"sp": self.tp > 1,
                 "tp_comm_overlap": self.framework == "megatron" and self.tp > 1
                 and bool(self.sp) and not blocking,
                 "schedule": schedule,
-                "pipeline_p2p": "blocking-serial" if blocking else "blocking"
-                if self.framework == "megatron" and (self.schedule or schedule) != "interleaved"
-                else "posted-ahead",
+                "pipeline_p2p": p2p,
                 "grad_accumulation": "autograd" if torch else "in-gemm",
                 "grad_sync": "every-microbatch" if torch or self.zero == 2
                 else "last-microbatch"}

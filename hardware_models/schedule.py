@@ -141,8 +141,8 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
             because = last_compute[dev]
         blocking = blocks[i] and streams[i] == "compute"
         if blocking or (launches[i] and streams[i] == "compute"):
-            host[dev] = (host[dev] + max(launches[i], 1) * BLOCKING_LAUNCH_S if blocking
-                         else host[dev] + launches[i] * LAUNCH_S)
+            host[dev] += (max(launches[i], 1) * BLOCKING_LAUNCH_S if blocking
+                          else launches[i] * LAUNCH_S)
             if host[dev] > start_at:
                 launch_wait[i] = host[dev] - start_at
                 start_at = host[dev]
