@@ -83,7 +83,7 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
     program = {"framework": "torch" if torch else "jax", "model": to_mapping(cfg),
                "devices": devices,
                "mesh": [list(a) for a in mesh], "batch_per_replica": run.micro_batch,
-               "remat": run.remat, "sequence_parallel": bool(run.sp), "scan": False,
+               "remat": compiled_remat(run), "sequence_parallel": bool(run.sp), "scan": False,
                "seq_len": run.seq_len, "layers": min(layers, cfg.n_layers),
                "hardware": compile_target(run),
                "devices_per_host": min(devices_per_host(run), devices),
@@ -92,13 +92,26 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
         program["gemm_precision"] = "fp8-delayed" if (
             run.precision, run.fp8_recipe) == ("fp8", "delayed") else run.precision
     if run.attention == "unfused":      # flash1 is the flash program with an older kernel
-        program["attention"] = run.attention
+        # Megatron's unfused core keeps its S x S scores in the compute dtype
+        program["attention"] = "unfused-half" if run.framework == "megatron" else "unfused"
     if torch:       # torch.compile's Inductor fuses pointwise chains; eager runs each op
         program["fuse"] = run.framework == "torch-compile"
         program["torch_workload_version"] = TORCH_WORKLOAD_VERSION
         if not run.reshard_after_forward:
             program["reshard_after_forward"] = False
     return program
+
+
+def compiled_remat(run: TrainingRun) -> str:
+    """The recompute policy the run's stage is compiled under: `full` re-runs each layer
+    whole where the framework's checkpoint function does (Megatron's library kernels
+    stand for Megatron-LM/Core, DeepSpeed and InternEvo, whose reentrant checkpoint
+    functions all do: flint.models.decoder.rerun_checkpoint); XLA recomputes only what
+    the backward reads, and the torch twin runs PyTorch's own non-reentrant checkpoint,
+    which stops re-running once the backward has what it reads."""
+    from flint.models import REMAT_RERUN
+
+    return REMAT_RERUN if run.remat == "full" and run.framework == "megatron" else run.remat
 
 
 def compiled_mesh(run: TrainingRun, exact: bool = False) -> tuple:
@@ -272,6 +285,7 @@ def layered_graph(run: TrainingRun, cache) -> tuple:
     key = (program_key(program), run.mesh(), run.hsdp, run.devices_per_host, run.routing,
            run.dispatcher, run.framework, run.attention, run.zero, run.zero_sync,
            run.grad_reduce_dtype, run.overlap_grad_reduce, run.tp_comm_overlap,
+           run.tp_grad_overlap,
            run.launch_blocking, run.grad_accumulation, gathers_held_for_step(run),
            # the accumulation's first micro-batch differs, and a tied embedding's copy
            # is its own only on another stage than the embedding's
@@ -313,6 +327,10 @@ def _passes(run: TrainingRun, template):
         from flint.passes.tp_comm_overlap import TpCommOverlap
 
         graph = TpCommOverlap().run(graph)
+    if run.tp_grad_overlap:
+        from flint.passes.tp_grad_overlap import TpGradOverlap
+
+        graph = TpGradOverlap().run(graph)
     if graph.meta.get("layer_template") is None and cfg.n_layers > 1:
         graph = LayerTemplate(cfg.n_layers, boundary=boundary_shape(run, cfg),
                               overlap_reduction=run.overlap_grad_reduce,

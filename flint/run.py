@@ -99,6 +99,12 @@ class TrainingRun:
     # Megatron-Bridge performance recipes enable it), off otherwise (XLA's collective
     # matmul and PyTorch's AsyncTP are opt-in)
     tp_comm_overlap: Optional[bool] = None
+    # the backward's TP reduction of each column-parallel linear's input gradient runs
+    # while that linear's weight-gradient GEMM computes (passes.tp_grad_overlap; Megatron's
+    # async_tensor_model_parallel_allreduce, on by default since Megatron-LM 2022 and in
+    # Megatron-Core and Transformer Engine). None: on for megatron with tp > 1, off for
+    # the other frameworks (XLA's schedule and the torch twin's own order stand)
+    tp_grad_overlap: Optional[bool] = None
     # CUDA_LAUNCH_BLOCKING=1: every kernel launch returns only when the kernel has run, so
     # the host never runs ahead and nothing overlaps (BigScience's tr11 launched so, "do
     # not remove or the training will hang": tr11-176B-ml.slurm); each kernel then waits
@@ -266,6 +272,8 @@ class TrainingRun:
         return {"sp": self.tp > 1,
                 "tp_comm_overlap": self.framework == "megatron" and self.tp > 1
                 and bool(self.sp) and not blocking,
+                "tp_grad_overlap": self.framework == "megatron" and self.tp > 1
+                and not blocking,
                 "schedule": schedule,
                 "pipeline_p2p": p2p,
                 "grad_accumulation": "autograd" if torch else "in-gemm",
@@ -274,7 +282,8 @@ class TrainingRun:
 
     def replace(self, **changes) -> "TrainingRun":
         """The same run with some fields changed (checked again). A field holding the
-        default derived from other fields (sp, tp_comm_overlap, schedule, pipeline_p2p, the
+        default derived from other fields (sp, tp_comm_overlap, tp_grad_overlap, schedule,
+        pipeline_p2p, the
         framework's grad_accumulation and grad_sync) is derived again from the new ones
         unless given; one set to something else stays, and so does global_batch."""
         doc = self.to_json()

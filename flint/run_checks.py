@@ -29,6 +29,9 @@ def _cluster(run) -> None:
     if run.tp_comm_overlap and not (run.tp > 1 and run.sp):
         raise FlintError("tp_comm_overlap: TP communication overlap pipelines the sequence-"
                          "parallel all-gathers and reduce-scatters: it needs tp > 1 and sp")
+    if run.tp_grad_overlap and run.tp == 1:
+        raise FlintError("tp_grad_overlap: the backward's input-gradient reduction runs over "
+                         "the tensor-parallel ranks and needs tp > 1")
     if run.sp and run.tp == 1:
         raise FlintError("sp: sequence parallelism shards activations over the tensor-parallel "
                          "ranks and needs tp > 1")
@@ -216,6 +219,7 @@ def _launch_blocking(run) -> None:
     clash = [f"{name} {value}" for name, value, fine in (
         ("overlap_grad_reduce", run.overlap_grad_reduce, False),
         ("tp_comm_overlap", run.tp_comm_overlap, False),
+        ("tp_grad_overlap", run.tp_grad_overlap, False),
         ("pipeline_p2p", run.pipeline_p2p, "blocking-serial")) if value != fine]
     if run.zero == 3:
         clash.append("zero 3 (FSDP prefetches the next layer's parameters)")

@@ -94,6 +94,7 @@ class RunSchema(Strict):
     zero_sync: Literal[ZERO_SYNC] = "reduce-scatter"
     grad_reduce_dtype: Literal[GRAD_REDUCE_DTYPES] = "fp32"
     tp_comm_overlap: Optional[Bool] = None
+    tp_grad_overlap: Optional[Bool] = None
     launch_blocking: Bool = False
     reshard_after_forward: Bool = True
     routing: Str = "balanced"

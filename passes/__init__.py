@@ -40,11 +40,12 @@ def registry() -> dict[str, type]:
     from flint.passes.place import Place
     from flint.passes.rescale import Rescale
     from flint.passes.tp_comm_overlap import TpCommOverlap
+    from flint.passes.tp_grad_overlap import TpGradOverlap
 
     return {cls.name: cls for cls in (Anonymize, CollapseAttention, DistributedOptimizer,
                                       ExpandLoops, FusePointwise, KernelPopulation,
                                       LayerTemplate, PipelineParallel, Place, Rescale,
-                                      TpCommOverlap)}
+                                      TpCommOverlap, TpGradOverlap)}
 
 
 _ITEM = re.compile(r"\s*([\w\-]+)\s*(?:\{([^}]*)\})?\s*(?:,|$)")

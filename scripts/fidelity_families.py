@@ -13,8 +13,8 @@ fits (flint.fit_memory), as the recipes set it.
 
 "before": every family as Flint priced runs before issue 27 (framework megatron, or xla on
 a TPU; flash attention; gradient reduction overlapped with the backward; stages balanced by
-predicted time; no TP communication overlap; pipeline sends posted ahead, each rank sending
-the whole boundary tensor). "after": before plus every mechanism of the
+predicted time; no TP communication overlap, in the GEMMs or beside the backward's wgrad;
+pipeline sends posted ahead, each rank sending the whole boundary tensor). "after": before plus every mechanism of the
 row's era. fp16 rows run bf16 GEMMs (the same dense tensor rate: A100 312, H100 989 TFLOP/s).
 """
 from __future__ import annotations
@@ -307,12 +307,9 @@ MECHANISMS = (
               "is_pipe_partitioned = is_model_parallel (activations and their gradients "
               "sent as PartitionedTensor slices, .full() all-gathers them over the TP group)",
               "- (from the frameworks' source, no family's error)",
-              # session 46, with -> without: BLOOM 14.2% -> 10.2%, MT-NLG 22.4% -> 19.7%,
-              # Korthikanti 2.7% -> 4.2% median |error| (the leave-one-family-out level
-              # verdict: dropped); BLOOM's rank correlation +0.837 -> +0.790 (135 rows).
-              # Without it every rank sends tp times DeepSpeed's bytes, an over-priced
-              # transfer that hid the TP8 miss the one-node rows show without any pipeline
-              # (-15%). Kept: the frameworks' behaviour and the better topology order
+              # session 46, with -> without: BLOOM 14.2 -> 10.2%, MT-NLG 22.4 -> 19.7%,
+              # Korthikanti 2.7 -> 4.2% (level verdict: dropped); BLOOM's rank correlation
+              # +0.837 -> +0.790. Kept: the frameworks' behaviour, the better order
               needs="pipeline_scatter_gather"),
     Mechanism("every kernel launch blocking (BigScience on Jean Zay, CUDA_LAUNCH_BLOCKING=1)",
               # and what it implies (flint.run_checks), whatever a leave-one-out keeps
@@ -324,6 +321,17 @@ MECHANISMS = (
               "GPU runs always hung without it); its own check: 0-6% slower at 80-160 GPUs",
               "- (from the team's launch script, no family's error)",
               needs="launch_blocking", families=r"bigscience|bloom|jean zay"),
+    Mechanism("TP input-gradient reduction beside the weight-gradient GEMM (async all-reduce)",
+              (("tp_grad_overlap", None),),
+              ("megatron-lm-2022", "megatron-core", *PERF_RECIPES, "internevo"),
+              "Megatron-Core ModelParallelConfig.async_tensor_model_parallel_allreduce ('enables "
+              "asynchronous execution of tensor-model-parallel all-reduce with weight gradient "
+              "computation of a column-linear layer'; Megatron-LM 2022's "
+              "--no-async-tensor-model-parallel-allreduce: on by default); InternEvo "
+              "FusedDenseFunc.backward: all_reduce_raw(grad_input, async_op=True) before the "
+              "wgrad, waited after it. Not in Megatron-LM 2021 nor the Megatron-DeepSpeed forks "
+              "(synchronous autograd all-reduce)",
+              "- (from the frameworks' source, no family's error)", needs="tp_grad_overlap"),
 )
 
 
@@ -345,8 +353,9 @@ def before_fields(case) -> dict:
     """How Flint priced every row before issue 27."""
     out = {"framework": "xla" if case.era in ("maxtext", "pathways") else "megatron",
            "attention": "flash", "overlap_grad_reduce": True, "pipeline_split": "time"}
-    if "tp_comm_overlap" in run_fields():
-        out["tp_comm_overlap"] = False
+    for name in ("tp_comm_overlap", "tp_grad_overlap"):
+        if name in run_fields():
+            out[name] = False
     if "pipeline_p2p" in run_fields():      # every send posted ahead, the whole boundary
         out["pipeline_p2p"] = "posted-ahead"
     return out

@@ -39,7 +39,8 @@ def extract(
     gemm_precision: Optional[str] = typer.Option(None, help="zoo: GEMM operands bf16 | fp8 "
                                                  "| fp8-delayed | mxfp8"),
     attention: Optional[str] = typer.Option(None, help="zoo: attention core flash | unfused "
-                                            "(S x S scores through memory)"),
+                                            "(S x S scores through memory) | unfused-half "
+                                            "(those in the compute dtype, as Megatron)"),
     scan: Optional[bool] = typer.Option(None, "--scan/--unroll", help="zoo: layers in "
                                         "lax.scan or not (default: JAX scans; torch unrolls)"),
     layers: Optional[int] = typer.Option(None, help="zoo: override the layer count"),

@@ -74,6 +74,10 @@ def predict(
     tp_comm_overlap: Optional[bool] = typer.Option(
         None, "--tp-comm-overlap/--no-tp-comm-overlap",
         help="TP collectives pipelined with their GEMMs (default: on for megatron with TP+SP)"),
+    tp_grad_overlap: Optional[bool] = typer.Option(
+        None, "--tp-grad-overlap/--no-tp-grad-overlap",
+        help="the backward's TP input-gradient reduction run beside the weight-gradient GEMM "
+             "(default: on for megatron with TP)"),
     launch_blocking: Optional[bool] = typer.Option(
         None, "--launch-blocking/--no-launch-blocking",
         help="CUDA_LAUNCH_BLOCKING=1: each launch waits for its kernel, nothing overlaps "
@@ -117,6 +121,7 @@ def predict(
                  precision=precision, fp8_recipe=fp8_recipe,
                  framework=framework, attention=attention,
                  overlap_grad_reduce=overlap_grad_reduce, tp_comm_overlap=tp_comm_overlap,
+                 tp_grad_overlap=tp_grad_overlap,
                  launch_blocking=launch_blocking,
                  reshard_after_forward=reshard_after_forward,
                  grad_accumulation=grad_accumulation, grad_sync=grad_sync,

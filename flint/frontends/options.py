@@ -14,6 +14,7 @@ config.json without a sequence length is refused with the flag that sets it.
 from __future__ import annotations
 
 from flint.errors import FlintError
+from flint.models import ZOO_ATTENTION
 
 # GEMM precisions the torch twin runs (bf16 under autocast); FP8 recipes are JAX-only.
 TORCH_GEMM_PRECISIONS = ("bf16",)
@@ -50,11 +51,11 @@ def check_options(request) -> None:
                              f"the built-in --model; {request.target} is {what}, which runs "
                              f"as its code says (drop the option, or set it in the code)")
         return
-    if request.attention is not None and request.attention not in ("flash", "unfused"):
-        raise FlintError(f"--attention {request.attention!r}: use flash | unfused")
+    if request.attention is not None and request.attention not in ZOO_ATTENTION:
+        raise FlintError(f"--attention {request.attention!r}: use {' | '.join(ZOO_ATTENTION)}")
     if request.framework == "torch":
-        if request.attention == "unfused":
-            raise FlintError("--attention unfused: the torch twin runs SDPA's fused "
+        if request.attention in ("unfused", "unfused-half"):
+            raise FlintError(f"--attention {request.attention}: the torch twin runs SDPA's fused "
                              "attention; unfused attention is in the JAX zoo "
                              "(--framework jax)")
         precision = request.gemm_precision

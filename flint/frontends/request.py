@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from flint.errors import FlintError
-from flint.models import REMAT_POLICIES
+from flint.models import ZOO_REMAT_POLICIES
 
 FRAMEWORKS = ("jax", "torch")
 DEFAULT_DEVICES = 4096
@@ -87,8 +87,9 @@ class ExtractRequest:
         if self.framework not in FRAMEWORKS:
             raise FlintError(f"unknown --framework {self.framework!r}; use jax or torch")
         check_device_count(self.device_count)
-        if self.remat is not None and self.remat not in REMAT_POLICIES:
-            raise FlintError(f"unknown --remat {self.remat!r}; use {' | '.join(REMAT_POLICIES)}")
+        if self.remat is not None and self.remat not in ZOO_REMAT_POLICIES:
+            raise FlintError(f"unknown --remat {self.remat!r}; use "
+                             f"{' | '.join(ZOO_REMAT_POLICIES)}")
         if self.devices_per_host is not None and self.devices_per_host < 1:
             raise FlintError(f"--devices-per-host must be at least 1, not {self.devices_per_host}")
         from flint.frontends.options import check_options

@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 from flint.errors import FlintError
-
 # ExtractRequest.attention -> the zoo decoder's attention option (flint.models.decoder)
-ZOO_ATTENTION = {"flash": "flash", "unfused": "xla"}
+from flint.models import ZOO_ATTENTION
 
 
 def default_zoo_mesh(devices: int, model: str | None = None) -> str:

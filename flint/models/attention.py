@@ -67,7 +67,10 @@ def _core(q, k, v, causal: bool):
 
     @jax.custom_vjp
     def flash(q, k, v):
-        return _forward(q, k, v, causal)[0]
+        # the primal runs where nothing differentiates this call: an inference step, or a
+        # layer whose backward re-runs it whole (decoder.rerun_checkpoint)
+        with jax.named_scope(names["fwd"]):
+            return _forward(q, k, v, causal)[0]
 
     def fwd(q, k, v):
         with jax.named_scope(names["fwd"]):

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from flint.errors import FlintError
-from flint.models import REMAT_POLICIES, decoder, mlp
+from flint.models import ZOO_REMAT_POLICIES, decoder, mlp
 from flint.models.parallelism import Parallelism, ZooWorkload
 
 
@@ -74,9 +74,9 @@ def build(model, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
                                        n_layers=layers, gemm_precision=gemm_precision,
                                        attention=attention).items() if v is not None}
     cfg = cfg.with_(**overrides)
-    if cfg.remat not in REMAT_POLICIES:
+    if cfg.remat not in ZOO_REMAT_POLICIES:
         raise FlintError(f"unknown remat policy {cfg.remat!r}; use "
-                         f"{' | '.join(REMAT_POLICIES)}")
+                         f"{' | '.join(ZOO_REMAT_POLICIES)}")
     if cfg.gemm_precision not in decoder.GEMM_PRECISIONS:
         raise FlintError(f"unknown GEMM precision {cfg.gemm_precision!r}; use "
                          f"{' | '.join(decoder.GEMM_PRECISIONS)}")
