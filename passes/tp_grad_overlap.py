@@ -15,7 +15,9 @@ orders the same program as its scheduler likes; a compile-only target often puts
 GEMMs before the reduction, which then runs exposed.
 
 The pass reorders each such backward: for an asynchronous reduction over the TP axis whose
-input comes from a GEMM (through element-wise glue at most), the GEMMs issued before it
+input comes from backward GEMMs (through element-wise glue, or the one-input reduction of
+a split-K GEMM, at most; a reduce-scatter may carry no phase of its own), the GEMMs issued
+before it
 that read the same output gradient and that it does not need (the wgrads), together with
 what depends on them before the reduction, move to just after it. Nothing else moves.
 
@@ -31,7 +33,7 @@ from typing import ClassVar
 from flint.errors import FlintError
 from flint.graph import WorkloadGraph
 
-_GLUE = ("elementwise", "data_movement")
+_GLUE = ("elementwise", "data_movement")     # and one-input reductions (split-K's sum)
 _REDUCTIONS = ("all-reduce", "reduce-scatter")
 
 
@@ -62,10 +64,12 @@ class TpGradOverlap:
         c = n.collective
         if c is None or not c.is_async or c.type not in _REDUCTIONS:
             return False
-        if n.meta.get("phase") != "backward":
-            return False
         comm = g.communicators[c.communicator]
-        return tuple(comm.mesh_axes) == (self.axis,) and comm.size > 1
+        if tuple(comm.mesh_axes) != (self.axis,) or comm.size < 2:
+            return False
+        producers = _producers(g, n)
+        return bool(producers) and n.meta.get("phase") in ("backward", None) and all(
+            g.nodes[p].meta.get("phase") == "backward" for p in producers)
 
 
 def _producers(g: WorkloadGraph, node) -> set[int]:
@@ -79,7 +83,8 @@ def _producers(g: WorkloadGraph, node) -> set[int]:
         n = g.nodes[i]
         if n.op_class == "gemm":
             found.add(i)
-        elif n.op_class in _GLUE and n.collective is None:
+        elif n.collective is None and (n.op_class in _GLUE or (
+                n.op_class == "reduction" and len(n.inputs) == 1)):
             stack.extend(n.inputs)
     return found
 
