@@ -69,6 +69,7 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
     """Everything one pipeline stage's extracted template depends on, and nothing else
     (pipeline depth, micro-batch count, schedule, ZeRO flavour, framework kernels, routing
     and hardware what-ifs only change the passes and the pricing)."""
+    from flint.models import compiled_remat
     from flint.models.describe import to_mapping
 
     cfg = run.model_config()
@@ -83,7 +84,8 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
     program = {"framework": "torch" if torch else "jax", "model": to_mapping(cfg),
                "devices": devices,
                "mesh": [list(a) for a in mesh], "batch_per_replica": run.micro_batch,
-               "remat": compiled_remat(run), "sequence_parallel": bool(run.sp), "scan": False,
+               "remat": compiled_remat(run.remat, run.framework),
+               "sequence_parallel": bool(run.sp), "scan": False,
                "seq_len": run.seq_len, "layers": min(layers, cfg.n_layers),
                "hardware": compile_target(run),
                "devices_per_host": min(devices_per_host(run), devices),
@@ -100,18 +102,6 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
         if not run.reshard_after_forward:
             program["reshard_after_forward"] = False
     return program
-
-
-def compiled_remat(run: TrainingRun) -> str:
-    """The recompute policy the run's stage is compiled under: `full` re-runs each layer
-    whole where the framework's checkpoint function does (Megatron's library kernels
-    stand for Megatron-LM/Core, DeepSpeed and InternEvo, whose reentrant checkpoint
-    functions all do: flint.models.decoder.rerun_checkpoint); XLA recomputes only what
-    the backward reads, and the torch twin runs PyTorch's own non-reentrant checkpoint,
-    which stops re-running once the backward has what it reads."""
-    from flint.models import REMAT_RERUN
-
-    return REMAT_RERUN if run.remat == "full" and run.framework == "megatron" else run.remat
 
 
 def compiled_mesh(run: TrainingRun, exact: bool = False) -> tuple:
@@ -338,7 +328,9 @@ def _passes(run: TrainingRun, template):
                               gather_once=gathers_held_for_step(run),
                               resharded=gathered_weights_freed(run)).run(graph)
         if run.framework == "megatron":
-            _megatron_activations(graph, cfg, run)
+            from flint.models.activations import stamp_megatron_activations
+
+            stamp_megatron_activations(graph, cfg, run)
     if run.zero in (1, 2):
         graph = DistributedOptimizer(
             shard_gradients=run.zero == 2, sync=run.zero_sync, group=run.hsdp,
@@ -360,18 +352,6 @@ def _passes(run: TrainingRun, template):
     graph.meta["model_flops_per_device"] = model_flops(
         cfg, run.micro_batch * run.dp * run.seq_len) / run.stage_devices
     return graph
-
-
-def _megatron_activations(graph, cfg, run: TrainingRun) -> None:
-    """Each layer keeps what Megatron-Core + Transformer Engine keep for the backward
-    (flint.models.activations), not what XLA's program left live."""
-    from flint.models.activations import megatron_layer_bytes
-
-    per_layer = megatron_layer_bytes(cfg, run)
-    for n in graph.nodes:
-        if n.name.startswith("fwd.layer_") and "composite" in n.meta:
-            n.meta["saved_bytes"] = per_layer
-    graph.meta["activation_memory"] = "Megatron-Core + Transformer Engine (Korthikanti et al.)"
 
 
 def boundary_shape(run: TrainingRun, cfg) -> str:

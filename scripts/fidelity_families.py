@@ -14,8 +14,9 @@ fits (flint.fit_memory), as the recipes set it.
 "before": every family as Flint priced runs before issue 27 (framework megatron, or xla on
 a TPU; flash attention; gradient reduction overlapped with the backward; stages balanced by
 predicted time; no TP communication overlap, in the GEMMs or beside the backward's wgrad;
-pipeline sends posted ahead, each rank sending the whole boundary tensor). "after": before plus every mechanism of the
-row's era. fp16 rows run bf16 GEMMs (the same dense tensor rate: A100 312, H100 989 TFLOP/s).
+pipeline sends posted ahead, each rank sending the whole boundary tensor). "after": before
+plus every mechanism of the row's era. fp16 rows run bf16 GEMMs (the same dense tensor rate:
+A100 312, H100 989 TFLOP/s).
 """
 from __future__ import annotations
 

@@ -121,7 +121,10 @@ def test_before_and_after_run_fields(published, more):
         "PyTorch autograd gradient accumulation",
         "FlashAttention v1 where a framework pinned it",
         "InternEvo's ZeRO-1: gradients all-reduced, parameters broadcast by owner",
-        "gradients reduced in the model's dtype (DeepSpeed, InternEvo)"]
+        "gradients reduced in the model's dtype (DeepSpeed, InternEvo)",
+        "TP input-gradient reduction beside the weight-gradient GEMM (async all-reduce)"]
+    # the Megatron-DeepSpeed forks reduce input gradients with a synchronous autograd op
+    assert not before.tp_grad_overlap and not after.tp_grad_overlap
     run = TrainingRun(**variant_fields(more["2#9"], applicable(more["2#9"])))
     assert (run.attention, run.zero_sync, run.hsdp) == ("flash1", "broadcast", 8)  # zero1=8
     assert TrainingRun(**variant_fields(intern, applicable(intern))).hsdp == 0    # zero1=-1

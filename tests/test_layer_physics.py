@@ -140,7 +140,9 @@ def test_korthikanti_table4_layer_times():
     from compare_layers import TABLE4, compare, recompute_overhead, render
 
     rows = compare(experiments=[e for e in TABLE4 if not e[2] and e[1] != "selective"])
-    print(render(rows))
+    text = render(rows)
+    print(text)
+    assert "baseline with recompute" in text and "recompute in the backward" in text
     assert all(abs(r["error"]) < 0.10 for r in rows), rows
     measured, flint = recompute_overhead(rows)
     assert flint == pytest.approx(measured, rel=0.15)
@@ -153,3 +155,21 @@ def test_korthikanti_table4_layer_times():
     on, off = layer_times(run), layer_times(run.replace(tp_grad_overlap=False))
     assert on.forward_s == pytest.approx(off.forward_s)
     assert on.backward_s < off.backward_s - 0.5e-3
+
+
+def test_extract_takes_the_megatron_core_options(tmp_path):
+    """The zoo options the engine compiles for megatron runs, as `flint extract` takes them
+    (README: `--attention unfused-half`); a torch twin refuses them in one line."""
+    from conftest import run_cli
+
+    from flint.graph import WorkloadGraph
+
+    out = tmp_path / "g.json"
+    code, _, err = run_cli(["extract", "--model", "tiny", "--devices", "2", "--mesh", "model=2",
+                            "--attention", "unfused-half", "--remat", "full-rerun",
+                            "--out", str(out)])
+    assert code == 0, err
+    assert any(n.op_class == "gemm" for n in WorkloadGraph.load(out).nodes)
+    code, _, err = run_cli(["extract", "--framework", "torch", "--model", "tiny", "--devices",
+                            "2", "--attention", "unfused-half"])
+    assert code == 2 and "--attention unfused-half" in err and err.count("\n") == 1, err

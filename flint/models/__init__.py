@@ -4,9 +4,18 @@ is configured for compile-only devices)."""
 # Activation recompute policies of the zoo decoders (flint.models.decoder applies them).
 REMAT_POLICIES = ("none", "full", "dots", "selective")
 # ... and one more the engine compiles for frameworks whose checkpoint function re-runs a
-# layer whole (flint.models.decoder.rerun_checkpoint); a run says `full` and its framework
+# layer whole (flint.models.recompute); a run says `full` and its framework
 REMAT_RERUN = "full-rerun"
 ZOO_REMAT_POLICIES = REMAT_POLICIES + (REMAT_RERUN,)
+
+
+def compiled_remat(remat: str, framework: str) -> str:
+    """The policy a run's stage is compiled under: `full` re-runs each layer whole where
+    the framework's checkpoint function does (`megatron`'s library kernels stand for
+    Megatron-LM/Core, DeepSpeed and InternEvo, whose reentrant checkpoint functions all
+    do); XLA recomputes only what the backward reads, and the torch twin runs PyTorch's
+    non-reentrant checkpoint, which stops once the backward has what it reads."""
+    return REMAT_RERUN if remat == "full" and framework == "megatron" else remat
 
 # Attention cores of the zoo decoders by request name: flash (one fused kernel), unfused
 # (S x S scores through memory in fp32, as a JAX program usually writes them) and

@@ -77,3 +77,13 @@ def megatron_layer_bytes(cfg, run) -> float:
         # sequence: context parallelism gathers them)
         scores = 4.0 * b * (heads / t) * s * run.seq_len
     return attention + mlp + scores
+
+
+def stamp_megatron_activations(graph, cfg, run) -> None:
+    """Each layer of a layered graph keeps what Megatron-Core + Transformer Engine keep for
+    the backward (megatron_layer_bytes), not what XLA's program left live."""
+    per_layer = megatron_layer_bytes(cfg, run)
+    for n in graph.nodes:
+        if n.name.startswith("fwd.layer_") and "composite" in n.meta:
+            n.meta["saved_bytes"] = per_layer
+    graph.meta["activation_memory"] = "Megatron-Core + Transformer Engine (Korthikanti et al.)"

@@ -91,7 +91,7 @@ ZOO = {
 
 # Activation rematerialization (jax.checkpoint policies), per decoder layer:
 #   none: save everything; full: save only the layer input (Megatron "full" recompute);
-#   full-rerun: full, with the layer re-run whole in the backward (rerun_checkpoint);
+#   full-rerun: full, with the layer re-run whole in the backward (models/recompute.py);
 #   dots: save matmul outputs (XLA recomputes the elementwise work);
 #   selective: save everything but the attention core's output, which the backward
 #   recomputes (Korthikanti et al. 2022 "selective": with a flash kernel the S x S
@@ -301,6 +301,8 @@ def forward(params, tokens, cfg: DecoderConfig, act_spec=None, attn_spec=None, k
     if cfg.remat == "full":
         layer = jax.checkpoint(layer)
     elif cfg.remat == "full-rerun":
+        from flint.models.recompute import rerun_checkpoint
+
         layer = rerun_checkpoint(layer)
     elif cfg.remat == "dots":
         layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.checkpoint_dots)
@@ -326,43 +328,6 @@ def forward(params, tokens, cfg: DecoderConfig, act_spec=None, attn_spec=None, k
         # states are gathered, never the [hidden, vocab] weight)
         return logits if attn_spec is None else jax.lax.with_sharding_constraint(
             logits, P(*tuple(attn_spec)[:3]))
-
-
-def rerun_checkpoint(layer):
-    """`layer` under full recompute as PyTorch's reentrant checkpoint functions run it:
-    the forward keeps only the layer's inputs; the backward re-runs the whole layer, then
-    differentiates it. Megatron-LM/Core (tensor_parallel.random.CheckpointFunction, and
-    Transformer Engine's checkpoint, reentrant by default), DeepSpeed's
-    activation_checkpointing and InternEvo's activation_checkpoint all call the layer's
-    forward function again in backward() and backpropagate through its outputs, so the
-    layer's last GEMMs (attention output and MLP down projections) and their
-    tensor-parallel reductions run again although nothing in the backward reads their
-    results. jax.checkpoint recomputes only what the backward reads (JAX's partial
-    evaluation drops the rest); the optimization barrier over the re-run output and the
-    incoming gradient keeps the whole re-run, and orders it before the backward as the
-    framework does. Korthikanti et al. 2022 (arXiv 2205.05198), Table 4, measure it on a
-    22B layer (Megatron-LM, A100): the backward with recompute takes 7.6 ms more than
-    without, against a forward of 7.7 ms."""
-    @jax.custom_vjp
-    def rerun(x, p):
-        return layer(x, p)
-
-    def forward(x, p):
-        return layer(x, p), (x, p)
-
-    def backward(saved, g):
-        # the barrier in front keeps XLA from merging the re-run with the forward (as
-        # jax.checkpoint's prevent_cse does) and starts it when the gradient arrives
-        x, p, g = jax.lax.optimization_barrier((*saved, g))
-        with jax.named_scope("recompute"):     # the re-run's ops are not the forward's
-            y, pullback = jax.vjp(layer, x, p)
-        # the re-run's output feeds the gradient through a product with zero, which XLA
-        # keeps for floating point (0 * inf is not 0): the framework computes it, so the
-        # twin does (one elementwise pass over the layer's output, fused into its producer)
-        return pullback(g + (y * 0).astype(g.dtype))
-
-    rerun.defvjp(forward, backward)
-    return rerun
 
 
 def _sp_gather(x, gathered, sharded):
