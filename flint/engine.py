@@ -69,7 +69,7 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
     """Everything one pipeline stage's extracted template depends on, and nothing else
     (pipeline depth, micro-batch count, schedule, ZeRO flavour, framework kernels, routing
     and hardware what-ifs only change the passes and the pricing)."""
-    from flint.models import compiled_remat
+    from flint.models import compiled_attention, compiled_remat
     from flint.models.describe import to_mapping
 
     cfg = run.model_config()
@@ -93,9 +93,8 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
     if run.precision != "bf16":
         program["gemm_precision"] = "fp8-delayed" if (
             run.precision, run.fp8_recipe) == ("fp8", "delayed") else run.precision
-    if run.attention == "unfused":      # flash1 is the flash program with an older kernel
-        # Megatron's unfused core keeps its S x S scores in the compute dtype
-        program["attention"] = "unfused-half" if run.framework == "megatron" else "unfused"
+    if compiled_attention(run.attention, run.framework):
+        program["attention"] = compiled_attention(run.attention, run.framework)
     if torch:       # torch.compile's Inductor fuses pointwise chains; eager runs each op
         program["fuse"] = run.framework == "torch-compile"
         program["torch_workload_version"] = TORCH_WORKLOAD_VERSION

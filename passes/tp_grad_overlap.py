@@ -47,9 +47,9 @@ class TpGradOverlap:
             raise FlintError("tp-grad-overlap needs a loop-free graph (run expand-loops first)")
         order = list(range(len(graph.nodes)))
         moved = 0
-        for c in [n for n in graph.nodes if self._reduces_dgrad(graph, n)]:
+        for c, producers in self._dgrad_reductions(graph):
             at = order.index(c.id)
-            later = _wgrads_before(graph, c, order[:at])
+            later = _wgrads_before(graph, c, producers, order[:at])
             if later:
                 rest = [i for i in order[:at] if i not in later]
                 order = rest + [c.id] + [i for i in order[:at] if i in later] + order[at + 1:]
@@ -60,16 +60,19 @@ class TpGradOverlap:
         out.meta["tp_grad_overlap"] = moved
         return out
 
-    def _reduces_dgrad(self, g: WorkloadGraph, n) -> bool:
-        c = n.collective
-        if c is None or not c.is_async or c.type not in _REDUCTIONS:
-            return False
-        comm = g.communicators[c.communicator]
-        if tuple(comm.mesh_axes) != (self.axis,) or comm.size < 2:
-            return False
-        producers = _producers(g, n)
-        return bool(producers) and n.meta.get("phase") in ("backward", None) and all(
-            g.nodes[p].meta.get("phase") == "backward" for p in producers)
+    def _dgrad_reductions(self, g: WorkloadGraph):
+        """(reduction, the backward GEMMs it reduces) for each qualifying collective."""
+        for n in g.nodes:
+            c = n.collective
+            if c is None or not c.is_async or c.type not in _REDUCTIONS:
+                continue
+            comm = g.communicators[c.communicator]
+            if tuple(comm.mesh_axes) != (self.axis,) or comm.size < 2:
+                continue
+            producers = _producers(g, n)
+            if producers and n.meta.get("phase") in ("backward", None) and all(
+                    g.nodes[p].meta.get("phase") == "backward" for p in producers):
+                yield n, producers
 
 
 def _producers(g: WorkloadGraph, node) -> set[int]:
@@ -101,11 +104,10 @@ def _ancestors(g: WorkloadGraph, node, within: set[int]) -> set[int]:
     return out
 
 
-def _wgrads_before(g: WorkloadGraph, c, before: list[int]) -> set[int]:
+def _wgrads_before(g: WorkloadGraph, c, producers: set[int], before: list[int]) -> set[int]:
     """Nodes issued before the reduction `c` that move behind it: the wgrad GEMMs (GEMMs
     reading an input of one of c's producing GEMMs, the shared output gradient, that c
     does not need) and what depends on them in between."""
-    producers = _producers(g, c)
     # the output gradient: the producers' inputs not made in the forward (the weights'
     # casts are; a fusion XLA made of backward ops may carry no phase)
     grads = {i for p in producers for i in g.nodes[p].inputs

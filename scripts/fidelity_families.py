@@ -2,8 +2,8 @@
 fields: the part of scripts/fidelity.py that says *how* a row's framework behaves.
 
 A family is (source section x framework x GPU), e.g. "published 1a Megatron-Bridge x
-Megatron-Core+TE x H100". Each family belongs to an era (ERAS): the framework lineage the
-section's prose names. What a row states (model, devices, TP/PP/DP, micro-batch, recompute,
+Megatron-Core+TE x H100". Each family belongs to an era (fidelity_eras.ERAS): the framework
+lineage the section's prose names. What a row states (model, devices, TP/PP/DP, micro-batch, recompute,
 ZeRO stage, precision, the cluster's network) goes into its own fields; how its framework
 runs (attention kernel, sequence parallelism, when gradients are reduced, how stages are
 split, TP communication overlap) comes from its era, once, through MECHANISMS: each a named
@@ -24,49 +24,7 @@ import functools
 import re
 from dataclasses import dataclass, field, fields
 
-# era -> (framework in words, what the source states about it)
-ERAS = {
-    "megatron-core": ("Megatron-Core+TE", "NeMo 24.07-25.07 / Megatron-Bridge 25.09+ / "
-                      "Megatron-LM examples / MLPerf v5.1 NeMo: Transformer Engine kernels, "
-                      "flash (cuDNN) attention, distributed optimizer with overlapped grad "
-                      "reduce and param gather, TP communication overlap in the perf recipes"),
-    "nvidia-perf-recipes": ("Megatron-Core+TE", "NeMo 2.0 performance recipes (containers "
-                            "25.02-25.07): megatron-core with the recipes' own settings, "
-                            "e.g. gradients reduced in bf16"),
-    "bridge-perf-recipes": ("Megatron-Core+TE", "Megatron-Bridge performance recipes "
-                            "(25.09+): megatron-core with the recipes' own settings "
-                            "(gradients reduced in bf16, the FP8 recipe named per run)"),
-    "automodel": ("PyTorch FSDP2+TE", "NeMo AutoModel: FSDP2 with Transformer Engine kernels"),
-    "maxtext": ("MaxText/XLA", "MaxText on JAX: XLA's fusions (framework xla)"),
-    "pathways": ("PaLM/Pathways XLA", "PaLM on TPU v4 through Pathways"),
-    "megatron-lm-2022": ("Megatron-LM 2022", "Korthikanti et al. 2022 (arXiv 2205.05198): "
-                         "TP + sequence parallelism + selective recompute, no flash attention"),
-    "megatron-deepspeed-2022": ("Megatron-DeepSpeed 2022", "BigScience tr11 (Feb-Mar 2022): "
-                                "Megatron TP inside DeepSpeed's pipeline engine, ZeRO-1"),
-    # the same sweep's bf16 rows (02-28 on, the "bf16" sections, production): DeepSpeed's
-    # BF16_Optimizer instead of its fp16 ZeRO-1 optimizer (more-published.md, tr11 README)
-    "megatron-deepspeed-2022-bf16": ("Megatron-DeepSpeed 2022", "BigScience tr11 bf16 "
-                                     "rows: Megatron TP inside DeepSpeed's pipeline engine, "
-                                     "BF16_Optimizer (its own ZeRO stage 1)"),
-    "megatron-deepspeed-2021": ("Megatron-DeepSpeed 2021", "MT-NLG (arXiv 2201.11990): "
-                                "Megatron tensor slicing, DeepSpeed pipeline and data "
-                                "parallelism"),
-    "internevo": ("InternEvo", "InternEvo 7B: PyTorch, flash-attn, Megatron TP without SP "
-                  "('mtp'), hybrid ZeRO-1"),
-    # eras a section's heading names (section_of): tables beyond the shared ones
-    "megatron-lm-2021": ("Megatron-LM 2021", "Narayanan et al. 2021 (arXiv 2104.04473): "
-                         "TP + PP + DP, no sequence parallelism, no flash attention, "
-                         "gradients all-reduced after the backward"),
-    "pytorch": ("PyTorch FSDP/DDP", "PyTorch FSDP/FSDP2 or DDP (torchtitan, FSDP recipes): "
-                "one kernel per aten op, SDPA attention"),
-    "pytorch-compile": ("PyTorch FSDP + torch.compile", "PyTorch FSDP/FSDP2 or DDP under "
-                        "torch.compile: Inductor's fused kernels, SDPA attention"),
-}
-TORCH_ERAS = ("pytorch", "pytorch-compile")
-
-
-DEEPSPEED_2022 = ("megatron-deepspeed-2022", "megatron-deepspeed-2022-bf16")
-PERF_RECIPES = ("nvidia-perf-recipes", "bridge-perf-recipes")
+from fidelity_eras import DEEPSPEED_2022, PERF_RECIPES
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fidelity_families import TORCH_ERAS, Case
+from fidelity_eras import TORCH_ERAS
+from fidelity_families import Case
 from fidelity_sections import family_name, gpu_of, section_of
 from published_rows import TABLE, rows_of
 from table_columns import first_number, tables

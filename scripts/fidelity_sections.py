@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from fidelity_families import ERAS
+from fidelity_eras import ERAS
 
 
 def family_name(file: str, section: str, source: str, era: str, gpu: str) -> str:

@@ -17,6 +17,16 @@ def compiled_remat(remat: str, framework: str) -> str:
     non-reentrant checkpoint, which stops once the backward has what it reads."""
     return REMAT_RERUN if remat == "full" and framework == "megatron" else remat
 
+
+def compiled_attention(attention: str, framework: str) -> str | None:
+    """The zoo attention core a run's stage is compiled with (None: the flash program;
+    flash1 is that program with an older kernel): unfused under `megatron` keeps its
+    S x S scores in the compute dtype, as its baddbmm and fused softmax do."""
+    if attention != "unfused":
+        return None
+    return "unfused-half" if framework == "megatron" else "unfused"
+
+
 # Attention cores of the zoo decoders by request name: flash (one fused kernel), unfused
 # (S x S scores through memory in fp32, as a JAX program usually writes them) and
 # unfused-half (the same in the compute dtype, as Megatron's baddbmm and fused softmax keep

@@ -68,7 +68,7 @@ def _core(q, k, v, causal: bool):
     @jax.custom_vjp
     def flash(q, k, v):
         # the primal runs where nothing differentiates this call: an inference step, or a
-        # layer whose backward re-runs it whole (decoder.rerun_checkpoint)
+        # layer whose backward re-runs it whole (models.recompute)
         with jax.named_scope(names["fwd"]):
             return _forward(q, k, v, causal)[0]
 
