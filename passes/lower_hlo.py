@@ -189,6 +189,15 @@ class _Lowering:
         if ins.opcode == "async-start":
             wrapped_comp = self.module.computations[ins.called("calls")[0]]
             node = self.make_node(wrapped_comp.root, wrapped_comp, ins, operands, repeat)
+            if node.collective is None:
+                # A kernel XLA wraps in an async computation (newer XLA does so for the
+                # in-place updates of a scan's stacked outputs) is still a kernel on the
+                # SMs, queued on the stream its operation_queue_id names: 0, the compute
+                # stream, in the dumps seen (a jax 0.11 H200 trace runs them there).
+                # Priced as the wrapped kernel, writing what it writes (in place).
+                node.meta["wrapped_kernel"] = wrapped_comp.root.name
+                node.meta["wrapped_name"] = wrapped_comp.root.name
+                return node
         else:
             node = self.make_node(ins, comp, ins, operands, repeat,
                                   opcode=ins.opcode[: -len("-start")])
@@ -203,6 +212,8 @@ class _Lowering:
     def close_async(self, node: Node, done: HloInstruction) -> None:
         out = done.shape
         node.outputs = [str(s) for s in out.leaves()]
+        if node.meta.get("wrapped_kernel"):
+            return
         node.bytes_written = float(out.nbytes)
         if node.collective:
             node.collective.bytes_out = out.nbytes
@@ -285,6 +296,10 @@ class _Lowering:
             out["source"] = self.module.stack_frames[int(frame)]
         elif md.get("source_file"):
             out["source"] = f"{md['source_file']}:{md.get('source_line', '?')}"
+        if md.get("deduplicated_name"):
+            # XLA emits one kernel for identical fusions and names it after the first:
+            # a profiler shows this instruction under that kernel's name
+            out["kernel_name"] = md["deduplicated_name"]
         return out
 
     # --- value plumbing -----------------------------------------------------------------

@@ -13,6 +13,12 @@ def _graph(graph_path: Optional[str], model: Optional[str], devices: int, mesh: 
     """The graph to compare with: a saved graph, the zoo step extracted now, or None (the
     trace carries its HLO)."""
     if graph_path:
+        from flint.hlo.dump import is_hlo_target
+
+        if is_hlo_target(graph_path):   # the XLA dump of the traced run, read as compiled
+            from flint.frontends.hlo_dump import load_dump
+
+            return load_dump(graph_path, hardware=hardware or None)
         from flint.graph import WorkloadGraph
 
         return WorkloadGraph.load(graph_path)
@@ -26,7 +32,8 @@ def _graph(graph_path: Optional[str], model: Optional[str], devices: int, mesh: 
 
 
 def validate(
-    graph: Optional[str] = typer.Argument(None, help="a saved graph (flint extract --out); "
+    graph: Optional[str] = typer.Argument(None, help="a saved graph (flint extract --out) or the "
+                                          "run's XLA dump; "
                                           "omit for an nsys-jax archive, which ships its HLO"),
     trace: list[str] = typer.Option(..., help="nsys-jax .zip, JAX profiler trace/log dir, "
                                     "xplane.pb, Kineto JSON; repeat for the per-process "

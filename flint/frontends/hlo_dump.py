@@ -60,6 +60,11 @@ def load_dump(target: str, *, devices: int | None = None, mesh=None,
     from flint.frontends.model_flops import set_model_flops
 
     set_model_flops(graph)
+    from flint.hlo.allocations import xla_memory_beside
+
+    memory = xla_memory_beside(chosen.path)
+    if memory:
+        graph.meta["xla_memory"] = memory
     graph.meta.update(source="hlo-dump", dump_module=chosen.name,
                       dump_file=chosen.path.name,
                       mesh_from="given" if mesh else (

@@ -188,11 +188,13 @@ class Captured:
                              donate_argnums=self.cfg.donate_argnums)
         else:
             jitted = self._jitted(mesh, jit_out)
+        from flint.frontends.cudnn_attention import cudnn_attention_as_flash
         from flint.frontends.flax_scopes import nnx_module_scopes
         from flint.frontends.virtual_mesh import flax_linen_under_a_mesh
 
         try:
-            with jax.set_mesh(mesh), nnx_module_scopes(), flax_linen_under_a_mesh():
+            with jax.set_mesh(mesh), nnx_module_scopes(), flax_linen_under_a_mesh(), \
+                    cudnn_attention_as_flash(cluster.platform):
                 lowered = jitted.lower(*dynamic)
         except FlintError:
             raise

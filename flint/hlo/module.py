@@ -197,6 +197,35 @@ class HloModule:
         return int(self.header.get("replica_count", "1"))
 
 
+def explicit_tuple_elements(comp: HloComputation) -> HloComputation:
+    """Newer XLA (jax 0.11's) prints element k of a tuple-valued instruction `x` as the
+    operand `%x#k` and no get-tuple-element at all. Each such reference becomes the explicit
+    get-tuple-element it stands for, named `x#k` and placed right after `x`, so the module
+    reads as older XLA writes it."""
+    by_name = {i.name: i for i in comp.instructions}
+    made: dict[str, list[HloInstruction]] = {}
+    seen: set[str] = set()
+    for ins in comp.instructions:
+        for ref in ins.operands:
+            base, sep, k = ref.rpartition("#")
+            if not sep or ref in by_name or ref in seen or not k.isdigit():
+                continue
+            src = by_name.get(base)
+            if src is None or int(k) >= len(src.shape.elements):
+                continue
+            seen.add(ref)
+            made.setdefault(base, []).append(HloInstruction(
+                ref, "get-tuple-element", src.shape.elements[int(k)], [base], f"index={k}",
+                False, f"%{base}"))
+    if not made:
+        return comp
+    out: list[HloInstruction] = []
+    for ins in comp.instructions:
+        out.append(ins)
+        out.extend(made.get(ins.name, ()))
+    return HloComputation(comp.name, out, comp.is_entry)
+
+
 def parse_instruction(line: str) -> HloInstruction:
     s = line.strip()
     if "/*" in s:  # tuple shapes and operand lists carry `/*index=5*/` comments
@@ -280,7 +309,7 @@ def parse_module(text: str) -> HloModule:
     for lineno, line in enumerate(lines[1:], start=2):
         if current is not None:
             if line.startswith("}"):
-                computations[current.name] = current
+                computations[current.name] = explicit_tuple_elements(current)
                 current = None
             elif line.strip():
                 try:

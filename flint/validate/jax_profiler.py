@@ -11,7 +11,9 @@ replay's instruction names -> the graph's node names, so the trace joins the sou
 """
 from __future__ import annotations
 
+import bisect
 import json
+import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -103,20 +105,50 @@ def read_jax_profile(path, module: str | None = None, events=None) -> MeasuredTr
                and isinstance(e.get("args"), dict)}
     spans: dict[str, dict[str, list[float]]] = defaultdict(dict)
     per_op: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
-    for e in ops:
+    kernels: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    step_of = _host_executions(events, module)
+    for e in sorted(ops, key=lambda e: float(e["ts"])):
         a = e["args"]
         if a.get("hlo_module", "") != module:
             continue
-        step = str(a.get("run_id", a.get("group_id", "0")))
+        step = str(a.get("run_id", a.get("group_id", step_of(float(e["ts"])))))
         device = str(a.get("device_ordinal", process.get(e.get("pid"), e.get("pid"))))
         start, dur = float(e["ts"]) * 1e-6, float(e["dur"]) * 1e-6
         lo_hi = spans[step].setdefault(device, [start, start + dur])
         lo_hi[0], lo_hi[1] = min(lo_hi[0], start), max(lo_hi[1], start + dur)
+        if COMMAND_BUFFER.match(a["hlo_op"]) and not rename:
+            kernels[step][device].append((str(e.get("name", "")), dur))
+            continue
         d = per_op[step][device]
         op = rename.get(a["hlo_op"], a["hlo_op"])
         d[op] = d.get(op, 0.0) + dur
     order = sorted(spans, key=lambda s: min(v[0] for v in spans[s].values()))
     steps = [MeasuredStep(k + 1, max(hi - lo for lo, hi in spans[s].values()),
-                          {dev: dict(ops_) for dev, ops_ in sorted(per_op[s].items())})
+                          {dev: dict(ops_) for dev, ops_ in sorted(per_op[s].items())},
+                          {dev: list(ks) for dev, ks in sorted(kernels[s].items())})
              for k, s in enumerate(order)]
     return MeasuredTrace(str(path), "jax-profiler", module, steps)
+
+
+# XLA runs most of a GPU step as command buffers (CUDA graphs); the profiler then tags each
+# kernel of one with the command buffer's thunk, not its HLO op, and the kernel carries the
+# name XLA gave it (a fusion's name, '.' -> '_') or the library's (cuBLAS, cuDNN).
+COMMAND_BUFFER = re.compile(r"^command_buffer(_\d+)?$")
+
+
+def _host_executions(events: list[dict], module: str):
+    """ts -> the run id of the host execution of `module` that launched work at ts: GPU
+    kernel events of a jax 0.11 profile carry no run id; PjRt's host `Execute` event does
+    (`CommonPjRtLoadedExecutable::Execute (jit_step)`, args name and run_id)."""
+    starts = sorted((float(e["ts"]), str(e["args"]["run_id"])) for e in events
+                    if isinstance(e, dict) and e.get("ph") == "X"
+                    and isinstance(e.get("args"), dict) and "run_id" in e["args"]
+                    and "hlo_op" not in e["args"]
+                    and (e["args"].get("name") == module
+                         or str(e.get("name", "")).endswith(f"({module})")))
+    times = [t for t, _ in starts]
+
+    def step_of(ts: float) -> str:
+        i = bisect.bisect_right(times, ts) - 1
+        return starts[i][1] if i >= 0 else "0"
+    return step_of

@@ -18,6 +18,9 @@ class MeasuredStep:
     number: int                                   # 1-based position in the trace
     duration_s: float                             # the slowest device's span
     ops: dict[str, dict[str, float]] = field(default_factory=dict)  # device -> op -> s
+    # device -> (kernel name, s) in launch order, for kernels the trace does not name by
+    # HLO op (XLA command buffers: flint.validate.command_buffers names them)
+    kernels: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
 
     def op_time(self, device: str, names) -> float:
         d = self.ops.get(device, {})

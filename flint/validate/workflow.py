@@ -45,6 +45,10 @@ def open_input(path, graph=None, hardware: str = "unknown", module=None,
         return TraceInput(trace, graph, nccl)
     if graph is None:
         graph = graph_from_trace(trace, hardware, devices)
+    if any(s.kernels for s in trace.steps):
+        from flint.validate.command_buffers import name_command_buffer_kernels
+
+        name_command_buffer_kernels(trace, graph)
     return TraceInput(trace, graph)
 
 
