@@ -275,7 +275,8 @@ def layered_graph(run: TrainingRun, cache) -> tuple:
            run.dispatcher, run.framework, run.attention, run.zero, run.zero_sync,
            run.grad_reduce_dtype, run.overlap_grad_reduce, run.tp_comm_overlap,
            run.tp_grad_overlap,
-           run.launch_blocking, run.grad_accumulation, gathers_held_for_step(run),
+           run.launch_blocking, run.xla_emitters, run.grad_accumulation,
+           gathers_held_for_step(run),
            # the accumulation's first micro-batch differs, and a tied embedding's copy
            # is its own only on another stage than the embedding's
            (run.microbatches, run.pp > 1) if run.grad_accumulation != "in-gemm" else None)
@@ -311,7 +312,8 @@ def _passes(run: TrainingRun, template):
                            capacity_factor=cfg.capacity_factor or 1.0, top_k=cfg.top_k,
                            deduplicate=run.dispatcher != "alltoall").run(graph)
     graph = KernelPopulation(run.framework, "flash1" if run.attention == "flash1" else "",
-                             launch_blocking=run.launch_blocking).run(graph)
+                             launch_blocking=run.launch_blocking,
+                             xla_emitters=run.xla_emitters).run(graph)
     if run.tp_comm_overlap:
         from flint.passes.tp_comm_overlap import TpCommOverlap
 

@@ -111,6 +111,11 @@ class TrainingRun:
     # for its launch's round trip (hardware_models.populations.BLOCKING_LAUNCH_S). Needs
     # overlap_grad_reduce off; derives blocking-serial pipeline sends and no TP overlap
     launch_blocking: bool = False
+    # framework xla: which of XLA's GPU fusion emitters made the kernels. mlir: the MLIR
+    # emitters XLA runs on CUDA since 2024 (vectorized reductions, unrolled in-place
+    # updates); legacy: the LLVM emitters before them (one element per thread and step).
+    # hardware_models.populations prices each.
+    xla_emitters: str = "mlir"
     # zero 3: FSDP frees a layer's gathered parameters after its forward and gathers them
     # again for its backward (FULL_SHARD, FSDP2's default); False keeps them (ZeRO-2 style,
     # SHARD_GRAD_OP): one all-gather per layer and micro-batch instead of two, more memory

@@ -56,6 +56,9 @@ def _framework(run) -> None:
     _grad_sync(run)
     _zero_sync(run)
     _launch_blocking(run)
+    if run.xla_emitters != "mlir" and run.framework != "xla":
+        raise FlintError(f"xla_emitters: {run.framework} does not run XLA's fusion emitters "
+                         f"(the choice is for framework xla)")
     if not run.reshard_after_forward:
         if run.zero != 3:
             raise FlintError("reshard_after_forward: only FSDP (zero 3) reshards parameters")

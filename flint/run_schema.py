@@ -31,6 +31,10 @@ DISPATCHERS = ("alltoall", "deepep")
 # fusions). The PyTorch frameworks run the torch front end's own graphs (FSDP2, DTensor TP,
 # DDP-style data parallelism), the others the JAX zoo's.
 FRAMEWORKS = ("megatron", "xla", "torch-eager", "torch-compile")
+# Which of XLA's GPU fusion emitters made an xla run's kernels
+# (hardware_models.populations.XLA_EMITTERS): the MLIR emitters XLA has run on CUDA since
+# 2024, or the LLVM ("legacy") emitters before them.
+XLA_EMITTERS = ("mlir", "legacy")
 # The attention core: one fused kernel (FlashAttention / cuDNN, the kernel the spec's GPU
 # generation runs), FlashAttention v1 (2022-05 to 2023-07, about half FlashAttention-2's
 # rate: a framework pinned to it), or unfused (S x S scores written to and read from HBM,
@@ -96,6 +100,7 @@ class RunSchema(Strict):
     tp_comm_overlap: Optional[Bool] = None
     tp_grad_overlap: Optional[Bool] = None
     launch_blocking: Bool = False
+    xla_emitters: Literal[XLA_EMITTERS] = "mlir"
     reshard_after_forward: Bool = True
     routing: Str = "balanced"
     fp8_recipe: Literal[FP8_RECIPES] = "current"

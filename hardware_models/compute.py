@@ -27,6 +27,9 @@ TRANSCENDENTAL_FLOPS = 4.0   # SFU ops: ~4 FMA slots each (a quarter-rate unit p
 # GPU generations whose cuBLAS GEMMs are warp-specialized persistent kernels
 # (kernels.gemm_time).
 ASYNC_GENERATIONS = ("hopper", "blackwell")
+# Bytes per element of a tensor-core GEMM's operands, by the dtype it runs in.
+ELEMENT_BYTES = {"bf16": 2, "f16": 2, "tf32": 4, "f8e4m3fn": 1, "f8e5m2": 1, "s8": 1,
+                 "mxfp8": 1, "fp8": 1}
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,13 @@ class RooflineCompute:
             if self.spec.kind == "tpu":
                 return kernels.tpu_matmul_time(shape, rate,
                                                self.spec.matrix_unit or kernels.TPU_MXU) / split
-            simt = tensor_dtype(node, self.spec.kind, self.allow_tf32) in ("f32", "f64")
-            return kernels.gemm_time(shape, rate, self.sms, self.persistent and not simt,
-                                     kernels.TILE_K_SIMT if simt else kernels.TILE_K) / split
+            dtype = tensor_dtype(node, self.spec.kind, self.allow_tf32)
+            simt = dtype in ("f32", "f64")
+            t = kernels.gemm_time(shape, rate, self.sms, self.persistent and not simt,
+                                  kernels.TILE_K_SIMT if simt else kernels.TILE_K) / split
+            if self.persistent and not simt:    # TMA needs 16-byte aligned strides
+                t /= kernels.alignment_share(shape, ELEMENT_BYTES.get(dtype, 2))
+            return t
         work = node.flops + TRANSCENDENTAL_FLOPS * node.transcendentals
         if not work:
             return 0.0

@@ -160,6 +160,34 @@ def gemm_time(shape: GemmShape, rate: float, sms: int, persistent: bool = False,
     return best
 
 
+# cuBLAS on GPUs with the Tensor Memory Accelerator (Hopper and later, the generations
+# whose GEMMs are TMA-fed persistent kernels, `gemm_time`'s `persistent`): a TMA descriptor
+# needs 16-byte aligned global strides (CUDA Driver API, cuTensorMapEncodeTiled:
+# "globalStrides ... must be a multiple of 16"), so a GEMM whose N or K is not a multiple
+# of 16 bytes runs one of cuBLAS's older kernels with narrower loads. Measured on an H200
+# (scripts/capture_gpu_physics.py; scripts/tables/h200_capture/physics.json, 8192 x 4096 x
+# 4096 bf16 with N or K moved by 1-6 elements): 253-281 TFLOP/s where that width is a
+# multiple of 4 bytes, 0.38 of the ~710 aligned; 84-137 where it is odd (2-byte
+# aligned), 0.15; moving M (no operand's stride there) costs nothing measurable. Rule for
+# other GPUs: the same shares on every TMA generation (the same fallback kernels); none on
+# Ampere and older, whose kernels never used TMA (their penalty is not measured here).
+MISALIGNED_GEMM_SHARE = {4: 0.38, 2: 0.15}     # widest alignment in bytes below 16 -> share
+
+
+def alignment_share(shape: GemmShape, element_bytes: int) -> float:
+    """The share of its aligned rate a GEMM keeps on a TMA generation (1.0 when N and K
+    are multiples of 16 bytes)."""
+    worst = 16
+    for dim in (shape.n, shape.k):
+        align = 16
+        while align > 1 and (dim * element_bytes) % align:
+            align //= 2
+        worst = min(worst, align)
+    if worst >= 16:
+        return 1.0
+    return MISALIGNED_GEMM_SHARE[4] if worst >= 4 else MISALIGNED_GEMM_SHARE[2]
+
+
 def tpu_matmul_time(shape: GemmShape, rate: float, mxu: int = TPU_MXU) -> float:
     padded = [math.ceil(d / mxu) * mxu for d in (shape.m, shape.n, shape.k)]
     return 2.0 * shape.batch * math.prod(padded) / rate

@@ -8,9 +8,12 @@ PyTorch eager, every other node XLA's:
   norms, casts, activations, optimizer): 16-byte vector loads, full grids; they stream at
   the achievable share of HBM bandwidth (the spec's `hbm_fraction`). Megatron launches
   them from eager PyTorch, one host launch each.
-- `generated`: XLA's fusion emitters. Loop (elementwise) fusions are unrolled and vectorized
+- `generated`: XLA's fusion emitters, of two generations (node meta `xla_emitters`, the
+  run's field; XLA_EMITTERS below). Loop (elementwise) fusions are unrolled and vectorized
   by XLA's loop emitter (up to 4 elements per thread, XLA `ComputeMaxUnrollFactor`), so
-  they stream too. Reductions, transposes and lone gathers/scatters are not (vectorized()): XLA's reduction emitter tiles a row reduction as
+  they stream in both. What follows is the `legacy` generation, the LLVM emitters; the
+  `mlir` one differs as XLA_EMITTERS says. Reductions, transposes and lone
+  gathers/scatters are not (vectorized()): XLA's reduction emitter tiles a row reduction as
   16 elements per thread over up to 1024 threads per block and a column reduction as
   32 x 32 threads of 128 rows each (XLA gpu/reduction_utils.cc `GetReductionTiling`,
   `ReductionInfo::Create`), one scalar load per thread and step: each SM sustains the
@@ -44,6 +47,20 @@ from flint.hardware_models.kernels import GENERATED_LOAD_BYTES
 from flint.hlo.shapes import parse_shape
 
 POPULATIONS = ("library", "generated", "eager", "inductor")
+# XLA's GPU fusion emitters. `legacy`: the LLVM IR emitters, the reductions and in-place
+# updates described above. `mlir`: the MLIR emitters, which XLA made the CUDA default in
+# 2024 (openxla/xla: "we're about to replace the LLVM emitters", jreiffers on PR #11018,
+# 2024-04; "Enable new mlir fusion emitters only for CUDA", PR #12579, 2024-05) and whose
+# LLVM predecessors it then deleted. They vectorize reductions (XLA
+# gpu/fusions/reduction_base.cc `GetVectorSizeForMlir`: for an even minor dimension that
+# leaves every thread work, 2 elements per load for 32-bit inputs and 4 for 16-bit ones
+# whose minor dimension is a multiple of 4, so 8 bytes per thread where the LLVM emitter
+# loaded one element) and unroll in-place dynamic-update-slices (XLA
+# backends/gpu/codegen/emitters/in_place_dynamic_update_slice.cc: the work tile carries
+# the loop emitter's unroll factor). Checked on a jax 0.11 H200 trace: its reductions and
+# scan updates run at the stream rate (scripts/compare_gpu_capture.py), while the 2024
+# JAX-Toolbox MaxText H100 trace's reductions run at the LLVM emitter's per-SM bound.
+XLA_EMITTERS = ("mlir", "legacy")
 # Host time to launch one kernel: the CUDA runtime and driver submission path measures
 # 4-6 us per launch (pegainfer, "From launch overhead to CUDA graph", 2025: cudaLaunchKernel
 # into a stream, driver 580 / CUDA 13); "on the order of microseconds" (Modal GPU glossary,
@@ -89,31 +106,77 @@ def host_launches(node) -> int:
     return max(int(node.meta.get("kernels", 1) or 1), 1)
 
 
-def reduction_blocks(node) -> int | None:
-    """Thread blocks XLA launches for a reduction fusion, from its largest operand (the
-    reduced input) and its smallest array output (the reduction's result): kept leading
-    dims -> a row reduction (the minor dims reduced), kept trailing dims -> a column
-    reduction; None when the shapes say neither (the grid is then taken as full)."""
+def emitters(node) -> str:
+    """The XLA emitter generation of a generated node (`mlir` unless stamped)."""
+    return node.meta.get("xla_emitters", "mlir")
+
+
+def _reduction(node) -> tuple[str, int, int, int] | None:
+    """(row | column, reduced elements, kept elements, element bits) of a reduction, from its
+    largest operand (the reduced input) and its smallest array output (the result): kept
+    leading dims -> a row reduction (the minor dims reduced), kept trailing dims -> a
+    column reduction; None when the shapes say neither."""
     if node.op_class != OpClass.REDUCTION or not node.operands or not node.outputs:
         return None
-    ins = [_dims(s) for s in node.operands]
+    ins = [(_dims(s), s) for s in node.operands]
     outs = [d for d in (_dims(s) for s in node.outputs) if d]
     if not ins or not outs:
         return None
-    src = max(ins, key=math.prod)
+    src, text = max(ins, key=lambda p: math.prod(p[0]))
     out = min(outs, key=math.prod)
     src, out = [d for d in src if d != 1], [d for d in out if d != 1]
     total, kept = math.prod(src), max(math.prod(out), 1)
     if not src or total <= kept:
         return None
-    reduced = total // kept
-    if out == src[:len(out)]:            # row reduction: [kept, reduced]
-        threads_x = min(ROW_THREADS, _round_up(math.ceil(reduced / ROW_TILE_X), 32))
+    bits = _BITS.get(text.split("[", 1)[0], 32)
+    if out == src[:len(out)]:
+        return "row", total // kept, kept, bits
+    if not out or out == src[len(src) - len(out):]:
+        return "column", total // kept, kept, bits
+    return None
+
+
+def _row_threads(reduced: int) -> int:
+    return min(ROW_THREADS, _round_up(math.ceil(reduced / ROW_TILE_X), 32))
+
+
+def reduction_blocks(node) -> int | None:
+    """Thread blocks XLA launches for a reduction fusion; None when the shapes say neither
+    a row nor a column reduction (the grid is then taken as full)."""
+    shape = _reduction(node)
+    if shape is None:
+        return None
+    kind, reduced, kept, _ = shape
+    if kind == "row":                    # [kept, reduced]
+        threads_x = _row_threads(reduced)
         rows_per_block = max(ROW_THREADS // threads_x, 1) if reduced <= ROW_TILE_X * 32 else 1
         return math.ceil(kept / rows_per_block)
-    if not out or out == src[len(src) - len(out):]:   # column reduction: [reduced, kept]
-        return math.ceil(kept / COLUMN_THREADS_X) * math.ceil(reduced / COLUMN_TILE_Y)
-    return None
+    return math.ceil(kept / COLUMN_THREADS_X) * math.ceil(reduced / COLUMN_TILE_Y)
+
+
+def mlir_reduction_load_bytes(node) -> int:
+    """Bytes each thread of XLA's MLIR reduction emitter loads per step: its vector size
+    (`GetVectorSizeForMlir`, XLA_EMITTERS) times the element. The minor dimension is the
+    reduced one of a row reduction and the kept one of a column reduction (one warp of
+    threads across it)."""
+    shape = _reduction(node)
+    if shape is not None:
+        kind, reduced, kept, bits = shape
+        minor, threads = (reduced, _row_threads(reduced)) if kind == "row" else (kept, 32)
+    else:   # a split or multi-output reduction: its largest input's minor dimension
+        ins = [(_dims(s), s) for s in node.operands]
+        dims, text = max(ins, key=lambda p: math.prod(p[0])) if ins else ([], "")
+        if not dims:
+            return GENERATED_LOAD_BYTES
+        minor, bits = dims[-1], _BITS.get(text.split("[", 1)[0], 32)
+        threads = _row_threads(minor)
+    if minor % 2 or threads * 2 > minor:
+        vector = 1
+    elif bits >= 32 or threads * 4 > minor:
+        vector = 2
+    else:
+        vector = 4 if minor % 4 == 0 else 2
+    return max(1, vector * bits // 8)
 
 
 def vectorized(node) -> bool:
@@ -122,8 +185,9 @@ def vectorized(node) -> bool:
     element per thread and step, a lone gather, scatter or dynamic-update-slice
     addresses each element from data (an index or an offset known at run time), and an
     in-place dynamic-update-slice fusion runs one thread per update element."""
-    if (node.op_class == OpClass.REDUCTION or node.meta.get("fusion_kind") == "kInput"
-            or node.meta.get("update_element_bytes")):
+    if node.meta.get("update_element_bytes"):
+        return emitters(node) == "mlir"       # the MLIR emitter unrolls it like a loop
+    if node.op_class == OpClass.REDUCTION or node.meta.get("fusion_kind") == "kInput":
         return False
     return node.op not in ("gather", "scatter", "dynamic-update-slice", "dynamic-slice")
 
@@ -158,11 +222,18 @@ def generated_bandwidth(node, sms: int, per_sm: float) -> float | None:
     element = node.meta.get("update_element_bytes")
     if element:
         per_sm *= element / GENERATED_LOAD_BYTES
+    elif node.op_class == OpClass.REDUCTION and emitters(node) == "mlir":
+        per_sm *= mlir_reduction_load_bytes(node) / GENERATED_LOAD_BYTES
     blocks = reduction_blocks(node)
     full = sms * per_sm
     if blocks is None:
         return full
     return min(full, blocks * ROW_THREADS / MAX_THREADS_PER_SM * per_sm)
+
+
+_BITS = {"pred": 8, "s8": 8, "u8": 8, "f8e4m3fn": 8, "f8e5m2": 8, "bf16": 16, "f16": 16,
+         "s16": 16, "u16": 16, "f32": 32, "s32": 32, "u32": 32, "f64": 64, "s64": 64,
+         "u64": 64}
 
 
 def _dims(shape: str) -> list[int]:

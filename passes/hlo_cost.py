@@ -218,6 +218,21 @@ class CostRules:
         return _leaf_class(ins)
 
 
+def cudnn_attention_meta(ins: HloInstruction, comp: HloComputation) -> dict | None:
+    """The shapes of a cuDNN fused-attention call, as the attention kernel model reads them
+    (hardware_models.attention_kernels): Q[B,S,H,D], K[B,T,Hkv,D], the mask and direction."""
+    q = _shape_of(comp, ins.operands[0]) if ins.operands else None
+    k = _shape_of(comp, ins.operands[1]) if len(ins.operands) > 1 else None
+    if q is None or k is None or len(q.dims) != 4 or len(k.dims) != 4:
+        return None
+    b, s, h, d = q.dims
+    cfg = ins.backend_config.get("cudnn_fmha_backend_config", {})
+    target = ins.attr("custom_call_target") or ""
+    return {"batch": b, "heads": h, "kv_heads": k.dims[2], "seq_q": s, "seq_kv": k.dims[1],
+            "head_dim": d, "causal": "CAUSAL" in str(cfg.get("mask_type", "")).upper(),
+            "backward": "backward" in target.lower(), "dtype": q.dtype, "impl": "cudnn"}
+
+
 def attention_flops(ins: HloInstruction, comp: HloComputation) -> float:
     """cuDNN fused attention: Q[B,S,H,D] x K[B,T,H,D]: 4*B*H*S*T*D forward, halved if causal;
     the backward kernel does 2.5x the forward work (5 GEMMs vs 2)."""

@@ -5,8 +5,10 @@ other kernels for the same work. `megatron`: Megatron-Core with Transformer Engi
 norms, activations, casts and optimizer are hand-vectorized library kernels that stream
 at the achievable share of HBM bandwidth (node meta `kernel_source: library`);
 `xla`: XLA's own fusions, whose reductions the cost model bounds per SM
-(hardware_models/populations.py); `torch-eager`: PyTorch eager, one kernel per aten op,
-each launched by the host (`kernel_source: eager`); `torch-compile`: Inductor's Triton
+(hardware_models/populations.py) as the run's `xla_emitters` emit them (the MLIR emitters
+of XLA since 2024, or the LLVM emitters before them; node meta `xla_emitters`);
+`torch-eager`: PyTorch eager, one kernel per aten op, each launched by the host
+(`kernel_source: eager`); `torch-compile`: Inductor's Triton
 kernels (`inductor`; fuse the graph's pointwise chains first, passes/fuse.py). GEMMs and
 attention are library kernels in all of them.
 
@@ -34,6 +36,7 @@ from typing import ClassVar
 
 from flint.errors import FlintError
 from flint.graph import WorkloadGraph
+from flint.hardware_models.populations import XLA_EMITTERS
 
 FRAMEWORKS = {"megatron": "library", "xla": "generated", "torch-eager": "eager",
               "torch-compile": "inductor"}
@@ -54,6 +57,7 @@ class KernelPopulation:
     framework: str = "megatron"
     attention_kernel: str = ""
     launch_blocking: bool = False
+    xla_emitters: str = "mlir"
     name: ClassVar[str] = "kernel-population"
 
     def __post_init__(self):
@@ -63,6 +67,12 @@ class KernelPopulation:
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise FlintError(f"kernel-population: unknown attention kernel "
                              f"{self.attention_kernel!r}; use flash1 or leave it out")
+        if self.xla_emitters not in XLA_EMITTERS:
+            raise FlintError(f"kernel-population: unknown xla_emitters {self.xla_emitters!r}; "
+                             f"use {' | '.join(XLA_EMITTERS)}")
+        if self.xla_emitters != "mlir" and self.framework != "xla":
+            raise FlintError(f"kernel-population: xla_emitters is for framework xla, not "
+                             f"{self.framework}")
         if self.launch_blocking and self.framework == "xla":
             raise FlintError("kernel-population: launch_blocking is for frameworks that "
                              "launch kernels from the host (XLA launches command buffers)")
@@ -74,6 +84,8 @@ class KernelPopulation:
 
     def _stamped(self, meta: dict, source: str) -> dict:
         out = dict(meta, kernel_source=source)
+        if self.framework == "xla":
+            out["xla_emitters"] = self.xla_emitters
         if self.launch_blocking:
             out["launch_blocking"] = True
         attn = meta.get("attention")

@@ -19,7 +19,8 @@ from flint.graph import Loop, Node, NodeKind, OpClass, WorkloadGraph
 from flint.hlo.buffer_assignment import update_element_bytes, update_roots
 from flint.hlo.module import HloComputation, HloInstruction, HloModule
 from flint.hlo.shapes import Shape
-from flint.passes.hlo_cost import COLLECTIVES, NO_WORK_TARGETS, CostRules, is_known
+from flint.passes.hlo_cost import (COLLECTIVES, NO_WORK_TARGETS, CostRules, cudnn_attention_meta,
+                                   is_known)
 from flint.passes.lower_collectives import P2P, CollectiveBuilder, fused_collective
 from flint.passes.op_metadata import parse_op_name
 from flint.passes.trip_count import infer_trip_count
@@ -238,6 +239,10 @@ class _Lowering:
             meta["unknown"] = True
         if opcode == "custom-call":
             meta["target"] = (ins.attr("custom_call_target") or "").strip('"')
+            if op_class == OpClass.ATTENTION:
+                attention = cudnn_attention_meta(ins, comp)
+                if attention:
+                    meta["attention"] = attention
             if op_class == OpClass.CUSTOM:
                 self.unknown[f"custom-call:{meta['target']}"] += 1
                 meta["unknown"] = True

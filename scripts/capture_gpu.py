@@ -67,7 +67,7 @@ def _device(small: bool):
     return torch.device("cuda" if torch.cuda.is_available() and not small else "cpu")
 
 
-def timed(fn, device, target_s: float = 0.03) -> float:
+def timed(fn, device, target_s: float = 0.03, max_reps: int = 200) -> float:
     """Mean seconds per call of `fn` (CUDA events around a loop), median of 3 rounds."""
     import torch
 
@@ -84,7 +84,7 @@ def timed(fn, device, target_s: float = 0.03) -> float:
     end.record()
     end.synchronize()
     once = max(start.elapsed_time(end) / 1e3, 1e-6)
-    reps = int(min(200, max(3, target_s / once)))
+    reps = int(min(max_reps, max(3, target_s / once)))
     rounds = []
     for _ in range(3):
         start.record()
@@ -247,22 +247,13 @@ def part_attention(out: Path, small: bool) -> None:
     _write(out, "attention", {"device": str(device), "rows": rows})
 
 
-def part_jax_step(out: Path, small: bool) -> None:
-    dump = out / "jax_dump"
-    os.environ["XLA_FLAGS"] = (f"--xla_dump_to={dump} --xla_dump_hlo_as_text "
-                               "--xla_dump_hlo_as_proto --xla_dump_hlo_module_re=.*train_step.*")
-    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+def jax_llama_inputs(model):
+    """(state, batch) of examples/gpu_llama_jax.py on one device: parameters drawn at
+    0.02 scale, zero AdamW moments, random token ids."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    sys.path.insert(0, str(ROOT / "examples"))
-    import gpu_llama_jax as model
-
-    if small:
-        model.VOCAB, model.D, model.HEADS, model.KV_HEADS = 512, 128, 4, 2
-        model.FFN, model.LAYERS, model.SEQ, model.SEQS_PER_REPLICA = 256, 2, 128, 2
-        model.HEAD_DIM = model.D // model.HEADS
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
     state_shape, batch_shape = model.example_args(mesh)
     keys = iter(jax.random.split(jax.random.key(0), 64))
@@ -277,7 +268,24 @@ def part_jax_step(out: Path, small: bool) -> None:
     state = jax.tree.map(real, state_shape)
     state["m"] = jax.tree.map(jnp.zeros_like, state["params"])
     state["v"] = jax.tree.map(jnp.zeros_like, state["params"])
-    batch = jax.tree.map(real, batch_shape)
+    return state, jax.tree.map(real, batch_shape)
+
+
+def part_jax_step(out: Path, small: bool) -> None:
+    dump = out / "jax_dump"
+    os.environ["XLA_FLAGS"] = (f"--xla_dump_to={dump} --xla_dump_hlo_as_text "
+                               "--xla_dump_hlo_as_proto --xla_dump_hlo_module_re=.*train_step.*")
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    import jax
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    import gpu_llama_jax as model
+
+    if small:
+        model.VOCAB, model.D, model.HEADS, model.KV_HEADS = 512, 128, 4, 2
+        model.FFN, model.LAYERS, model.SEQ, model.SEQS_PER_REPLICA = 256, 2, 128, 2
+        model.HEAD_DIM = model.D // model.HEADS
+    state, batch = jax_llama_inputs(model)
     t = time.time()
     if small:   # the host CPU has no cuDNN: the same program with XLA's attention
         model.ATTENTION = None

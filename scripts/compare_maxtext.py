@@ -33,7 +33,8 @@ def main() -> None:
 
     console = Console(width=120)
     spec = load_spec(a.hardware)
-    mt = open_input(a.archive, hardware=spec.name)
+    # JAX-Toolbox's 2024 MaxText run: XLA's LLVM emitters (populations.XLA_EMITTERS)
+    mt = open_input(a.archive, hardware=spec.name, xla_emitters="legacy")
     raw = run_validate(mt, spec)
     console.print(f"raw step error (scatter included): {100 * raw.step_error:+.1f} % "
                   f"(measured {raw.measured_step_s * 1e3:.1f} ms, predicted "

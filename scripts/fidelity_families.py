@@ -317,6 +317,10 @@ def before_fields(case) -> dict:
             out[name] = False
     if "pipeline_p2p" in run_fields():      # every send posted ahead, the whole boundary
         out["pipeline_p2p"] = "posted-ahead"
+    if out["framework"] == "xla" and "xla_emitters" in run_fields():
+        # the shared XLA runs on GPUs (MaxText A3, 2024-04) predate XLA's MLIR emitters
+        # (populations.XLA_EMITTERS); the TPU rows price no GPU emitter
+        out["xla_emitters"] = "legacy"
     return out
 
 

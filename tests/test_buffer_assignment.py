@@ -103,7 +103,7 @@ def test_in_place_update_moves_the_update_and_a_copied_one_the_buffer():
 
 
 def test_in_place_kernels_keep_one_element_of_each_update_in_flight():
-    """XLA's in-place emitter runs one unrolled-once thread per update element: a bf16
+    """XLA's LLVM in-place emitter ran one unrolled-once thread per update element: a bf16
     update streams at half the per-SM rate of 4-byte loads; two bf16 updates fused
     horizontally (read before their converts) at the full rate."""
     from flint.hardware_models import kernels
@@ -116,7 +116,8 @@ def test_in_place_kernels_keep_one_element_of_each_update_in_flight():
     h100 = RooflineCompute(load_spec("h100-sxm"))
     update = Node(0, "loop_dynamic_update_slice_fusion", NodeKind.COMPUTE, "fusion",
                   "elementwise", bytes_read=1e8, bytes_written=1e8,
-                  meta={"fusion_kind": "kLoop", "update_element_bytes": 2})
+                  meta={"fusion_kind": "kLoop", "update_element_bytes": 2,
+                        "xla_emitters": "legacy"})
     per_sm = kernels.GENERATED_BYTES_PER_SM_S
     assert h100.memory_bandwidth(update) == pytest.approx(132 * per_sm / 2)
     pair = dataclasses.replace(update, meta={**update.meta, "update_element_bytes": 4})
@@ -132,7 +133,7 @@ def test_maxtext_updates_as_its_buffer_assignment_ran_them(maxtext_archive):
     (a whole-buffer write at 2.4 TB/s; in place it would be 300 GB/s)."""
     from flint.validate.workflow import open_input, run_validate
 
-    inp = open_input(str(maxtext_archive), hardware="h100-sxm")
+    inp = open_input(str(maxtext_archive), hardware="h100-sxm", xla_emitters="legacy")
     nodes = {n.name: n for n in inp.graph.nodes}
     for name in ("loop_dynamic_update_slice_fusion.7",
                  "loop_dynamic_update_slice_fusion.7.double_buffer_clone",

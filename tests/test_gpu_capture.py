@@ -152,7 +152,8 @@ def test_gpu_llama_torch_example_extracts_as_documented():
 
 def test_compare_gpu_capture_prints_the_kernel_sections():
     r = subprocess.run([sys.executable, str(ROOT / "scripts/compare_gpu_capture.py"),
-                        "--section", "gemm", "--section", "attention", "--json"],
+                        "--section", "gemm", "--section", "attention", "--section", "physics",
+                        "--json"],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout)
@@ -160,3 +161,9 @@ def test_compare_gpu_capture_prints_the_kernel_sections():
         "gemm"]["rows"])
     flash = [row["error"] for row in got["attention"] if row["backend"] == "flash"]
     assert flash and all(-0.5 < e < 0.5 for e in flash)
+    # the GEMM model's alignment shares against the first capture's misaligned widths
+    misaligned = [row["error"] for row in got["gemm"] if row["shape"].split()[-1] in
+                  ("4097", "4100")]
+    assert len(misaligned) == 4 and all(abs(e) < 0.3 for e in misaligned)
+    power = {row["label"]: row for row in got["physics"]["gemm_power"]}
+    assert power["zeros a@b"]["sm_clock_mhz_median"] > power["randn a@b"]["sm_clock_mhz_median"]

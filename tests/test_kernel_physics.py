@@ -38,9 +38,10 @@ def test_gemm_tiles_and_waves():
 
 def test_kernel_populations_bandwidth_and_grids():
     """XLA loop fusions (vectorized) and library/eager kernels stream at the stream share
-    of HBM; XLA reductions are unvectorized: SMs x the per-SM in-flight rate on H100, and
-    only the SMs their grid occupies (a column reduction keeping 768 elements launches
-    24 blocks of 1024 threads); on A100 the stream share binds first for a full grid."""
+    of HBM; the LLVM emitters' reductions are unvectorized: SMs x the per-SM in-flight
+    rate on H100, and only the SMs their grid occupies (a column reduction keeping 768
+    elements launches 24 blocks of 1024 threads); on A100 the stream share binds first for
+    a full grid."""
     from flint.hardware_models import kernels, populations
     from flint.hardware_models.compute import RooflineCompute
 
@@ -49,7 +50,7 @@ def test_kernel_populations_bandwidth_and_grids():
     dus = dataclasses.replace(loop, name="transpose_fusion", meta={"fusion_kind": "kInput"})
     rows = Node(1, "input_reduce_fusion", NodeKind.COMPUTE, "fusion", "reduction",
                 bytes_read=8192 * 768 * 2, operands=["bf16[8192,768]"], outputs=["f32[8192]"],
-                meta={"fusion_kind": "kInput"})
+                meta={"fusion_kind": "kInput", "xla_emitters": "legacy"})
     cols = dataclasses.replace(rows, outputs=["f32[768]"])
     h100, a100 = RooflineCompute(load_spec("h100-sxm")), RooflineCompute(load_spec("a100-40gb-sxm"))
     stream = 3.35e12 * 0.9
@@ -227,3 +228,27 @@ def test_pytorch_runs_sdpa_flash_attention_2_on_every_gpu():
     h100 = RooflineCompute(load_spec("h100-sxm"))
     t = {f: h100.time(n) for f, n in stamped.items()}
     assert t["torch-eager"] > 1.5 * t["megatron"]
+
+
+def test_tma_generations_pay_for_misaligned_gemm_widths():
+    """Hopper's cuBLAS kernels need 16-byte aligned N and K (TMA strides): off that they
+    keep 0.38 (4-byte aligned) or 0.15 (odd bf16 widths) of their rate, as an H200
+    measured (scripts/tables/h200_capture/physics.json); M is free; Ampere pays nothing."""
+    from flint.hardware_models.compute import RooflineCompute
+    from flint.hardware_models.kernels import GemmShape, alignment_share
+
+    assert alignment_share(GemmShape(1, 8192, 4100, 4096), 2) == 0.38
+    assert alignment_share(GemmShape(1, 8192, 4096, 4097), 2) == 0.15
+    assert alignment_share(GemmShape(1, 8197, 4096, 4096), 2) == 1.0
+    assert alignment_share(GemmShape(1, 8192, 4097, 4096), 4) == 0.38     # tf32: 4 bytes
+
+    def gemm(m, n, k):
+        return Node(0, "mm", NodeKind.COMPUTE, "dot", "gemm", flops=2.0 * m * n * k,
+                    operands=[f"bf16[{m},{k}]", f"bf16[{k},{n}]"], outputs=[f"bf16[{m},{n}]"],
+                    bytes_read=2.0 * (m * k + k * n), bytes_written=2.0 * m * n)
+
+    h200, a100 = RooflineCompute(load_spec("h200")), RooflineCompute(load_spec("a100-80gb-sxm"))
+    assert h200.compute_time(gemm(8192, 4097, 4096)) > 5 * h200.compute_time(
+        gemm(8192, 4096, 4096))
+    assert a100.compute_time(gemm(8192, 4097, 4096)) < 1.1 * a100.compute_time(
+        gemm(8192, 4096, 4096))

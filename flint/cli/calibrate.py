@@ -21,6 +21,9 @@ def calibrate(
     check_steps: Optional[str] = typer.Option(None, help="held-out steps, e.g. 4-5"),
     exclude: list[str] = typer.Option([], help="op name (substring) not fitted nor scored"),
     module: Optional[str] = typer.Option(None),
+    xla_emitters: Optional[str] = typer.Option(
+        None, help="an XLA program's GPU fusion emitters: mlir (XLA on CUDA since 2024, the "
+                   "default) | legacy (the LLVM emitters before them)"),
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Fit efficiencies (per op class, per network level) to traces; write a spec YAML."""
@@ -38,7 +41,8 @@ def calibrate(
         if len(graph) > len(trace):
             raise FlintError(f"{len(graph)} --graph for {len(trace)} --trace")
         graphs = [WorkloadGraph.load(g) for g in graph] + [None] * (len(trace) - len(graph))
-        inputs = [open_input(t, g, spec.name, module) for t, g in zip(trace, graphs)]
+        inputs = [open_input(t, g, spec.name, module, xla_emitters=xla_emitters)
+                  for t, g in zip(trace, graphs)]
         for inp in inputs:
             warn_if_other_gpu(inp.trace, spec)
         report = run_calibrate(inputs, spec, fit_steps, check_steps, exclude)

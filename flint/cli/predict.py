@@ -82,6 +82,9 @@ def predict(
         None, "--launch-blocking/--no-launch-blocking",
         help="CUDA_LAUNCH_BLOCKING=1: each launch waits for its kernel, nothing overlaps "
              "(needs --no-overlap-grad-reduce)"),
+    xla_emitters: Optional[str] = typer.Option(
+        None, help="framework xla: XLA's GPU fusion emitters, mlir (XLA on CUDA since 2024, "
+                   "the default) | legacy (the LLVM emitters before them)"),
     reshard_after_forward: Optional[bool] = typer.Option(
         None, "--reshard-after-forward/--no-reshard-after-forward",
         help="zero 3 (torch): FSDP2 regathers parameters for the backward (default) or "
@@ -122,7 +125,7 @@ def predict(
                  framework=framework, attention=attention,
                  overlap_grad_reduce=overlap_grad_reduce, tp_comm_overlap=tp_comm_overlap,
                  tp_grad_overlap=tp_grad_overlap,
-                 launch_blocking=launch_blocking,
+                 launch_blocking=launch_blocking, xla_emitters=xla_emitters,
                  reshard_after_forward=reshard_after_forward,
                  grad_accumulation=grad_accumulation, grad_sync=grad_sync,
                  routing=routing)

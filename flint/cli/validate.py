@@ -18,7 +18,7 @@ def _graph(graph_path: Optional[str], model: Optional[str], devices: int, mesh: 
         if is_hlo_target(graph_path):   # the XLA dump of the traced run, read as compiled
             from flint.frontends.hlo_dump import load_dump
 
-            return load_dump(graph_path, hardware=hardware or None)
+            return load_dump(graph_path)       # compiled for the GPU its dump names
         from flint.graph import WorkloadGraph
 
         return WorkloadGraph.load(graph_path)
@@ -55,6 +55,9 @@ def validate(
     cost_model: Optional[str] = typer.Option(None, "--cost-model", metavar="MODULE:FACTORY",
                                              help="predict with a third-party cost model: "
                                              "package.module:factory (see README)"),
+    xla_emitters: Optional[str] = typer.Option(
+        None, help="an XLA program's GPU fusion emitters: mlir (XLA on CUDA since 2024, the "
+                   "default) | legacy (the LLVM emitters before them)"),
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Compare Flint's prediction with a real profiler trace, op by op and per step."""
@@ -73,7 +76,7 @@ def validate(
         if plot:
             check_output_file(plot, "--plot")
         g = _graph(graph, model, devices or 8, mesh, target)
-        inp = open_input(trace, g, spec.name, module, devices)
+        inp = open_input(trace, g, spec.name, module, devices, xla_emitters)
         warn_if_other_gpu(inp.trace, spec)
         v = run_validate(inp, spec, steps, exclude, factory, hardware, set_)
         if plot:

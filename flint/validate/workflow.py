@@ -22,9 +22,11 @@ class TraceInput:
 
 
 def open_input(path, graph=None, hardware: str = "unknown", module=None,
-               devices: int | None = None) -> TraceInput:
+               devices: int | None = None, xla_emitters: str | None = None) -> TraceInput:
     """A trace (or the per-process nsys-jax archives of one run, as a list) with the graph
-    it is compared with: `graph`, or the one its HLO gives for `devices` devices."""
+    it is compared with: `graph`, or the one its HLO gives for `devices` devices.
+    `xla_emitters`: the XLA fusion emitters that made the traced kernels
+    (hardware_models.populations.XLA_EMITTERS; None: the graph's own, mlir unless stamped)."""
     paths = list(path) if isinstance(path, (list, tuple)) else [path]
     if len(paths) == 1:
         path = paths[0]
@@ -45,6 +47,13 @@ def open_input(path, graph=None, hardware: str = "unknown", module=None,
         return TraceInput(trace, graph, nccl)
     if graph is None:
         graph = graph_from_trace(trace, hardware, devices)
+    if xla_emitters is not None:
+        if graph.meta.get("source") == "torch":
+            raise FlintError(f"{path}: xla_emitters is for XLA programs; this graph is "
+                             f"PyTorch's")
+        from flint.passes.kernel_population import KernelPopulation
+
+        graph = KernelPopulation("xla", xla_emitters=xla_emitters).run(graph)
     if any(s.kernels for s in trace.steps):
         from flint.validate.command_buffers import name_command_buffer_kernels
 
