@@ -27,7 +27,10 @@ that were equal stay equal and size 1 stays 1. A collective whose operand and re
 differ by its group size g in one dimension (all-gather, reduce-scatter, all-to-all)
 links those two sizes; linked sizes form a component with gcd L, and every member s
 becomes s / L x c with c = round(L x r), r drawn in [1 - p, 1 + p] from `seed` and the
-component, c clamped to L x [1 - p, 1 + p]. Each size moves by the same factor c / L as
+component, c clamped to L x [1 - p, 1 + p] and moved to the nearest size with L's factors
+of two (all of them below 256, at least 256 from there on: a dim keeps its 16-byte
+alignment and whole GEMM tiles, which GEMM prices depend on; L itself where no such size
+is in range). Each size moves by the same factor c / L as
 the sizes linked to it, so gathered sizes stay g times the shard and collective bytes stay
 consistent; every dim moves by at most p (not at all where L x p < 1). Then
 bytes_read, bytes_in scale by the operands' byte ratio and bytes_written, bytes_out by the
@@ -236,6 +239,28 @@ def _scale(value, ratio: float):
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
 
 
+# A perturbed size keeps the factors of two of the size it replaces up to this one: its
+# 16-byte alignment (a GEMM on a TMA GPU keeps its alignment share,
+# hardware_models.kernels.alignment_share) and, for sizes in whole GEMM tiles (128 and 256
+# rows, kernels.TILES), whole tiles, so the GEMM's price moves with its work.
+KEPT_POWER_OF_TWO = 256
+
+
+def _aligned_like(unit: int, want: int, lo: int, hi: int) -> int:
+    """The size in [lo, hi] nearest `want` whose factors of two match `unit`'s (all of
+    them below KEPT_POWER_OF_TWO, at least that many from there on), or `unit` itself when
+    none is."""
+    a = math.gcd(unit, KEPT_POWER_OF_TWO)
+
+    def same_class(c: int) -> bool:
+        return c % a == 0 and (a == KEPT_POWER_OF_TWO or (c // a) % 2 == 1)
+
+    for c in sorted(range(lo, hi + 1), key=lambda c: (abs(c - want), c)):
+        if same_class(c):
+            return c
+    return unit
+
+
 class _Sizes:
     """The one map of dimension sizes to perturbed sizes (module docstring)."""
 
@@ -269,7 +294,7 @@ class _Sizes:
             r = random.Random(f"{seed}:{min(group)}").uniform(1 - perturb, 1 + perturb)
             lo = math.ceil(unit * (1 - perturb) - 1e-9)
             hi = math.floor(unit * (1 + perturb) + 1e-9)
-            c = min(max(round(unit * r), lo), hi)
+            c = _aligned_like(unit, min(max(round(unit * r), lo), hi), lo, hi)
             for d in group:
                 self.new[d] = d // unit * c
 
