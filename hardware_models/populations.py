@@ -184,7 +184,8 @@ def vectorized(node) -> bool:
     fusions (reduction, transpose and scatter heroes, `fusion_kind` kInput) tile one
     element per thread and step, a lone gather, scatter or dynamic-update-slice
     addresses each element from data (an index or an offset known at run time), and an
-    in-place dynamic-update-slice fusion runs one thread per update element."""
+    in-place dynamic-update-slice fusion runs one thread per update element under the LLVM
+    emitters (the MLIR emitter unrolls it: XLA_EMITTERS)."""
     if node.meta.get("update_element_bytes"):
         return emitters(node) == "mlir"       # the MLIR emitter unrolls it like a loop
     if node.op_class == OpClass.REDUCTION or node.meta.get("fusion_kind") == "kInput":
