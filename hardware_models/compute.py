@@ -92,7 +92,7 @@ class RooflineCompute:
             t = kernels.gemm_time(shape, rate, self.sms, self.persistent and not simt,
                                   kernels.TILE_K_SIMT if simt else kernels.TILE_K) / split
             if self.persistent and not simt:    # TMA needs 16-byte aligned strides
-                t /= kernels.alignment_share(shape, ELEMENT_BYTES.get(dtype, 2))
+                t /= kernels.alignment_share(shape, ELEMENT_BYTES.get(dtype, 2), node.operands)
             return t
         work = node.flops + TRANSCENDENTAL_FLOPS * node.transcendentals
         if not work:

@@ -174,11 +174,18 @@ def gemm_time(shape: GemmShape, rate: float, sms: int, persistent: bool = False,
 MISALIGNED_GEMM_SHARE = {4: 0.38, 2: 0.15}     # widest alignment in bytes below 16 -> share
 
 
-def alignment_share(shape: GemmShape, element_bytes: int) -> float:
+def alignment_share(shape: GemmShape, element_bytes: int, operands=()) -> float:
     """The share of its aligned rate a GEMM keeps on a TMA generation (1.0 when N and K
-    are multiples of 16 bytes)."""
+    are multiples of 16 bytes). N is the output's; K, derived from the FLOPs, must be a
+    dimension of an operand when operands are given (an FP8 GEMM's FLOPs carry its
+    scaling: K from them alone can be off by one), else the check is not made."""
+    k = shape.k
+    if operands:
+        dims = {d for text in operands for d in _dims(text)}
+        if k not in dims:
+            return 1.0
     worst = 16
-    for dim in (shape.n, shape.k):
+    for dim in (shape.n, k):
         align = 16
         while align > 1 and (dim * element_bytes) % align:
             align //= 2

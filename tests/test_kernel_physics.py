@@ -241,6 +241,12 @@ def test_tma_generations_pay_for_misaligned_gemm_widths():
     assert alignment_share(GemmShape(1, 8192, 4096, 4097), 2) == 0.15
     assert alignment_share(GemmShape(1, 8197, 4096, 4096), 2) == 1.0
     assert alignment_share(GemmShape(1, 8192, 4097, 4096), 4) == 0.38     # tf32: 4 bytes
+    # an FP8 GEMM's FLOPs carry its scaling, so K from them can be off by one: K must be
+    # an operand's dim, else no check (a fidelity row's 70B FP8 GEMMs read K 8193)
+    fp8 = GemmShape(1, 4096, 7168, 8193)
+    assert alignment_share(fp8, 1, ["f8e4m3fn[4096,8192]", "f8e4m3fn[8192,7168]"]) == 1.0
+    assert alignment_share(GemmShape(1, 4096, 7168, 8191), 1,
+                           ["f8e4m3fn[4096,8191]", "f8e4m3fn[8191,7168]"]) == 0.15
 
     def gemm(m, n, k):
         return Node(0, "mm", NodeKind.COMPUTE, "dot", "gemm", flops=2.0 * m * n * k,
