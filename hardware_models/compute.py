@@ -22,14 +22,12 @@ from dataclasses import dataclass, field
 from flint.graph import TENSOR_CLASSES, Node, OpClass
 from flint.hardware_models import attention_kernels, kernels, populations
 from flint.hardware_models.spec import HardwareSpec
+from flint.hlo.shapes import DTYPE_BITS
 
 TRANSCENDENTAL_FLOPS = 4.0   # SFU ops: ~4 FMA slots each (a quarter-rate unit per SM quad)
 # GPU generations whose cuBLAS GEMMs are warp-specialized persistent kernels
 # (kernels.gemm_time).
 ASYNC_GENERATIONS = ("hopper", "blackwell")
-# Bytes per element of a tensor-core GEMM's operands, by the dtype it runs in.
-ELEMENT_BYTES = {"bf16": 2, "f16": 2, "tf32": 4, "f8e4m3fn": 1, "f8e5m2": 1, "s8": 1,
-                 "mxfp8": 1, "fp8": 1}
 
 
 @dataclass(frozen=True)
@@ -92,7 +90,8 @@ class RooflineCompute:
             t = kernels.gemm_time(shape, rate, self.sms, self.persistent and not simt,
                                   kernels.TILE_K_SIMT if simt else kernels.TILE_K) / split
             if self.persistent and not simt:    # TMA needs 16-byte aligned strides
-                t /= kernels.alignment_share(shape, ELEMENT_BYTES.get(dtype, 2), node.operands)
+                element = 4 if dtype == "tf32" else DTYPE_BITS.get(dtype, 16) // 8
+                t /= kernels.alignment_share(shape, max(element, 1), node.operands)
             return t
         work = node.flops + TRANSCENDENTAL_FLOPS * node.transcendentals
         if not work:

@@ -179,19 +179,18 @@ def alignment_share(shape: GemmShape, element_bytes: int, operands=()) -> float:
     are multiples of 16 bytes). N is the output's; K, derived from the FLOPs, must be a
     dimension of an operand when operands are given (an FP8 GEMM's FLOPs carry its
     scaling: K from them alone can be off by one), else the check is not made."""
-    k = shape.k
-    if operands:
-        dims = {d for text in operands for d in _dims(text)}
-        if k not in dims:
-            return 1.0
-    worst = 16
-    for dim in (shape.n, k):
+    def alignment(dim: int) -> int:
         align = 16
         while align > 1 and (dim * element_bytes) % align:
             align //= 2
-        worst = min(worst, align)
-    if worst >= 16:
-        return 1.0
+        return align
+
+    n, k = alignment(shape.n), alignment(shape.k)
+    if min(n, k) >= 16:
+        return 1.0          # the usual case: no operand to parse
+    if operands and shape.k not in {d for t in operands for d in _dims(t)}:
+        return 1.0          # K from the FLOPs is not the GEMM's: no check
+    worst = min(n, k)
     return MISALIGNED_GEMM_SHARE[4] if worst >= 4 else MISALIGNED_GEMM_SHARE[2]
 
 

@@ -44,7 +44,7 @@ import math
 
 from flint.graph import OpClass
 from flint.hardware_models.kernels import GENERATED_LOAD_BYTES
-from flint.hlo.shapes import parse_shape
+from flint.hlo.shapes import DTYPE_BITS, parse_shape
 
 POPULATIONS = ("library", "generated", "eager", "inductor")
 # XLA's GPU fusion emitters. `legacy`: the LLVM IR emitters, the reductions and in-place
@@ -128,7 +128,7 @@ def _reduction(node) -> tuple[str, int, int, int] | None:
     total, kept = math.prod(src), max(math.prod(out), 1)
     if not src or total <= kept:
         return None
-    bits = _BITS.get(text.split("[", 1)[0], 32)
+    bits = DTYPE_BITS.get(text.split("[", 1)[0], 32)
     if out == src[:len(out)]:
         return "row", total // kept, kept, bits
     if not out or out == src[len(src) - len(out):]:
@@ -168,7 +168,7 @@ def mlir_reduction_load_bytes(node) -> int:
         dims, text = max(ins, key=lambda p: math.prod(p[0])) if ins else ([], "")
         if not dims:
             return GENERATED_LOAD_BYTES
-        minor, bits = dims[-1], _BITS.get(text.split("[", 1)[0], 32)
+        minor, bits = dims[-1], DTYPE_BITS.get(text.split("[", 1)[0], 32)
         threads = _row_threads(minor)
     if minor % 2 or threads * 2 > minor:
         vector = 1
@@ -230,11 +230,6 @@ def generated_bandwidth(node, sms: int, per_sm: float) -> float | None:
     if blocks is None:
         return full
     return min(full, blocks * ROW_THREADS / MAX_THREADS_PER_SM * per_sm)
-
-
-_BITS = {"pred": 8, "s8": 8, "u8": 8, "f8e4m3fn": 8, "f8e5m2": 8, "bf16": 16, "f16": 16,
-         "s16": 16, "u16": 16, "f32": 32, "s32": 32, "u32": 32, "f64": 64, "s64": 64,
-         "u64": 64}
 
 
 def _dims(shape: str) -> list[int]:

@@ -230,8 +230,8 @@ STEP = r'''
 import os, sys, time, json
 os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
 sys.path[:0] = ["scripts", "examples"]
-import capture_gpu, gpu_llama_jax as model
-state, batch = capture_gpu.jax_llama_inputs(model)
+import capture_gpu_steps, gpu_llama_jax as model
+state, batch = capture_gpu_steps.jax_llama_inputs(model)
 for _ in range(4):
     state, loss = model.train_step(state, batch)
 loss.block_until_ready()

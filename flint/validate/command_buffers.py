@@ -17,6 +17,8 @@ reported as not joined.
 """
 from __future__ import annotations
 
+import bisect
+
 from flint.graph import WorkloadGraph
 from flint.validate.measured import MeasuredTrace
 
@@ -51,47 +53,51 @@ class _Cursor:
     loop body the search wraps to the body's first node."""
 
     def __init__(self, graph: WorkloadGraph):
-        self.nodes = graph.nodes
+        self.n = len(graph.nodes)
         self.body = {}
         for loop in graph.loops:              # innermost loop wins: later loops nest deeper
             for i in range(loop.first, loop.last + 1):
                 self.body[i] = (loop.first, loop.last)
         self.pos = -1
 
-    def find(self, matches) -> int | None:
-        n = len(self.nodes)
-        lo, hi = self.body.get(self.pos, (0, n - 1)) if self.pos >= 0 else (0, n - 1)
-        order = list(range(self.pos + 1, n))
+    def find(self, candidates: list[int]) -> int | None:
+        """The first of `candidates` (sorted node indices) in search order."""
+        start = self.pos + 1
+        spans = [(start, self.n - 1)]
         if self.pos >= 0 and self.pos in self.body:
-            order = list(range(self.pos + 1, hi + 1)) + list(range(lo, self.pos + 1)) + \
-                list(range(hi + 1, n))
-        for i in order:
-            if matches(i):
-                self.pos = i
-                return i
+            lo, hi = self.body[self.pos]
+            spans = [(start, hi), (lo, self.pos), (hi + 1, self.n - 1)]
+        for a, b in spans:
+            j = bisect.bisect_left(candidates, a)
+            if j < len(candidates) and candidates[j] <= b:
+                self.pos = candidates[j]
+                return self.pos
         return None
 
 
 def name_command_buffer_kernels(trace: MeasuredTrace, graph: WorkloadGraph) -> None:
     """Fill each step's per-op times from its command-buffer kernels (in place)."""
-    by_name: dict[str, set[int]] = {}
+    named: dict[str, set[int]] = {}
     for i, node in enumerate(graph.nodes):
         for key in _kernel_names(node):
-            by_name.setdefault(key, set()).add(i)
+            named.setdefault(key, set()).add(i)
+    by_name = {key: sorted(ids) for key, ids in named.items()}
+    by_kind = {kind: [i for i, n in enumerate(graph.nodes) if _library_node_kind(n) == kind]
+               for kind, _ in LIBRARY_KINDS}
     for step in trace.steps:
         for device, seq in step.kernels.items():
             ops = step.ops.setdefault(device, {})
             cursor, last = _Cursor(graph), None     # last: (node index, library kind)
             for kernel, seconds in seq:
-                named = by_name.get(kernel.replace(".", "_"))
-                kind = None if named else library_kind(kernel)
-                if named:
-                    i = cursor.find(lambda j, ids=named: j in ids)
+                ids = by_name.get(kernel.replace(".", "_"))
+                kind = None if ids else library_kind(kernel)
+                if ids:
+                    i = cursor.find(ids)
                 elif kind and last and last[1] == kind and (
                         kind == "attention" or "reduce" in kernel.lower()):
                     i = last[0]
                 elif kind:
-                    i = cursor.find(lambda j, k=kind: _library_node_kind(graph.nodes[j]) == k)
+                    i = cursor.find(by_kind[kind])
                 else:
                     i = None
                 if i is None:
