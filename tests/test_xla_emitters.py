@@ -96,6 +96,6 @@ def test_cli_takes_the_emitters(tmp_path):
     code, out, err = run_cli(["validate", CAPTURE / "dump", "--trace", CAPTURE / "trace",
                               "--hardware", "h200", "--xla-emitters", "llvm"])
     assert code == 2 and "xla_emitters" in err and len(err.strip().splitlines()) == 1
-    code, out, err = run_cli(["predict", "--model", "llama3-8b", "--seq-len", "8192", "--devices", "8",
-                              "--xla-emitters", "legacy"])
+    code, out, err = run_cli(["predict", "--model", "llama3-8b", "--seq-len", "8192",
+                              "--devices", "8", "--xla-emitters", "legacy"])
     assert code == 2 and "xla_emitters" in err
