@@ -300,7 +300,7 @@ def _passes(run: TrainingRun, template):
     from flint.models.decoder import model_flops
     from flint.passes.distributed_optimizer import DistributedOptimizer
     from flint.passes.expand_loops import ExpandLoops
-    from flint.passes.kernel_population import KernelPopulation
+    from flint.passes.kernel_population import ATTENTION_KERNELS, KernelPopulation
     from flint.passes.layer_template import LayerTemplate
 
     cfg = run.model_config()
@@ -311,7 +311,8 @@ def _passes(run: TrainingRun, template):
         graph = MoeRouting(run.routing, dropless=not cfg.capacity_factor,
                            capacity_factor=cfg.capacity_factor or 1.0, top_k=cfg.top_k,
                            deduplicate=run.dispatcher != "alltoall").run(graph)
-    graph = KernelPopulation(run.framework, "flash1" if run.attention == "flash1" else "",
+    named_kernel = run.attention if run.attention in ATTENTION_KERNELS else ""
+    graph = KernelPopulation(run.framework, named_kernel,
                              launch_blocking=run.launch_blocking,
                              xla_emitters=run.xla_emitters).run(graph)
     if run.tp_comm_overlap:

@@ -8,6 +8,18 @@ from __future__ import annotations
 from flint.errors import FlintError
 
 
+# The fused kernels PyTorch's scaled_dot_product_attention selects among on NVIDIA GPUs
+# (its flash back end is FlashAttention-2; cuDNN's; the memory-efficient and math back ends
+# are for inputs these runs do not have)
+TORCH_SDPA_KERNELS = ("flash", "flash2", "cudnn")
+# Fused kernels by the GPU generations they are built for: FlashAttention-3's kernels are
+# Hopper's (Dao-AILab/flash-attention hopper/ README: "H100 / H800 GPU"); cuDNN's fused
+# attention runs on NVIDIA GPUs from Ampere (cuDNN Graph API, SDPA support surface: sm80
+# and later); FlashAttention v1/v2 on any CUDA or ROCm GPU
+NVIDIA_GENERATIONS = ("ampere", "hopper", "blackwell")
+KERNEL_GENERATIONS = {"flash3": ("hopper",), "cudnn": NVIDIA_GENERATIONS}
+
+
 def check_run(run) -> None:
     from flint.frontends.targets import import_jax_quietly
 
@@ -75,8 +87,10 @@ def _framework(run) -> None:
     if run.precision != "bf16":
         raise FlintError(f"precision: {name} runs bf16 GEMMs under autocast; FP8 recipes "
                          f"are Transformer Engine's (framework megatron)")
-    if run.attention != "flash":
-        raise FlintError(f"attention: {name} runs SDPA's fused attention")
+    if run.attention not in TORCH_SDPA_KERNELS:
+        raise FlintError(f"attention: {name} runs SDPA's fused attention: "
+                         f"{' | '.join(TORCH_SDPA_KERNELS)} (flash: its FlashAttention-2), "
+                         f"not {run.attention}")
     if run.remat == "dots":
         raise FlintError(f"remat: {name} runs none | selective | full (selective: "
                          f"torchtitan's op-level selective activation checkpointing); dots "
@@ -206,6 +220,7 @@ def _hardware(run) -> None:
     if target.platform == "tpu" and run.framework != "xla":
         raise FlintError(f"framework: {run.framework} kernels do not run on "
                          f"{run.hardware} (a TPU runs XLA's: framework xla)")
+    _attention_kernel(run, target.platform, spec)
     if run.precision != "bf16" and "fp8" not in spec.peak_flops:
         raise FlintError(f"precision: {run.precision} GEMMs need FP8 tensor cores; "
                          f"{spec.name} lists none")
@@ -230,3 +245,20 @@ def _launch_blocking(run) -> None:
         hint = " (set overlap_grad_reduce false)" if run.overlap_grad_reduce else ""
         raise FlintError("launch_blocking: each launch waits for its kernel, so nothing "
                          "overlaps; it cannot apply with " + ", ".join(clash) + hint)
+
+
+def _attention_kernel(run, platform: str, spec) -> None:
+    """A named fused-attention kernel exists for the run's accelerator."""
+    if run.attention in ("flash", "unfused"):
+        return
+    if platform != "gpu":
+        raise FlintError(f"attention: {run.attention} is a GPU kernel; {run.hardware} runs "
+                         f"its compiler's attention (use flash or unfused)")
+    from flint.hardware_models.nccl import generation
+
+    allowed = KERNEL_GENERATIONS.get(run.attention)
+    arch = generation(spec.name, spec.model)
+    if allowed and arch not in allowed:
+        raise FlintError(f"attention: {run.attention} has no kernels for {run.hardware} "
+                         f"({arch or spec.model or 'an unnamed GPU'}; it runs on "
+                         f"{' | '.join(allowed)})")

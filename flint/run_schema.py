@@ -35,11 +35,14 @@ FRAMEWORKS = ("megatron", "xla", "torch-eager", "torch-compile")
 # (hardware_models.populations.XLA_EMITTERS): the MLIR emitters XLA has run on CUDA since
 # 2024, or the LLVM ("legacy") emitters before them.
 XLA_EMITTERS = ("mlir", "legacy")
-# The attention core: one fused kernel (FlashAttention / cuDNN, the kernel the spec's GPU
-# generation runs), FlashAttention v1 (2022-05 to 2023-07, about half FlashAttention-2's
-# rate: a framework pinned to it), or unfused (S x S scores written to and read from HBM,
-# softmax as its own kernel: Megatron-LM before flash attention, 2021-2022).
-ATTENTION = ("flash", "flash1", "unfused")
+# The attention core: one fused kernel (`flash`: the kernel the run's framework runs on the
+# spec's GPU generation, passes.kernel_population), a named fused kernel where the run
+# pins one (flash1: FlashAttention v1, 2022-05 to 2023-07, about half FlashAttention-2's
+# rate; flash2; flash3: FlashAttention-3, Hopper only; cudnn: cuDNN's fused attention, which
+# PyTorch's SDPA selects first on Hopper/Blackwell in builds for CUDA 12.9 and later), or
+# unfused (S x S scores written to and read from HBM, softmax as its own kernel:
+# Megatron-LM before flash attention, 2021-2022).
+ATTENTION = ("flash", "flash1", "flash2", "flash3", "cudnn", "unfused")
 # When the data-parallel gradient reduction runs in a step of several micro-batches: in
 # every micro-batch's backward (PyTorch's default for DDP and FSDP2, which sync in each
 # backward unless told not to; DeepSpeed ZeRO-2, whose sharded buffer needs it), or only

@@ -198,8 +198,19 @@ def _attention_flops(name: str, args, named: dict) -> float:
     return flops * SDPA.get(name, 1.0)
 
 
+# SDPA ops that name the fused kernel they run (hardware_models.attention_kernels): a
+# program traced where torch picked its back end keeps that choice. The CPU variant (a
+# trace on a host) and the memory-efficient kernel name none Flint prices as its own.
+SDPA_BACKEND = {"_scaled_dot_product_cudnn_attention": "cudnn",
+                "_scaled_dot_product_cudnn_attention_backward": "cudnn",
+                "_scaled_dot_product_flash_attention": "flash2",
+                "_scaled_dot_product_flash_attention_backward": "flash2",
+                "_flash_attention_forward": "flash2", "_flash_attention_backward": "flash2"}
+
+
 def attention_meta(name: str, args, named: dict) -> dict:
-    """The shapes an attention cost model needs (the contract of passes.attention)."""
+    """The shapes an attention cost model needs (the contract of passes.attention), and
+    the kernel where the op names it."""
     q, k = (args[1], args[2]) if name.endswith("_backward") and name not in FLEX \
         else (args[0], args[1])
     dtype = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}.get(
@@ -207,4 +218,5 @@ def attention_meta(name: str, args, named: dict) -> dict:
     return {"batch": int(q.shape[0]), "heads": int(q.shape[1]), "kv_heads": int(k.shape[1]),
             "seq_q": int(q.shape[-2]), "seq_kv": int(k.shape[-2]), "head_dim": int(q.shape[-1]),
             "causal": bool(named.get("is_causal", False)),
-            "backward": name.endswith("_backward"), "dtype": dtype}
+            "backward": name.endswith("_backward"), "dtype": dtype,
+            **({"impl": SDPA_BACKEND[name]} if name in SDPA_BACKEND else {})}

@@ -14,10 +14,13 @@ attention are library kernels in all of them.
 
 `attention_kernel` names the fused-attention kernel the run's library version has where
 the compiled step leaves it to the GPU's generation: `flash1`, FlashAttention v1 (a
-framework pinned to it, as InternEvo's flash-attention 1.0.5 submodule); without one, the
-PyTorch frameworks run SDPA's FlashAttention-2 (FRAMEWORK_ATTENTION). It is stamped as
-meta["attention"]["impl"] on every fused-attention node (hardware_models.attention_kernels
-prices it). Unfused attention is a different program and is compiled as such.
+framework pinned to it, as InternEvo's flash-attention 1.0.5 submodule), `flash2`,
+`flash3` or `cudnn` (a run that says which one it runs, e.g. PyTorch's SDPA on cuDNN);
+without one, the PyTorch frameworks run SDPA's FlashAttention-2 (FRAMEWORK_ATTENTION). It
+is stamped as meta["attention"]["impl"] on every fused-attention node that names no kernel
+of its own (a traced aten op that names its SDPA back end keeps it:
+passes.aten_cost.SDPA_BACKEND); hardware_models.attention_kernels prices it. Unfused
+attention is a different program and is compiled as such.
 
 `launch_blocking` (CUDA_LAUNCH_BLOCKING=1: each kernel launch returns only when the kernel
 has finished) is stamped as meta["launch_blocking"] on every node, for the frameworks
@@ -40,15 +43,23 @@ from flint.hardware_models.populations import XLA_EMITTERS
 
 FRAMEWORKS = {"megatron": "library", "xla": "generated", "torch-eager": "eager",
               "torch-compile": "inductor"}
-ATTENTION_KERNELS = ("", "flash1")        # "": the framework's own for the GPU (below)
+# "": the framework's own for the GPU (below); the rest name a fused kernel
+# (hardware_models.attention_kernels.FUSED)
+ATTENTION_KERNELS = ("", "flash1", "flash2", "flash3", "cudnn")
 # The fused attention a framework runs where the run names none. PyTorch's
 # scaled_dot_product_attention picks its backend by a fixed priority with its vendored
 # FlashAttention-2 first (aten/src/ATen/native/transformers/sdp_utils: flash, efficient,
-# math, cudnn; pytorch/pytorch issue #138907; still so on Hopper in 2026, huggingface/
-# transformers PR #48163), and a PyTorch H100 profile shows exactly that kernel
-# (`pytorch_flash::flash_fwd_kernel` in ../shared/traces/tracelens_qwen1.5-0.5b_fwd_1xH100):
-# FlashAttention-2 class on every GPU, not the generation's FlashAttention-3 / cuDNN
-# kernels that Megatron-Core (Transformer Engine) and XLA (cuDNN) run.
+# math, cudnn; pytorch/pytorch issue #138907), and a PyTorch H100 profile shows exactly
+# that kernel (`pytorch_flash::flash_fwd_kernel` in
+# ../shared/traces/tracelens_qwen1.5-0.5b_fwd_1xH100): FlashAttention-2 class on every
+# GPU, not the generation's FlashAttention-3 / cuDNN kernels that Megatron-Core
+# (Transformer Engine) and XLA (cuDNN) run. Later PyTorch puts cuDNN first on sm90, sm100
+# and sm103 (pytorch/pytorch PRs #162073 for 2.9, #170800; off again for builds against
+# CUDA before 12.9, PR #171627, 2026-01), and the H200 capture's torch 2.11 + CUDA 13.0
+# step ran cuDNN's kernels (scripts/tables/h200_capture/torch_step_trace.json.gz); builds
+# for older CUDA keep FlashAttention-2 (huggingface/transformers PR #48163, 2026-08). The
+# default stays the published PyTorch runs' FlashAttention-2; a run on such a build says
+# attention cudnn.
 FRAMEWORK_ATTENTION = {"torch-eager": "flash2", "torch-compile": "flash2"}
 
 
@@ -66,7 +77,8 @@ class KernelPopulation:
                              f"{' | '.join(FRAMEWORKS)}")
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise FlintError(f"kernel-population: unknown attention kernel "
-                             f"{self.attention_kernel!r}; use flash1 or leave it out")
+                             f"{self.attention_kernel!r}; use "
+                             f"{' | '.join(k for k in ATTENTION_KERNELS if k)} or leave it out")
         if self.xla_emitters not in XLA_EMITTERS:
             raise FlintError(f"kernel-population: unknown xla_emitters {self.xla_emitters!r}; "
                              f"use {' | '.join(XLA_EMITTERS)}")
@@ -89,7 +101,11 @@ class KernelPopulation:
         if self.launch_blocking:
             out["launch_blocking"] = True
         attn = meta.get("attention")
-        impl = self.attention_kernel or FRAMEWORK_ATTENTION.get(self.framework)
-        if impl and isinstance(attn, dict) and attn.get("impl") in (None, "native"):
-            out["attention"] = dict(attn, impl=impl)
+        if not isinstance(attn, dict) or attn.get("impl") == "unfused":
+            return out
+        # the run's named kernel wins; the framework's default only where the node names none
+        if self.attention_kernel:
+            out["attention"] = dict(attn, impl=self.attention_kernel)
+        elif attn.get("impl") in (None, "native") and self.framework in FRAMEWORK_ATTENTION:
+            out["attention"] = dict(attn, impl=FRAMEWORK_ATTENTION[self.framework])
         return out

@@ -60,6 +60,11 @@ def test_cli_bad_run_is_one_line_and_exit_2(tmp_path):
     assert len(stderr.strip().splitlines()) == 1 and not out.exists() and not stdout
     code, _, stderr = run_cli(["predict", "--model", "llama3-8b", "--devices", "8"])
     assert code == 2 and "--seq-len" in stderr
+    code, stdout, stderr = run_cli(["predict", "--model", "llama3-8b", "--seq-len", "4096",
+                                    "--devices", "8", "--framework", "torch-eager",
+                                    "--attention", "flash3"])
+    assert code == 2 and "attention: torch-eager runs SDPA's fused attention" in stderr
+    assert len(stderr.strip().splitlines()) == 1 and not stdout
 
 
 def test_library_cli_and_sweep_give_the_same_number(tmp_path):

@@ -230,6 +230,56 @@ def test_pytorch_runs_sdpa_flash_attention_2_on_every_gpu():
     assert t["torch-eager"] > 1.5 * t["megatron"]
 
 
+def test_a_run_names_its_fused_attention_kernel():
+    """attention flash2 | flash3 | cudnn pins the fused kernel a run's library runs (a
+    PyTorch build whose SDPA selects cuDNN says cudnn): the compiled program is flash's,
+    the kernel is priced as named; a kernel the framework or GPU has not is refused in one
+    line; a traced SDPA op that names its back end keeps it unless the run names one."""
+    from flint.engine import _cache, layered_graph, predict, stage_program
+    from flint.errors import FlintError
+    from flint.hardware_models.composite import template_of
+    from flint.passes.aten_cost import attention_meta
+    from flint.passes.kernel_population import KernelPopulation
+    from flint.run import TrainingRun
+
+    model = {"base": "llama3-8b", "layers": 2, "seq": 2048, "vocab": 32000}
+    runs = {a: TrainingRun(model=model, devices=8, hardware="h100-sxm", attention=a,
+                           framework="torch-eager", zero=3) for a in ("flash", "cudnn")}
+    assert stage_program(runs["flash"]) == stage_program(runs["cudnn"])
+    impls = {}
+    for a, run in runs.items():
+        g, _ = layered_graph(run, _cache(None))
+        impls[a] = {n.meta["attention"]["impl"] for n in template_of(g).nodes
+                    if isinstance(n.meta.get("attention"), dict)}
+    assert impls == {"flash": {"flash2"}, "cudnn": {"cudnn"}}
+    seconds = {a: predict(run).by_class_s["attention"] for a, run in runs.items()}
+    assert seconds["cudnn"] < 0.75 * seconds["flash"]       # cuDNN/FA3 class on Hopper
+    for fields, message in (
+            (dict(framework="torch-eager", attention="flash3"), "SDPA's fused attention"),
+            (dict(hardware="a100-80gb-sxm", attention="flash3"), "runs on hopper"),
+            (dict(hardware="tpu-v5p", framework="xla", attention="cudnn"),
+             "is a GPU kernel")):
+        with pytest.raises(FlintError, match=message):
+            TrainingRun(model=model, devices=8, **fields)
+
+    class Tensor:                         # what attention_meta reads of a fake tensor
+        def __init__(self, *shape):
+            self.shape, self.dtype = shape, None
+    q = Tensor(1, 8, 1024, 128)
+    traced = attention_meta("_scaled_dot_product_cudnn_attention", (q, q, q),
+                            {"is_causal": True})
+    assert traced["impl"] == "cudnn"
+    assert "impl" not in attention_meta("_scaled_dot_product_flash_attention_for_cpu",
+                                        (q, q, q), {})
+    node = Node(0, "a", NodeKind.COMPUTE, "sdpa", "attention", flops=1e9,
+                meta={"attention": traced})
+    graph = WorkloadGraph(Cluster(1, (("data", 1),)), [node], [], [], {})
+    kept = KernelPopulation("torch-eager").run(graph).nodes[0]
+    pinned = KernelPopulation("torch-eager", "flash2").run(graph).nodes[0]
+    assert (kept.meta["attention"]["impl"], pinned.meta["attention"]["impl"]) == (
+        "cudnn", "flash2")
+
+
 def test_tma_generations_pay_for_misaligned_gemm_widths():
     """Hopper's cuBLAS kernels need 16-byte aligned N and K (TMA strides): off that they
     keep 0.38 (4-byte aligned) or 0.15 (odd bf16 widths) of their rate, as an H200

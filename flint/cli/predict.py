@@ -69,8 +69,10 @@ def predict(
                    "TE 1.x: the amax history of earlier steps)"),
     framework: Optional[str] = typer.Option(None, help="who makes the kernels: megatron | "
                                             "xla | torch-eager | torch-compile"),
-    attention: Optional[str] = typer.Option(None, help="attention core: flash | flash1 "
-                                           "(FlashAttention v1) | unfused"),
+    attention: Optional[str] = typer.Option(
+        None, help="attention core: flash (the framework's fused kernel for the GPU) | a "
+                   "named fused kernel: flash1 (FlashAttention v1) | flash2 | flash3 | cudnn "
+                   "(PyTorch SDPA's choice on Hopper/Blackwell in CUDA 12.9+ builds) | unfused"),
     tp_comm_overlap: Optional[bool] = typer.Option(
         None, "--tp-comm-overlap/--no-tp-comm-overlap",
         help="TP collectives pipelined with their GEMMs (default: on for megatron with TP+SP)"),
