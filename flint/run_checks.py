@@ -6,12 +6,12 @@ fix them (cluster split first, then batch, then model fit)."""
 from __future__ import annotations
 
 from flint.errors import FlintError
+from flint.hardware_models.attention_kernels import SDPA_KERNELS
 
 
-# The fused kernels PyTorch's scaled_dot_product_attention selects among on NVIDIA GPUs
-# (its flash back end is FlashAttention-2; cuDNN's; the memory-efficient and math back ends
-# are for inputs these runs do not have)
-TORCH_SDPA_KERNELS = ("flash", "flash2", "cudnn")
+# What a torch run's attention may say: flash (SDPA's default kernel) or one of the fused
+# kernels SDPA selects among (hardware_models.attention_kernels.SDPA_KERNELS)
+TORCH_SDPA_KERNELS = ("flash",) + SDPA_KERNELS
 # Fused kernels by the GPU generations they are built for: FlashAttention-3's kernels are
 # Hopper's (Dao-AILab/flash-attention hopper/ README: "H100 / H800 GPU"); cuDNN's fused
 # attention runs on NVIDIA GPUs from Ampere (cuDNN Graph API, SDPA support surface: sm80

@@ -81,8 +81,29 @@ UNFUSED_SOFTMAX_PASSES = {("library", False): 2, ("library", True): 3,
 EAGER_MASK_PASSES = 2
 
 
-def family(attn: dict | None) -> str:
-    impl = (attn or {}).get("impl") or "native"
+# PyTorch's scaled_dot_product_attention: the fused kernels it selects among on NVIDIA GPUs
+# for the inputs of a training step (its flash back end, FlashAttention-2, and cuDNN's),
+# and the one a torch-made attention node that names none runs. SDPA picks its backend by
+# a fixed priority with its vendored FlashAttention-2 first (aten/src/ATen/native/
+# transformers/sdp_utils: flash, efficient, math, cudnn; pytorch/pytorch issue #138907),
+# and a PyTorch H100 profile shows exactly that kernel (`pytorch_flash::flash_fwd_kernel`
+# in ../shared/traces/tracelens_qwen1.5-0.5b_fwd_1xH100): FlashAttention-2 class on every
+# GPU, not the generation's FlashAttention-3 / cuDNN kernels that Megatron-Core
+# (Transformer Engine) and XLA (cuDNN) run. Later PyTorch puts cuDNN first on sm90, sm100
+# and sm103 (pytorch/pytorch PRs #162073 for 2.9, #170800), but not in builds against CUDA
+# before 12.9 (PR #171627, 2026-01; huggingface/transformers PR #48163, 2026-08, still
+# finds FlashAttention-2 there); the H200 capture's torch 2.11 + CUDA 13.0 step ran cuDNN's
+# kernels (scripts/tables/h200_capture/torch_step_trace.json.gz). The default stays the
+# published PyTorch runs' FlashAttention-2; a run or a traced program on such a build
+# names cudnn (a trace recorded on a GPU names the kernel it ran).
+SDPA_KERNELS = ("flash2", "cudnn")
+SDPA_DEFAULT = "flash2"
+
+
+def family(attn: dict | None, default: str = "native") -> str:
+    """The kernel family an attention node runs: the one it names, else `default` (the
+    GPU generation's own, or SDPA_DEFAULT for a node PyTorch launches)."""
+    impl = (attn or {}).get("impl") or default
     return impl if impl in FUSED + ("unfused",) else "native"
 
 

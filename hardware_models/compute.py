@@ -101,7 +101,9 @@ class RooflineCompute:
     def _attention_time(self, node: Node, peak: float) -> float:
         attn = node.meta.get("attention") if isinstance(node.meta.get("attention"),
                                                         dict) else None
-        kind = attention_kernels.family(attn)
+        torch_made = populations.population(node) in ("eager", "inductor")
+        kind = attention_kernels.family(
+            attn, attention_kernels.SDPA_DEFAULT if torch_made else "native")
         if kind == "unfused" and self.sms:
             t = attention_kernels.unfused_time(
                 attn, peak * self.figure("gemm_fraction"), self.sms,

@@ -39,6 +39,7 @@ from typing import ClassVar
 
 from flint.errors import FlintError
 from flint.graph import WorkloadGraph
+from flint.hardware_models.attention_kernels import SDPA_DEFAULT
 from flint.hardware_models.populations import XLA_EMITTERS
 
 FRAMEWORKS = {"megatron": "library", "xla": "generated", "torch-eager": "eager",
@@ -46,21 +47,10 @@ FRAMEWORKS = {"megatron": "library", "xla": "generated", "torch-eager": "eager",
 # "": the framework's own for the GPU (below); the rest name a fused kernel
 # (hardware_models.attention_kernels.FUSED)
 ATTENTION_KERNELS = ("", "flash1", "flash2", "flash3", "cudnn")
-# The fused attention a framework runs where the run names none. PyTorch's
-# scaled_dot_product_attention picks its backend by a fixed priority with its vendored
-# FlashAttention-2 first (aten/src/ATen/native/transformers/sdp_utils: flash, efficient,
-# math, cudnn; pytorch/pytorch issue #138907), and a PyTorch H100 profile shows exactly
-# that kernel (`pytorch_flash::flash_fwd_kernel` in
-# ../shared/traces/tracelens_qwen1.5-0.5b_fwd_1xH100): FlashAttention-2 class on every
-# GPU, not the generation's FlashAttention-3 / cuDNN kernels that Megatron-Core
-# (Transformer Engine) and XLA (cuDNN) run. Later PyTorch puts cuDNN first on sm90, sm100
-# and sm103 (pytorch/pytorch PRs #162073 for 2.9, #170800; off again for builds against
-# CUDA before 12.9, PR #171627, 2026-01), and the H200 capture's torch 2.11 + CUDA 13.0
-# step ran cuDNN's kernels (scripts/tables/h200_capture/torch_step_trace.json.gz); builds
-# for older CUDA keep FlashAttention-2 (huggingface/transformers PR #48163, 2026-08). The
-# default stays the published PyTorch runs' FlashAttention-2; a run on such a build says
-# attention cudnn.
-FRAMEWORK_ATTENTION = {"torch-eager": "flash2", "torch-compile": "flash2"}
+# The fused attention a framework runs where the run names none: PyTorch's SDPA default
+# (hardware_models.attention_kernels.SDPA_DEFAULT, with its sources); Megatron-Core and
+# XLA run the GPU generation's own.
+FRAMEWORK_ATTENTION = {"torch-eager": SDPA_DEFAULT, "torch-compile": SDPA_DEFAULT}
 
 
 @dataclass(frozen=True)

@@ -124,9 +124,12 @@ def step_rows() -> list[dict]:
              ExtractRequest(target=str(ROOT / "examples/gpu_llama_jax.py:train_step"),
                             devices=1, hardware=HARDWARE),
              statistics.median(jax_run["step_s"]), jax_run["memory_stats"]["peak_bytes_in_use"]),
+            # the capture's torch 2.11 + CUDA 13.0 build ran SDPA on cuDNN (its trace's
+            # cudnn_generated_fort_native_sdpa kernels): the step says so
             ("PyTorch eager step, examples/gpu_llama_torch.py",
              ExtractRequest(target=str(ROOT / "examples/gpu_llama_torch.py:llama"),
-                            framework="torch", devices=1, hardware=HARDWARE, fuse=False),
+                            framework="torch", devices=1, hardware=HARDWARE, fuse=False,
+                            attention="cudnn"),
              statistics.median(torch_run["step_s"]), torch_run["max_reserved"])):
         graph, _ = extract(request)
         est = estimate(graph, HARDWARE)

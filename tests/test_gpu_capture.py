@@ -4,6 +4,7 @@ cuDNN attention in a user's JAX code, and the capture script itself on the host 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -142,12 +143,17 @@ def test_gpu_llama_torch_example_extracts_as_documented():
     from conftest import run_flint
 
     r = run_flint("extract", "examples/gpu_llama_torch.py:llama", "--framework", "torch",
-                  "--devices", "1", "--hardware", "h200", "--no-fuse", "--estimate", "--json",
-                  cwd=ROOT)
+                  "--devices", "1", "--hardware", "h200", "--no-fuse", "--attention", "cudnn",
+                  "--estimate", "--json", cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     measured = json.loads((CAPTURE / "measurements.json").read_text())["torch_step"]
     est = json.loads(r.stdout)["estimate"]
     assert abs(est["memory"]["verdict_bytes"] / measured["max_reserved"] - 1) < 0.05
+    assert abs(est["step_time_s"] / statistics.median(measured["step_s"]) - 1) < 0.10
+    # SDPA's kernel is the torch step's to name; a JAX step's attention is XLA's
+    r = run_flint("extract", "examples/gpu_llama_jax.py:train_step", "--devices", "1",
+                  "--hardware", "h200", "--attention", "cudnn", cwd=ROOT)
+    assert r.returncode == 2 and "--attention shapes the built-in --model" in r.stderr
 
 
 def test_compare_gpu_capture_prints_the_kernel_sections():

@@ -38,9 +38,11 @@ def extract(
     dims_pos: Optional[str] = typer.Option(None, "--positional", help="model: rope | learned"),
     gemm_precision: Optional[str] = typer.Option(None, help="zoo: GEMM operands bf16 | fp8 "
                                                  "| fp8-delayed | mxfp8"),
-    attention: Optional[str] = typer.Option(None, help="zoo: attention core flash | unfused "
-                                            "(S x S scores through memory) | unfused-half "
-                                            "(those in the compute dtype, as Megatron)"),
+    attention: Optional[str] = typer.Option(
+        None, help="zoo: attention core flash | unfused (S x S scores through memory) | "
+                   "unfused-half (those in the compute dtype, as Megatron); any torch step: "
+                   "the kernel SDPA runs, flash2 (default) | cudnn (Hopper/Blackwell builds "
+                   "for CUDA 12.9+)"),
     scan: Optional[bool] = typer.Option(None, "--scan/--unroll", help="zoo: layers in "
                                         "lax.scan or not (default: JAX scans; torch unrolls)"),
     layers: Optional[int] = typer.Option(None, help="zoo: override the layer count"),

@@ -27,11 +27,20 @@ def given_zoo_options(request) -> list[str]:
              ("--batch-per-replica", request.batch_per_replica != 1),
              ("--remat", request.remat is not None),
              ("--gemm-precision", request.gemm_precision is not None),
-             ("--attention", request.attention is not None),
+             ("--attention", request.attention is not None
+              and not names_sdpa_kernel(request)),
              ("--sequence-parallel", bool(request.sequence_parallel)),
              ("--scan/--unroll", request.scan is not None)]
     dims = [f"--{_DIM_FLAGS.get(k, k)}" for k in sorted(request.dims or {})]
     return [name for name, given in flags if given] + dims
+
+
+def names_sdpa_kernel(request) -> bool:
+    """`--attention flash2 | cudnn` on a torch step names the kernel SDPA runs (the
+    program is the same): any torch step, the twin or the user's own, honours it."""
+    from flint.hardware_models.attention_kernels import SDPA_KERNELS
+
+    return request.framework == "torch" and request.attention in SDPA_KERNELS
 
 
 # dims keys -> their `flint extract` flag
@@ -51,8 +60,12 @@ def check_options(request) -> None:
                              f"the built-in --model; {request.target} is {what}, which runs "
                              f"as its code says (drop the option, or set it in the code)")
         return
-    if request.attention is not None and request.attention not in ZOO_ATTENTION:
-        raise FlintError(f"--attention {request.attention!r}: use {' | '.join(ZOO_ATTENTION)}")
+    if (request.attention is not None and request.attention not in ZOO_ATTENTION
+            and not names_sdpa_kernel(request)):
+        kernels = " | flash2 | cudnn (the kernel SDPA runs)" if request.framework == "torch" \
+            else ""
+        raise FlintError(f"--attention {request.attention!r}: use "
+                         f"{' | '.join(ZOO_ATTENTION)}{kernels}")
     if request.framework == "torch":
         if request.attention in ("unfused", "unfused-half"):
             raise FlintError(f"--attention {request.attention}: the torch twin runs SDPA's fused "

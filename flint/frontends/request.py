@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from flint.errors import FlintError
+from flint.frontends.options import names_sdpa_kernel
 from flint.models import ZOO_REMAT_POLICIES
 
 FRAMEWORKS = ("jax", "torch")
@@ -46,7 +47,8 @@ class ExtractRequest:
     dims: dict = field(default_factory=dict)    # model dimension overrides (layers, hidden..)
     gemm_precision: str | None = None
     # attention core: flash (one fused kernel) | unfused (S x S scores through memory,
-    # Megatron-LM's 2021 fused softmax); None: flash
+    # Megatron-LM's 2021 fused softmax); None: flash. A torch step (the twin or the user's
+    # own) may name the kernel SDPA runs instead: flash2 (its default) | cudnn
     attention: str | None = None
     # script option: the function of the script giving the step's example arguments
     args_fn: str = "example_args"
@@ -131,10 +133,26 @@ def extract(request: ExtractRequest, stage: Callable[[str], None] | None = None,
     from flint.frontends.training_facts import record_training
 
     record_training(graph)
+    if names_sdpa_kernel(request):
+        graph = with_attention_kernel(graph, request.attention)
     if after_pass is not None:
         after_pass(None, graph)
     graph = run_pipeline(graph, parse_pipeline(request.passes), callback=after_pass)
     return graph, dict(timings, total_s=time.perf_counter() - t_start)
+
+
+def with_attention_kernel(graph, kernel: str):
+    """The graph with its fused attention nodes running `kernel` (a torch step's SDPA back
+    end, named by the user: a trace on a host cannot see which one the GPU build picks)."""
+    from dataclasses import replace
+
+    def named(node):
+        attn = node.meta.get("attention")
+        if not isinstance(attn, dict) or attn.get("impl") == "unfused":
+            return node
+        return replace(node, meta=dict(node.meta, attention=dict(attn, impl=kernel)))
+
+    return replace(graph, nodes=[named(n) for n in graph.nodes])
 
 
 @contextlib.contextmanager
