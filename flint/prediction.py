@@ -57,11 +57,17 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
 
     # the work of one micro-batch: the template's nodes for a layered graph
     source = template_of(graph) or graph
+    from flint.hardware_models.attention_kernels import FAMILY_NAMES
+    from flint.hardware_models.compute import attention_family
+
     dtypes: dict[str, int] = {}
+    attention: set = set()
     for n in source.nodes:
         if n.op_class == "gemm" and n.operands:
             d = n.operands[0].split("[", 1)[0]
             dtypes[d] = dtypes.get(d, 0) + 1
+        elif n.op_class == "attention":
+            attention.add(FAMILY_NAMES[attention_family(n)])
     collectives: set = set()
     for g in {id(source): source, id(graph): graph}.values():
         for n in g.nodes:
@@ -96,6 +102,7 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
             "micro_batch": run.micro_batch, "microbatches": run.microbatches,
             "tokens_per_step": run.tokens_per_step, "gemm_dtypes": dict(sorted(dtypes.items())),
             "collectives": sorted(collectives), "framework": run.framework,
+            "attention_kernels": sorted(attention),
             "grad_accumulation": run.grad_accumulation, "grad_sync": run.grad_sync,
             "zero": run.zero, "what_if": list(what_if),
             "pipeline_simulated_microbatches": list(points or (run.microbatches,))}

@@ -97,6 +97,8 @@ def render_prediction(p: dict, console: Console) -> None:
     t.add_row("GEMM operand dtypes", ", ".join(f"{k} ({v} GEMMs)" for k, v in
                                                facts["gemm_dtypes"].items()) or "none")
     t.add_row("kernels", f"{facts['framework']}")
+    if facts.get("attention_kernels"):
+        t.add_row("  attention", "; ".join(facts["attention_kernels"]))
     if run.get("launch_blocking"):
         t.add_row("  launches", "blocking (CUDA_LAUNCH_BLOCKING=1): each kernel waits for its "
                   "launch's round trip, and nothing overlaps")

@@ -98,6 +98,12 @@ EAGER_MASK_PASSES = 2
 # names cudnn (a trace recorded on a GPU names the kernel it ran).
 SDPA_KERNELS = ("flash2", "cudnn")
 SDPA_DEFAULT = "flash2"
+# Each family in words, as a prediction states it
+FAMILY_NAMES = {"unfused": "unfused (S x S scores through HBM)", "flash1": "FlashAttention v1",
+                "flash2": "FlashAttention-2", "flash3": "FlashAttention-3",
+                "cudnn": "cuDNN fused attention",
+                "native": "the GPU generation's own (FlashAttention-3 / cuDNN class on Hopper "
+                          "and later, FlashAttention-2 on Ampere)"}
 
 
 def family(attn: dict | None, default: str = "native") -> str:

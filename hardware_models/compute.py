@@ -101,9 +101,7 @@ class RooflineCompute:
     def _attention_time(self, node: Node, peak: float) -> float:
         attn = node.meta.get("attention") if isinstance(node.meta.get("attention"),
                                                         dict) else None
-        torch_made = populations.population(node) in ("eager", "inductor")
-        kind = attention_kernels.family(
-            attn, attention_kernels.SDPA_DEFAULT if torch_made else "native")
+        kind = attention_family(node)
         if kind == "unfused" and self.sms:
             t = attention_kernels.unfused_time(
                 attn, peak * self.figure("gemm_fraction"), self.sms,
@@ -151,6 +149,15 @@ class RooflineCompute:
                 or populations.population(node) == "eager"):
             return 0.0
         return kernels.MEMORY_LATENCY_S
+
+
+def attention_family(node: Node) -> str:
+    """The kernel family an attention node runs (attention_kernels.FUSED or unfused): the
+    one it names, else SDPA's default for a node PyTorch launches, else the GPU's own."""
+    attn = node.meta.get("attention") if isinstance(node.meta.get("attention"), dict) else None
+    torch_made = populations.population(node) in ("eager", "inductor")
+    return attention_kernels.family(
+        attn, attention_kernels.SDPA_DEFAULT if torch_made else "native")
 
 
 def attention_rate(spec: HardwareSpec, peak: float, native: bool,

@@ -252,8 +252,12 @@ def test_a_run_names_its_fused_attention_kernel():
         impls[a] = {n.meta["attention"]["impl"] for n in template_of(g).nodes
                     if isinstance(n.meta.get("attention"), dict)}
     assert impls == {"flash": {"flash2"}, "cudnn": {"cudnn"}}
-    seconds = {a: predict(run).by_class_s["attention"] for a, run in runs.items()}
+    predicted = {a: predict(run) for a, run in runs.items()}
+    seconds = {a: p.by_class_s["attention"] for a, p in predicted.items()}
     assert seconds["cudnn"] < 0.75 * seconds["flash"]       # cuDNN/FA3 class on Hopper
+    # the prediction states the kernel it priced
+    assert {a: p.facts["attention_kernels"] for a, p in predicted.items()} == {
+        "flash": ["FlashAttention-2"], "cudnn": ["cuDNN fused attention"]}
     for fields, message in (
             (dict(framework="torch-eager", attention="flash3"), "SDPA's fused attention"),
             (dict(hardware="a100-80gb-sxm", attention="flash3"), "runs on hopper"),
