@@ -53,13 +53,12 @@ class Prediction:
 
 def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
     """The facts a prediction rests on, stated with it (flint predict prints them)."""
+    from flint.hardware_models.attention_kernels import FAMILY_NAMES
+    from flint.hardware_models.compute import attention_family
     from flint.hardware_models.composite import template_of
 
     # the work of one micro-batch: the template's nodes for a layered graph
     source = template_of(graph) or graph
-    from flint.hardware_models.attention_kernels import FAMILY_NAMES
-    from flint.hardware_models.compute import attention_family
-
     dtypes: dict[str, int] = {}
     attention: set = set()
     for n in source.nodes:

@@ -154,7 +154,8 @@ class RooflineCompute:
 def attention_family(node: Node) -> str:
     """The kernel family an attention node runs (attention_kernels.FUSED or unfused): the
     one it names, else SDPA's default for a node PyTorch launches, else the GPU's own."""
-    attn = node.meta.get("attention") if isinstance(node.meta.get("attention"), dict) else None
+    attn = node.meta.get("attention")
+    attn = attn if isinstance(attn, dict) else None
     torch_made = populations.population(node) in ("eager", "inductor")
     return attention_kernels.family(
         attn, attention_kernels.SDPA_DEFAULT if torch_made else "native")

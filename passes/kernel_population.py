@@ -91,11 +91,19 @@ class KernelPopulation:
         if self.launch_blocking:
             out["launch_blocking"] = True
         attn = meta.get("attention")
-        if not isinstance(attn, dict) or attn.get("impl") == "unfused":
-            return out
         # the run's named kernel wins; the framework's default only where the node names none
-        if self.attention_kernel:
-            out["attention"] = dict(attn, impl=self.attention_kernel)
-        elif attn.get("impl") in (None, "native") and self.framework in FRAMEWORK_ATTENTION:
-            out["attention"] = dict(attn, impl=FRAMEWORK_ATTENTION[self.framework])
+        kernel = self.attention_kernel or (
+            FRAMEWORK_ATTENTION.get(self.framework, "")
+            if isinstance(attn, dict) and attn.get("impl") in (None, "native") else "")
+        named = named_attention(attn, kernel) if kernel else None
+        if named is not None:
+            out["attention"] = named
         return out
+
+
+def named_attention(attn, kernel: str) -> dict | None:
+    """A node's meta["attention"] running `kernel`; None where there is no fused attention
+    to name (no attention meta, or unfused: a different program, compiled as such)."""
+    if not isinstance(attn, dict) or attn.get("impl") == "unfused":
+        return None
+    return dict(attn, impl=kernel)

@@ -146,11 +146,11 @@ def with_attention_kernel(graph, kernel: str):
     end, named by the user: a trace on a host cannot see which one the GPU build picks)."""
     from dataclasses import replace
 
+    from flint.passes.kernel_population import named_attention
+
     def named(node):
-        attn = node.meta.get("attention")
-        if not isinstance(attn, dict) or attn.get("impl") == "unfused":
-            return node
-        return replace(node, meta=dict(node.meta, attention=dict(attn, impl=kernel)))
+        attn = named_attention(node.meta.get("attention"), kernel)
+        return node if attn is None else replace(node, meta=dict(node.meta, attention=attn))
 
     return replace(graph, nodes=[named(n) for n in graph.nodes])
 
