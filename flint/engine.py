@@ -50,6 +50,8 @@ COMPILED_DATA = 2
 # Bumped whenever the zoo's workload changes so cached programs of older code are not
 # reused; the torch twin's own (3: torchtitan's op-level SAC, RMSNorm weight in bf16)
 WORKLOAD_VERSION, TORCH_WORKLOAD_VERSION = 5, 3
+# how libtpu's programs are lowered (async collective fusions): keys TPU stage programs only
+TPU_LOWERING_VERSION = 6
 
 
 def compile_target(run: TrainingRun) -> str:
@@ -69,6 +71,7 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
     """Everything one pipeline stage's extracted template depends on, and nothing else
     (pipeline depth, micro-batch count, schedule, ZeRO flavour, framework kernels, routing
     and hardware what-ifs only change the passes and the pricing)."""
+    from flint.frontends.targets import TPU_TARGETS, libtpu_flags
     from flint.models import compiled_attention, compiled_remat
     from flint.models.describe import to_mapping
 
@@ -90,6 +93,9 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
                "hardware": compile_target(run),
                "devices_per_host": min(devices_per_host(run), devices),
                "workload_version": WORKLOAD_VERSION}
+    if program["hardware"] in TPU_TARGETS:     # libtpu's flags change the program
+        program["libtpu_flags"] = libtpu_flags()
+        program["tpu_lowering_version"] = TPU_LOWERING_VERSION
     if run.precision != "bf16":
         program["gemm_precision"] = "fp8-delayed" if (
             run.precision, run.fp8_recipe) == ("fp8", "delayed") else run.precision
@@ -105,9 +111,10 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
 
 def compiled_mesh(run: TrainingRun, exact: bool = False) -> tuple:
     """The stage mesh the program compiles for: the run's, its `data` axis capped at
-    COMPILED_DATA unless `exact` or the run shards over FSDP groups (ZeRO-3: the shards'
-    sizes change the per-device program, compiled as they are)."""
-    if exact or run.zero == 3:
+    COMPILED_DATA unless `exact`. Under ZeRO-3 the shards' sizes change the per-device
+    program, so the FSDP axis compiles as it is; the `data` axis (HSDP's replicas, which
+    only all-reduce the shards' gradients) is capped as any data axis is."""
+    if exact:
         return run.mesh()
     return tuple((n, min(s, COMPILED_DATA) if n == "data" else s) for n, s in run.mesh())
 

@@ -79,12 +79,15 @@ class RooflineCompute:
             split = int(node.meta.get("gemm_split") or 1)
             output = node.meta.get("gemm_output") or (node.outputs[0] if node.outputs
                                                       else "")
+            if self.spec.kind == "tpu":
+                shape = kernels.tpu_gemm_shape(node.flops * split, node.outputs)
+                if shape is None:
+                    return node.flops / rate
+                return kernels.tpu_matmul_time(shape, rate,
+                                               self.spec.matrix_unit or kernels.TPU_MXU) / split
             shape = kernels.gemm_shape(node.flops * split, output)
             if shape is None:
                 return node.flops / rate
-            if self.spec.kind == "tpu":
-                return kernels.tpu_matmul_time(shape, rate,
-                                               self.spec.matrix_unit or kernels.TPU_MXU) / split
             dtype = tensor_dtype(node, self.spec.kind, self.allow_tf32)
             simt = dtype in ("f32", "f64")
             t = kernels.gemm_time(shape, rate, self.sms, self.persistent and not simt,

@@ -194,6 +194,22 @@ def alignment_share(shape: GemmShape, element_bytes: int, operands=()) -> float:
     return MISALIGNED_GEMM_SHARE[4] if worst >= 4 else MISALIGNED_GEMM_SHARE[2]
 
 
+def tpu_gemm_shape(flops: float, outputs: list[str]) -> GemmShape | None:
+    """(1, M, N, K) of a TPU matmul from its FLOPs and its fusion's outputs. libtpu writes
+    dots as convolutions in tiled layouts: the product can carry a trailing unit dim
+    (`bf16[8,2048,8192,1]`), a feature dim split in two (`bf16[8192,2,640]`), and sit
+    beside a fused reduction's smaller output. So the largest output is the product, its
+    unit dims are dropped, its last dim is N and every other dim is M: the MXU streams
+    the rows of all of them through one weight tile, so only N and K (and M as a whole)
+    are quantized to its edge."""
+    best = max(outputs, key=lambda t: math.prod(_dims(t) or [0]), default="")
+    dims = [d for d in _dims(best) if d != 1]
+    if not dims or flops <= 0:
+        return None
+    m, n = math.prod(dims[:-1]), dims[-1]
+    return GemmShape(1, m, n, max(1, round(flops / (2.0 * m * n))))
+
+
 def tpu_matmul_time(shape: GemmShape, rate: float, mxu: int = TPU_MXU) -> float:
     padded = [math.ceil(d / mxu) * mxu for d in (shape.m, shape.n, shape.k)]
     return 2.0 * shape.batch * math.prod(padded) / rate

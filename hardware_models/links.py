@@ -19,9 +19,19 @@ group that spans domains queues only on the network; it queues on the scale-up l
 well where that share is half or more (a PCIe "scale-up" no faster than the NIC).
 Before, it queued on both, and a seconds-long data-parallel reduction over two GPUs per
 node held every tensor-parallel all-reduce of the pipeline's last backward.
-TPUs, CPUs and cost models without a placement keep one queue for everything (BOTH).
+CPUs and cost models without a placement keep one queue for everything (BOTH).
+
+A TPU's links are its torus's: two per dimension (to the chip before and the one after),
+each full duplex (Cloud TPU system architecture: 4 ICI links per v5e chip in a 2D torus, 6
+per v4/v5p chip in a 3D torus), and the DCN between slices. A collective uses the link
+directions its transfers take: a collective-permute the direction each pair moves in (one
+of the two halves of XLA's bidirectional windowed einsum sends forward, the other back,
+each on its own links), a ring collective both directions of every dimension its group
+spans. Collectives on disjoint link directions run at once (torus_links).
 """
 from __future__ import annotations
+
+import numpy as np
 
 from flint.graph import Node, WorkloadGraph
 
@@ -40,30 +50,83 @@ def collective_links(graph: WorkloadGraph, model) -> list[frozenset] | None:
     return out if any(x != BOTH for x in out) else None
 
 
+DCN = "dcn"
+
+
+def torus_links(topology):
+    """`f(communicator) -> frozenset` of the link directions (`ici<dim><+|->`, `dcn`) a
+    TPU collective's transfers use on `topology` (a torus with slices of
+    `scale_up_domain` chips, x fastest within a slice)."""
+    shape, chips = tuple(topology.torus), topology.scale_up_domain
+    every = frozenset({f"ici{d}{s}" for d in range(len(shape)) for s in "+-"} | {DCN})
+
+    def coords(ranks: np.ndarray) -> np.ndarray:
+        return np.stack(np.unravel_index(ranks % chips, shape[::-1]))[::-1]
+
+    def of(comm) -> frozenset:
+        groups = comm.groups()
+        if groups.size == 0:
+            return every
+        used: set[str] = set()
+        if comm.kind == "pairs":
+            src, dst = groups[:, 0], groups[:, 1]
+            if (src // chips != dst // chips).any():
+                used.add(DCN)
+            step = coords(dst) - coords(src)
+            for d, size in enumerate(shape):
+                moved = step[d][(src // chips == dst // chips) & (step[d] != 0)] % size
+                used |= {f"ici{d}+" for m in moved if m <= size // 2}
+                used |= {f"ici{d}-" for m in moved if m > size // 2}
+        else:
+            first = np.asarray(groups[0], dtype=np.int64)
+            if len(np.unique(first // chips)) > 1:
+                used.add(DCN)
+            spread = coords(first)
+            for d in range(len(shape)):
+                if len(np.unique(spread[d])) > 1:
+                    used |= {f"ici{d}+", f"ici{d}-"}
+        return frozenset(used) or every
+
+    return of, every
+
+
 def links_of(graph: WorkloadGraph, model):
     """`f(node) -> frozenset` of link classes for `graph`'s collectives under `model`, or
-    None where the model has no placement of groups on a GPU topology."""
+    None where the model has no placement of groups on a GPU or TPU topology."""
     network = getattr(model, "network", None)
     place = getattr(network, "placement", None)
     topology = getattr(network, "topology", None)
     spec = getattr(model, "spec", None)
+    if getattr(topology, "torus", ()) and spec is not None and spec.kind == "tpu":
+        by_comm, every = torus_links(topology)
+        return _per_communicator(graph, by_comm, every)
     if place is None or spec is None or spec.kind != "gpu" or getattr(topology, "torus", ()):
         return None
+
+    def gpu_links(comm) -> frozenset:
+        pl = place(comm)
+        if pl.domains > 1:
+            used = {SCALE_OUT}
+            if pl.per_domain > 1 and 2 * spec.nic_bandwidth >= spec.scale_up_bandwidth:
+                used.add(SCALE_UP)
+        else:
+            used = {SCALE_UP} if pl.per_domain > 1 else set()
+        return frozenset(used) or BOTH
+
+    return _per_communicator(graph, gpu_links, BOTH)
+
+
+def _per_communicator(graph: WorkloadGraph, classes_of, default: frozenset):
+    """`f(node)`: `classes_of(its communicator)`, once per communicator; `default` for a
+    node without a collective."""
     known: dict[int, frozenset] = {}
 
     def of(node: Node) -> frozenset:
         c = node.collective
         if c is None:
-            return BOTH
+            return default
         if c.communicator not in known:
-            pl = place(graph.communicator(node))
-            if pl.domains > 1:
-                used = {SCALE_OUT}
-                if pl.per_domain > 1 and 2 * spec.nic_bandwidth >= spec.scale_up_bandwidth:
-                    used.add(SCALE_UP)
-            else:
-                used = {SCALE_UP} if pl.per_domain > 1 else set()
-            known[c.communicator] = frozenset(used) or BOTH
+            known[c.communicator] = classes_of(graph.communicator(node))
         return known[c.communicator]
 
     return of

@@ -112,6 +112,17 @@ def _slice_shape(devices: int, biggest: tuple[int, ...], name: str) -> tuple[int
                      f"{'x'.join(map(str, biggest))}")
 
 
+def most_cubic_slice(spec: HardwareSpec, chips: int) -> str:
+    """The slice of `chips` chips a job is given on `spec`'s torus, as `AxBxC` (the
+    `--set torus=` what-if): the most cubic shape of whole cubes/boards, as Cloud TPU's
+    accelerator types (v5p-128: 4x4x4) are."""
+    bounds = parse_torus_shape(spec.torus) if spec.torus else ()
+    shape = _most_cubic(chips, bounds) if bounds else None
+    if not shape:
+        raise FlintError(f"{chips} chips are no {spec.name} torus slice")
+    return "x".join(map(str, shape))
+
+
 def _most_cubic(chips: int, bounds: tuple[int, ...]) -> tuple[int, ...] | None:
     """Cloud TPU slices have dimensions of 1, 2 or a multiple of 4 (whole cubes/boards)."""
     best = None

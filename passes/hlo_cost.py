@@ -298,7 +298,10 @@ def _output_bytes(ins: HloInstruction) -> int:
 
 
 _SLICING = frozenset({"slice", "dynamic-slice", "gather"})
-_TRANSPARENT = frozenset({"bitcast", "reshape"})
+# followed to the parameter's real readers: a pad only adds constants around it, so a
+# window sliced out of the padded value reads at most that window of the parameter (XLA's
+# bidirectional windowed einsum pads a chunk with -inf and slices both halves of it)
+_TRANSPARENT = frozenset({"bitcast", "reshape", "pad"})
 
 
 def _param_read_bytes(fused: HloComputation, index: int, shape: Shape, comps: dict,
@@ -310,7 +313,13 @@ def _param_read_bytes(fused: HloComputation, index: int, shape: Shape, comps: di
     param = fused.parameters.get(index)
     if param is None:
         return shape.nbytes
-    users = fused.users.get(param.name, [])
+    return read_through(fused, fused.users.get(param.name, []), shape, comps, in_place)
+
+
+def read_through(fused: HloComputation, users: list, shape: Shape, comps: dict,
+                 in_place: bool = True) -> int:
+    """Bytes of a value of `shape` that `users` ((instruction, operand position) pairs in
+    `fused`) read: the slices they take, or all of it (_param_read_bytes)."""
     frontier = list(users)
     seen_bytes = 0
     while frontier:

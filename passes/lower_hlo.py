@@ -21,6 +21,7 @@ from flint.hlo.module import HloComputation, HloInstruction, HloModule
 from flint.hlo.shapes import Shape
 from flint.passes.hlo_cost import (COLLECTIVES, NO_WORK_TARGETS, CostRules, cudnn_attention_meta,
                                    is_known)
+from flint.passes import tpu_async
 from flint.passes.lower_collectives import P2P, CollectiveBuilder, fused_collective
 from flint.passes.op_metadata import parse_op_name
 from flint.passes.trip_count import infer_trip_count
@@ -83,6 +84,9 @@ class _Lowering:
         self.consumers: dict[int, dict[int, set[int]]] = {}
         self.unknown: Counter = Counter()
         self.by_name: dict[str, int] = {}
+        # libtpu's async collectives in flight, by channel: their start, continuations
+        # and done may sit in different computations (a while body carries the state)
+        self.tpu_starts: dict[str, int] = {}
 
     def run(self) -> WorkloadGraph:
         entry = self.module.entry_computation
@@ -130,9 +134,19 @@ class _Lowering:
                 node = self.start_async(ins, comp, env, repeat)
                 starts[ins.name] = node.id
                 v = (node.id,)
+            elif op == "fusion" and (role := tpu_async.tpu_async_role(self.module, ins)):
+                v = self.lower_tpu_async(ins, comp, env, repeat, role)
             else:
                 node = self.make_node(ins, comp, ins, [env.get(o, ()) for o in ins.operands],
                                       repeat)
+                if op == "collective-permute" and self.cluster.platform == "tpu":
+                    # a DMA to a neighbour that the TensorCore issues here and waits for at
+                    # its first use: XLA's windowed-einsum loops send the next chunk while
+                    # this one's dot runs (Wang et al., 'Overlap Communication with
+                    # Dependent Computation via Decomposition in Large Deep Learning
+                    # Models', ASPLOS 2023), whether or not libtpu's HLO names a -start
+                    node.meta["async"] = True
+                    node.collective.is_async = True
                 if op == "copy-start":
                     node.meta["async"] = True
                     starts[ins.name] = node.id
@@ -225,9 +239,38 @@ class _Lowering:
             else:
                 node.meta["window"] = list(window)
 
+    def lower_tpu_async(self, ins: HloInstruction, comp: HloComputation, env: dict,
+                        repeat: int, role: tuple):
+        """A fusion of libtpu's async collective family (passes.tpu_async): one async
+        collective node from start to done; a continuation priced as its own compute."""
+        kind, channel = role
+        operands = [env.get(o, ()) for o in ins.operands]
+        key, starts = str(channel), self.tpu_starts
+        if kind == "done" and key in starts:
+            node = self.nodes[starts.pop(key)]
+            self.close_async(node, ins)
+            return _leaves_of(node.id, ins.shape)
+        node = self.make_node(ins, comp, ins, operands, repeat,
+                              carried_collective=kind == "continuation")
+        if kind == "continuation":
+            own = tpu_async.own_outputs(ins)
+            node.outputs = [str(t) for t in own]
+            node.bytes_written = float(sum(t.nbytes for t in own))
+            node.bytes_read = float(tpu_async.compute_reads(self.module, ins))
+            carried = set(starts.values())       # carried along, not waited for
+            node.inputs = [i for i in node.inputs if i not in carried]
+        if kind == "start" and node.collective is not None:
+            node.meta["async"] = True
+            node.collective.is_async = True
+            starts[key] = node.id
+        return _leaves_of(node.id, ins.shape)
+
     def make_node(self, ins: HloInstruction, comp: HloComputation, at: HloInstruction,
-                  operands: list, repeat: int, opcode: str | None = None) -> Node:
-        """Node for `ins` (evaluated in `comp`), placed where `at` is scheduled."""
+                  operands: list, repeat: int, opcode: str | None = None,
+                  carried_collective: bool = False) -> Node:
+        """Node for `ins` (evaluated in `comp`), placed where `at` is scheduled;
+        `carried_collective`: a fusion whose collective is another node's (a TPU
+        continuation fusion), priced as its compute."""
         node_id = len(self.nodes)
         opcode = opcode or ins.opcode
         flops, trans = self.rules.flops(ins, comp)
@@ -271,7 +314,8 @@ class _Lowering:
             collective = self.collectives.of(ins, comp, opcode)
             kind = P2P.get(opcode, NodeKind.COLLECTIVE)
             op_class = OpClass.COLLECTIVE if opcode in COLLECTIVES else OpClass.P2P
-        elif opcode == "fusion" and (inner := fused_collective(self.module, ins)) is not None:
+        elif (opcode == "fusion" and not carried_collective
+              and (inner := fused_collective(self.module, ins)) is not None):
             collective = self.collectives.fused(ins, inner)
             kind, op_class = NodeKind.COLLECTIVE, OpClass.COLLECTIVE
             meta["fused_collective"] = inner[1].name

@@ -312,3 +312,31 @@ def test_tma_generations_pay_for_misaligned_gemm_widths():
         gemm(8192, 4096, 4096))
     assert a100.compute_time(gemm(8192, 4097, 4096)) < 1.1 * a100.compute_time(
         gemm(8192, 4096, 4096))
+
+
+def test_tpu_matmuls_priced_from_libtpu_convolution_outputs():
+    """libtpu writes dots as convolutions in tiled layouts: a trailing unit dim, a feature
+    dim split in two, a fused reduction's output first. None of them is a small GEMM dim
+    the MXU would pad (the bug: 128x the time of the product bf16[8,2048,8192,1])."""
+    from flint.hardware_models import kernels
+    from flint.hardware_models.compute import RooflineCompute
+
+    big = 2.0 * 16384 * 8192 * 10240
+    want = kernels.GemmShape(1, 16384, 8192, 10240)
+    assert kernels.tpu_gemm_shape(big, ["bf16[8,2048,8192,1]"]) == want
+    assert kernels.tpu_gemm_shape(big, ["f32[8,2048]", "f32[8,2048,8192]"]) == want
+    assert kernels.tpu_gemm_shape(2.0 * 8192 * 1280 * 16384, ["bf16[8192,2,640]"]) == \
+        kernels.GemmShape(1, 16384, 640, 16384)
+    spec = load_spec("tpu-v5p")
+    roof = RooflineCompute(spec)
+    node = Node(0, "fusion.1", NodeKind.COMPUTE, "fusion", "conv", flops=big,
+                outputs=["bf16[8,2048,8192,1]"], operands=["bf16[8,2048,1,10240]"])
+    ideal = big / (spec.peak("bf16") * spec.gemm_fraction)
+    assert roof.compute_time(node) == pytest.approx(ideal, rel=1e-6)
+    # a real small dim is still padded to the MXU's 128: head dim 64 as K costs 2x
+    small = Node(1, "fusion.2", NodeKind.COMPUTE, "fusion", "conv", flops=2.0 * 4096 * 4096 * 64,
+                 outputs=["bf16[4096,4096]"])
+    assert roof.compute_time(small) == pytest.approx(
+        2 * small.flops / (spec.peak("bf16") * spec.gemm_fraction), rel=1e-6)
+    # the TPU specs' GEMM share: XLA's 8192^3 bf16 matmul on v5e (JAX's Pallas TPU guide)
+    assert all(load_spec(s).gemm_fraction == 0.92 for s in ("tpu-v4", "tpu-v5e", "tpu-v5p"))

@@ -1,4 +1,6 @@
 """Lowering corner cases: convolutions, conditionals, unknown ops, loops, async pairs."""
+import re
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -167,3 +169,111 @@ def test_tpu_fusion_wrapping_an_all_reduce_is_a_reduce_scatter():
     assert node.kind == NodeKind.COLLECTIVE and node.collective.type == "reduce-scatter"
     assert (node.collective.bytes_in, node.collective.bytes_out) == (64 * 512 * 2, 16 * 512 * 2)
     assert graph.communicator(node).size == 4
+
+
+# libtpu's async collective fusions (MaxText's --xla_tpu_enable_async_collective_fusion
+# flags): a start fusion issues an FSDP all-gather, a continuation fusion computes while it
+# is in flight (carrying its state through an aliased tuple; here in another computation,
+# as a windowed-einsum loop body carries it), a done fusion waits for it
+TPU_ASYNC_FUSIONS = """HloModule tpu_async, num_partitions=4
+
+%start_body (s0: bf16[64,32]) -> (bf16[64,32], bf16[64,128], u32[]) {
+  %s0 = bf16[64,32]{1,0} parameter(0)
+  %all-gather.1 = bf16[64,128]{1,0} all-gather(%s0), channel_id=7, replica_groups={{0,1,2,3}}, dimensions={1}, use_global_device_ids=true
+  ROOT %start.cc = (bf16[64,32]{1,0}, bf16[64,128]{1,0}, u32[]) custom-call(%all-gather.1), custom_call_target="AsyncCollectiveStart"
+}
+
+%continuation_body (c0: bf16[64,32], c1: bf16[64,128], c2: u32[], c3: bf16[256,64], c4: bf16[64,512]) -> (bf16[256,512], bf16[64,32], bf16[64,128], u32[]) {
+@PARAMS(c)
+  %dot.conv = bf16[256,512]{1,0} convolution(%c3, %c4), dim_labels=bf_io->bf
+  %all-gather.2 = bf16[64,128]{1,0} all-gather(%c0), channel_id=7, replica_groups={{0,1,2,3}}, dimensions={1}, use_global_device_ids=true
+  ROOT %carry = (bf16[256,512]{1,0}, bf16[64,32]{1,0}, bf16[64,128]{1,0}, u32[]) tuple(%dot.conv, %c0, %all-gather.2, %c2)
+}
+
+%done_body (d0: bf16[64,32], d1: bf16[64,128], d2: u32[]) -> bf16[64,128] {
+  %d0 = bf16[64,32]{1,0} parameter(0)
+  %d1 = bf16[64,128]{1,0} parameter(1)
+  %d2 = u32[] parameter(2)
+  %all-gather.3 = bf16[64,128]{1,0} all-gather(%d0), channel_id=7, replica_groups={{0,1,2,3}}, dimensions={1}, use_global_device_ids=true
+  ROOT %done.cc = bf16[64,128]{1,0} custom-call(%d0, %d1, %all-gather.3, %d2), custom_call_target="AsyncCollectiveDone"
+}
+
+%carrier (q0: bf16[64,32], q1: bf16[64,128], q2: u32[], q3: bf16[256,64], q4: bf16[64,512]) -> (bf16[256,512], bf16[64,32], bf16[64,128], u32[]) {
+@PARAMS(q)
+  ROOT %fusion.cont = (bf16[256,512]{1,0}, bf16[64,32]{1,0}, bf16[64,128]{1,0}, u32[]) fusion(%q0, %q1, %q2, %q3, %q4), kind=kOutput, calls=%continuation_body, backend_config={"continuation_config":{"output_tuple_original_start":"0","output_tuple_original_end":"0"}}
+}
+
+ENTRY %main (shard: bf16[64,32], x: bf16[256,64], w: bf16[64,512], a: bf16[256,512]) -> (bf16[256,512], bf16[64,128], bf16[256,512]) {
+  %shard = bf16[64,32]{1,0} parameter(0)
+  %x = bf16[256,64]{1,0} parameter(1)
+  %w = bf16[64,512]{1,0} parameter(2)
+  %a = bf16[256,512]{1,0} parameter(3)
+  %async-collective-start = (bf16[64,32]{1,0}, bf16[64,128]{1,0}, u32[]) fusion(%shard), kind=kCustom, calls=%start_body
+  %g0 = bf16[64,32]{1,0} get-tuple-element(%async-collective-start), index=0
+  %g1 = bf16[64,128]{1,0} get-tuple-element(%async-collective-start), index=1
+  %g2 = u32[] get-tuple-element(%async-collective-start), index=2
+  %carried = (bf16[256,512]{1,0}, bf16[64,32]{1,0}, bf16[64,128]{1,0}, u32[]) call(%g0, %g1, %g2, %x, %w), to_apply=%carrier
+  %k0 = bf16[256,512]{1,0} get-tuple-element(%carried), index=0
+  %k1 = bf16[64,32]{1,0} get-tuple-element(%carried), index=1
+  %k2 = bf16[64,128]{1,0} get-tuple-element(%carried), index=2
+  %k3 = u32[] get-tuple-element(%carried), index=3
+  %async-collective-done = bf16[64,128]{1,0} fusion(%k1, %k2, %k3), kind=kCustom, calls=%done_body
+  %collective-permute.1 = bf16[256,512]{1,0} collective-permute(%a), channel_id=9, source_target_pairs={{0,1},{1,2},{2,3},{3,0}}
+  ROOT %out = (bf16[256,512]{1,0}, bf16[64,128]{1,0}, bf16[256,512]{1,0}) tuple(%k0, %async-collective-done, %collective-permute.1)
+}
+"""
+
+
+_CARRIED = ("bf16[64,32]{1,0}", "bf16[64,128]{1,0}", "u32[]", "bf16[256,64]{1,0}",
+            "bf16[64,512]{1,0}")
+TPU_ASYNC_FUSIONS = re.sub(r"@PARAMS\((\w)\)", lambda m: "\n".join(
+    f"  %{m.group(1)}{i} = {t} parameter({i})" for i, t in enumerate(_CARRIED)),
+    TPU_ASYNC_FUSIONS)
+
+
+def test_tpu_async_collective_fusions_are_one_async_gather_beside_compute():
+    graph = lower_hlo(parse_module(TPU_ASYNC_FUSIONS), Cluster(4, (("fsdp", 4),), "tpu-v5p", "tpu"))
+    by_name = {n.name: n for n in graph.nodes}
+    assert set(by_name) == {"async-collective-start", "fusion.cont", "collective-permute.1"}
+    gather = by_name["async-collective-start"]
+    assert gather.collective.type == "all-gather" and gather.collective.is_async
+    assert gather.collective.bytes_out == 64 * 128 * 2          # the done's result
+    cont = by_name["fusion.cont"]
+    assert cont.collective is None and cont.kind == NodeKind.COMPUTE
+    assert cont.flops == 2 * 256 * 64 * 512
+    # its own output and what its dot reads: not the carried gather state passing through
+    assert cont.outputs == ["bf16[256,512]"] and cont.bytes_written == 256 * 512 * 2
+    assert cont.bytes_read == (256 * 64 + 64 * 512) * 2
+    assert gather.collective.window == (cont.id, cont.id)
+    assert gather.id not in cont.inputs          # it carries the gather, it does not wait
+    # a TPU collective-permute is a DMA waited for at its first use
+    assert by_name["collective-permute.1"].collective.is_async
+    gpu = lower_hlo(parse_module(TPU_ASYNC_FUSIONS.replace(
+        ', backend_config={"continuation_config":{"output_tuple_original_start":"0",'
+        '"output_tuple_original_end":"0"}}', "")), Cluster(4, (("fsdp", 4),), "h100-sxm"))
+    assert not {n.name: n for n in gpu.nodes}["collective-permute.1"].collective.is_async
+
+
+PADDED_WINDOW = """HloModule padded_window, num_partitions=1
+
+%window (p: bf16[8,1,1024], i: s32[]) -> bf16[8,2,128] {
+  %p = bf16[8,1,1024]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %ninf = bf16[] constant(-inf)
+  %padded = bf16[8,2,1024]{2,1,0} pad(%p, %ninf), padding=0_0x0_1x0_0
+  %zero = s32[] constant(0)
+  ROOT %w = bf16[8,2,128]{2,1,0} dynamic-slice(%padded, %zero, %zero, %i), dynamic_slice_sizes={8,2,128}
+}
+
+ENTRY %main (a: bf16[8,1,1024], i: s32[]) -> bf16[8,2,128] {
+  %a = bf16[8,1,1024]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  ROOT %f = bf16[8,2,128]{2,1,0} fusion(%a, %i), kind=kLoop, calls=%window
+}
+"""
+
+
+def test_a_fusion_reads_the_window_it_slices_out_of_a_padded_parameter():
+    graph = lower_hlo(parse_module(PADDED_WINDOW), Cluster(1, (("data", 1),), "tpu-v5p", "tpu"))
+    (node,) = [n for n in graph.nodes if n.name == "f"]
+    assert node.bytes_read == 8 * 2 * 128 * 2 + 4    # the window (and the offset), not 16 KB

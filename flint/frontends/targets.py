@@ -22,6 +22,29 @@ GPU_TARGETS_DIR = Path(__file__).parent / "gpu_targets"
 # TensorCores; it has no megacore option), most chips in one slice (larger v5e aborts in compile)
 TPU_TARGETS = {"tpu-v4": ("v4", 3, 2, 4096), "tpu-v5e": ("v5e", 2, 1, 256),
                "tpu-v5p": ("v5p", 3, 1, 8960)}
+# The collective flags MaxText's TPU training scripts export (LIBTPU_INIT_ARGS in
+# MaxText/configs/v5p/*.sh and v5e/*.sh; the tpu-recipes set the same): FSDP's all-gathers
+# become async collective fusions the TensorCore carries beside its compute (start,
+# continuation and done fusions: passes.tpu_async), the data-
+# parallel all-reduce is optimized, collective-permutes run asynchronously. Without them
+# libtpu's all-gathers are synchronous. libtpu reads the flags once, when it loads; a
+# LIBTPU_INIT_ARGS of the user's own wins (stage programs are keyed by the flags in effect).
+TPU_TRAINING_FLAGS = " ".join((
+    "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true",
+    "--xla_tpu_megacore_fusion_allow_ags=false", "--xla_enable_async_collective_permute=true",
+    "--xla_tpu_enable_ag_backward_pipelining=true",
+    "--xla_tpu_enable_data_parallel_all_reduce_opt=true",
+    "--xla_tpu_data_parallel_opt_different_sized_ops=true",
+    "--xla_tpu_enable_async_collective_fusion=true",
+    "--xla_tpu_enable_async_collective_fusion_multiple_steps=true",
+    "--xla_tpu_overlap_compute_collective_tc=true", "--xla_enable_async_all_gather=true"))
+
+
+def libtpu_flags() -> str:
+    """The flags libtpu compiles TPU programs under in this process."""
+    return os.environ.get("LIBTPU_INIT_ARGS", TPU_TRAINING_FLAGS)
+
+
 TPU_CHIPS_PER_HOST = 4    # libtpu's default chips_per_host_bounds is 2x2x1
 ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "a100": "a100-80gb-sxm",
            "a100-40gb": "a100-40gb-sxm", "a100-80gb": "a100-80gb-sxm", "host": "cpu"}
@@ -271,20 +294,28 @@ def _tpu_devices(hardware: str, count: int) -> list:
         raise FlintError(f"{hardware} has {per_chip} TensorCores (devices) per chip; "
                          f"{count} devices is not a whole number of chips")
     chips = count // per_chip
-    if chips > max_chips:
-        raise FlintError(f"{hardware} slices have at most {max_chips} chips, got {chips}")
-    shape = torus_shape(chips, dims)
+    # beyond the largest slice: equal slices joined over DCN (Multislice, as MaxText's
+    # compile_topology_num_slices compiles them)
+    slices = 1 if chips <= max_chips else -(-chips // max_chips)
+    if chips % slices:
+        raise FlintError(f"{hardware} slices have at most {max_chips} chips; {chips} chips "
+                         f"are no whole number of equal slices")
+    shape = torus_shape(chips // slices, dims)
     bounds = None
     if chips < TPU_CHIPS_PER_HOST:  # one host smaller than 2x2: libtpu needs its bounds
         bounds = shape + (1,) * (3 - dims)
     elif shape[0] == 1:             # 1x2x2 does not tile 2x2x1 hosts; 2x2x1 does
         shape = tuple(sorted(shape, reverse=True))
-    return list(_tpu_topology(f"{generation}:" + "x".join(map(str, shape)), bounds).devices)
+    return list(_tpu_topology(f"{generation}:" + "x".join(map(str, shape)), bounds,
+                              slices).devices)
 
 
 @lru_cache(maxsize=16)
-def _tpu_topology(name: str, chips_per_host_bounds: tuple | None):
+def _tpu_topology(name: str, chips_per_host_bounds: tuple | None, slices: int = 1):
     kw = {"chips_per_host_bounds": list(chips_per_host_bounds)} if chips_per_host_bounds else {}
+    if slices > 1:
+        kw["num_slices"] = slices
+    os.environ.setdefault("LIBTPU_INIT_ARGS", TPU_TRAINING_FLAGS)
     with quiet_native_stderr():  # libtpu probes for a TPU VM and logs the failure on fd 2
         try:
             import libtpu  # noqa: F401

@@ -1,0 +1,63 @@
+"""libtpu's async collective fusions, as the HLO lowering reads them.
+
+Under the collective flags MaxText's TPU scripts export (flint.frontends.targets
+TPU_TRAINING_FLAGS: --xla_tpu_enable_async_collective_fusion and its family) libtpu runs an
+FSDP all-gather in three kinds of fusion that share the collective's channel_id:
+- a start fusion, whose root is the custom-call AsyncCollectiveStart over the collective,
+  issues it;
+- continuation fusions (backend_config `continuation_config`) are compute kernels (the
+  next dot) that carry the collective's state along in an aliased output tuple while the
+  TensorCore works;
+- a done fusion, whose root is the custom-call AsyncCollectiveDone, waits for it.
+The lowering makes one async collective node from start to done; a continuation is priced
+as its own compute: its original outputs, the bytes its compute reads, and no wait on the
+collective it carries.
+"""
+from __future__ import annotations
+
+from flint.hlo.module import HloInstruction, HloModule
+from flint.passes.hlo_cost import COLLECTIVES, read_through
+from flint.passes.lower_collectives import fused_collective
+
+def tpu_async_role(module: HloModule, ins: HloInstruction) -> tuple | None:
+    """("start" | "continuation" | "done", channel id) for a fusion of the family, None
+    for any other fusion."""
+    inner = fused_collective(module, ins)
+    if inner is None:
+        return None
+    body, coll = inner
+    channel = coll.attr("channel_id") or coll.name
+    target = (body.root.attr("custom_call_target") or "").strip('"') \
+        if body.root.opcode == "custom-call" else ""
+    if target == "AsyncCollectiveStart":
+        return "start", channel
+    if target == "AsyncCollectiveDone":
+        return "done", channel
+    if "continuation_config" in ins.backend_config:
+        return "continuation", channel
+    return None
+
+
+def own_outputs(ins: HloInstruction) -> list:
+    """A continuation's own output shapes: the tuple's original range; the rest is the
+    carried collective's state and buffers, aliased through untouched."""
+    span = ins.backend_config["continuation_config"]
+    first = int(span.get("output_tuple_original_start", 0))
+    last = int(span.get("output_tuple_original_end", first))
+    leaves = list(ins.shape.leaves())
+    return leaves[first:last + 1] or leaves[:1]
+
+
+def compute_reads(module: HloModule, ins: HloInstruction) -> int:
+    """Bytes a continuation's compute reads: of each parameter, what the instructions other
+    than the carried collective and the root tuple read of it (the slices they take, as
+    for any fusion); what only passes through is not read."""
+    body = module.computations[ins.called("calls")[0]]
+    skip = {i.name for i in body.instructions if i.opcode in COLLECTIVES} | {body.root.name}
+    total = 0
+    for param in body.parameters.values():
+        users = [(u, pos) for u, pos in body.users.get(param.name, []) if u.name not in skip]
+        if users:
+            total += read_through(body, users, param.shape, module.computations)
+    return total
+
