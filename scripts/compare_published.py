@@ -85,6 +85,8 @@ def training_run(row: Row):
                       precision=row.precision, fp8_recipe=row.fp8_recipe or "current",
                       framework="xla" if spec.startswith("tpu") else "megatron")
     # HYBRID_SHARD: one shard group per host (the GPUs a host holds on its NVLink)
+    if row.hsdp:
+        return replace(run, hsdp=row.hsdp)
     return replace(run, hsdp=devices_per_host(run)) if row.hybrid else run
 
 
@@ -104,7 +106,7 @@ def rebuild(row: Row, cache: Path, cached_only: bool = False) -> None:
         return
     t0 = time.perf_counter()
     try:
-        p = predict(run, cache=store)
+        p = predict(run, cache=store, what_if=row.what_if)
     except FlintError as err:
         row.reason = f"Flint could not rebuild it: {err}"
         return

@@ -40,6 +40,7 @@ def published_cases(path: Path = TABLE) -> list[Case]:
             family = family_name("published", section, source, era,
                                  gpu_of(record, section, block))
             case = Case(row.label, "published", section, family, era,
+                        what_if=tuple(row.what_if),
                         published_step_s=row.published_step_s, reason=row.reason,
                         remat_stated=row.remat_stated)
             if row.moe and not row.reason.startswith("MoE"):

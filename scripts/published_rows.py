@@ -93,10 +93,12 @@ class Row:
     zero: int | None = None
     reshard_after_forward: bool = True
     hybrid: bool = False
+    hsdp: int = 0                     # data-parallel ranks per FSDP shard group (0: all)
     recompute_layers: int = 0         # remat full: this many blocks per stage (0: all)
     remat_stated: bool = False        # the row names its recompute (none is assumed then)
     remat: str = "selective"
     fp8_recipe: str = ""              # the FP8 scaling the table states ("": not stated)
+    what_if: tuple = ()               # spec overrides the row's cluster states (TPU slices)
     published_step_s: float = 0.0
     result: dict = field(default_factory=dict)
 
@@ -132,9 +134,6 @@ def _not_rebuildable(section: str, r: dict, name: str) -> str:
         return "published figure is TFLOP/s or MFU with an uncertain FLOP convention"
     if section == "5":
         return "no per-step configuration (batch ramp, pods, parallel blocks) is published"
-    if section == "2a":
-        # (head_dim 256 apart from emb/heads is fine: the zoo takes head_dim)
-        return "plain (non-gated) ReLU MLP: the zoo's MLPs are swiglu | gelu | relu2"
     prec = str(r.get("precision", "")).lower()
     if "fp4" in prec:
         return "NVFP4 GEMMs are not modelled"
@@ -148,7 +147,7 @@ def _not_rebuildable(section: str, r: dict, name: str) -> str:
             return "no compile-only TPU v6e target (libtpu topology) in Flint"
         if (first_number(r.get("slices")) or 1) > 1:
             return "multi-slice (DCN) job"
-    if not _preset(name, section) and not stated_shape(r, 2048):
+    if section != "2a" and not _preset(name, section) and not stated_shape(r, 2048):
         return f"no public dense shape for {name!r} in flint.models.describe"
     return ""
 
@@ -194,7 +193,7 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
     num = lambda *cols, default=None: next(  # noqa: E731
         (first_number(r[c]) for c in cols if first_number(r.get(c)) is not None), default)
     row.model = _preset(name, section)
-    system = str(r.get("system") or r.get("tpu") or "").lower()
+    system = str(r.get("system") or r.get("tpu") or r.get("hw") or "").lower()
     if not system:         # 1f: no system column; the README's script is the H100 one
         system = "dgx-h100"
     if section == "4":
@@ -253,6 +252,8 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
     if section == "2d":
         row.gbs = int(num("gbs_seqs"))
         row.fsdp = True
+    if section == "2a":
+        _maxtext_2023(row, r)
     row.published_step_s = published_step(r, row)
     if not row.published_step_s:
         row.reason = ("no step time, tokens/s or samples/s in the row (a TFLOP/s or MFU "
@@ -263,6 +264,47 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
         row.reason = f"no hardware spec for system {system!r}"
     elif spec.startswith("tpu") and not _have_libtpu():
         row.reason = "TPU target needs libtpu (pip install 'flint[tpu]'), not installed"
+
+
+def _maxtext_2023(row: Row, r: dict) -> None:
+    """MaxText's late-2023 configs (published.md 2a): the `global_parameter_scale` decoder
+    of that base.yml (RMSNorm, RoPE, multi-head attention of head_dim 256, one non-gated
+    ReLU MLP, vocab 32768, logits through the tied embedding), FSDP over each ICI slice
+    (`ici_fsdp_parallelism=-1`, tensor parallelism as the row's `tp=`) and pure data
+    parallelism over DCN between slices (`dcn_data_parallelism`), each slice the row's
+    `1x v5p-128`: a most-cubic torus of chips / slices. Remat `minimal` is MaxText's
+    policy of that time, jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims: the
+    projections' outputs are kept, the rest recomputed; with the fused attention kernel
+    (attention=flash) no batched dot is left, so the zoo's `dots` policy is the same."""
+    from flint.hardware_models.spec import load_spec
+    from flint.hardware_models.topology import most_cubic_slice
+
+    dims = {key: int(first_number(r[col])) for key, col in (
+        ("layers", "layers"), ("hidden", "emb"), ("heads", "heads"), ("head_dim", "head_dim"),
+        ("ffn", "mlp"))}
+    row.model = tuple(sorted({**dims, "kv_heads": dims["heads"], "vocab": 32768,
+                              "norm": "rms", "activation": "relu", "positional": "rope",
+                              "tie_embeddings": True, "seq": row.seq}.items()))
+    sharding = str(r.get("sharding", ""))
+    row.tp, row.zero, row.fsdp = _mesh_option(sharding, "tp"), 3, True
+    # per_device_batch_size counts sequences per chip: a tensor-parallel group of tp chips
+    # runs tp x that many as one batch, and MaxText takes the step without gradient
+    # accumulation (its default), so each data-parallel rank has one micro-batch
+    row.mbs = row.gbs * row.tp // row.gpus
+    slices = _mesh_option(sharding, "dcn_dp")
+    if slices > 1:
+        per_slice = row.gpus // slices
+        row.hsdp = per_slice // row.tp      # FSDP within a slice, replicas across
+        spec = load_spec(system_spec(row.system))
+        row.what_if = (f"torus={most_cubic_slice(spec, per_slice)}",)
+    stated = str(r.get("remat", "")).strip().lower()
+    row.remat = {"minimal": "dots", "full": "full"}.get(stated, row.remat)
+
+
+def _mesh_option(text: str, key: str) -> int:
+    """`tp=4` in a sharding column like "fsdp=auto tp=4 dcn_dp=2" (1 when absent)."""
+    m = re.search(rf"(?<![a-z_]){key}=(\d+)", text)
+    return int(m.group(1)) if m else 1
 
 
 # the columns a table states its data-parallel flavour in: "sharding_strategy",

@@ -95,7 +95,10 @@ def tables(path: Path):
 # the value); per-GPU and whole-cluster token rates, sequence rates, step times in s or ms
 STEP_FIGURES = (
     (("step_time_s", "step_s_median", "step_s", "iter_s_seqpar+selective", "iter_time_s",
-      "iteration_time_s", "seconds_per_iteration"), lambda v, row: v),
+      "iteration_time_s", "seconds_per_iteration",
+      # a table's own conversion of a TFLOP/s figure under the FLOP count of the code that
+      # printed it (published.md 2a: MaxText's 2023 calculate_training_tflops)
+      "derived_step_s"), lambda v, row: v),
     (("step_time_ms", "iter_time_ms", "iteration_time_ms", "elapsed_time_per_iteration_ms"),
      lambda v, row: v / 1e3),
     (("tok_s_gpu", "tokens_s_device", "tokens_s_per_gpu", "tokens_per_s_per_gpu", "wps",

@@ -202,3 +202,30 @@ def test_documented_command_bounded_by_cached_only(more, tmp_path, capsys):
     assert {m["id"] for m in doc["mechanisms"]} >= {"M1", "M2", "M3", "M4"}
     assert fidelity.main(["--families", "(", "--quiet"]) == 2
     assert "bad regex" in capsys.readouterr().err
+
+
+def test_maxtext_2023_rows_state_their_decoder_sharding_and_slices():
+    """published.md 2a: the 2023 MaxText decoder (non-gated ReLU MLP, head_dim 256, tied
+    embeddings), FSDP within each slice and data parallelism across slices (HSDP over a
+    slice's FSDP ranks), each slice its own torus, remat minimal as the zoo's dots policy,
+    and the step from the table's own conversion of its TFLOP/s under MaxText's FLOP count."""
+    from published_rows import TABLE, rows_of
+    from table_columns import tables
+
+    if not TABLE.is_file():
+        pytest.skip("shared published table not present")
+    rows = {r.label.split(" ")[0]: r for h, recs in tables(TABLE) if h.startswith("2a")
+            for r in rows_of(h, recs)}
+    one, two = rows["2a#1"], rows["2a#2"]
+    dims = dict(one.model)
+    assert (dims["activation"], dims["head_dim"], dims["heads"], dims["ffn"], dims["vocab"],
+            dims["tie_embeddings"]) == ("relu", 256, 32, 32768, 32768, True)
+    assert (one.system, one.gpus, one.tp, one.zero, one.hsdp, one.remat, one.what_if) == \
+        ("tpu v5p", 64, 4, 3, 0, "dots", ())
+    # 8 sequences per chip, 4 chips per tensor-parallel group, one micro-batch per step
+    assert (one.gbs, one.mbs) == (512, 32)
+    assert (two.gpus, two.hsdp, two.what_if) == (128, 16, ("torus=4x4x4",))
+    assert one.published_step_s == pytest.approx(9.92)
+    v5e = rows["2a#40"]
+    assert (v5e.tp, v5e.hsdp, v5e.remat, v5e.what_if) == (16, 16, "full", ("torus=16x16",))
+    assert all(not r.reason or "libtpu" in r.reason for r in rows.values())

@@ -105,3 +105,30 @@ def test_cli_dims_and_bad_dims(tmp_path):
                   "--heads", "3", "--out", str(tmp_path / "bad.json"))
     assert r.returncode == 2 and "heads" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "bad.json").exists()
+
+
+def test_plain_relu_mlp():
+    """A non-gated ReLU MLP (the 2023 MaxText decoder, published.md 2a): one up and one
+    down projection, ReLU between them, in the JAX zoo and the torch twin."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    from flint.models.decoder import _mlp, param_count
+    from flint.models.torch_decoder import MLP
+
+    cfg = resolve_model({"base": "tiny", "activation": "relu"})
+    assert cfg.mlp == "relu"
+    assert param_count(cfg) == param_count(cfg.with_(mlp="gelu"))    # one up, one down
+    assert param_count(cfg) < param_count(cfg.with_(mlp="swiglu"))
+    d, f = cfg.d_model, cfg.d_ff
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, d), jnp.float32)
+    p = {"w_up": jax.random.normal(jax.random.PRNGKey(1), (d, f)) / d ** 0.5,
+         "w_down": jnp.eye(f, d)}
+    got = _mlp(x, p, cfg.with_(compute_dtype="float32"))
+    want = jax.nn.relu(x @ p["w_up"]) @ p["w_down"]
+    assert jnp.allclose(got, want, atol=1e-5) and float(jnp.min(x @ p["w_up"])) < 0
+    mlp = MLP(cfg)
+    assert not hasattr(mlp, "w_gate")
+    t = torch.randn(2, 3, d)
+    assert torch.allclose(mlp(t), mlp.w_down(torch.relu(mlp.w_up(t))))

@@ -34,7 +34,7 @@ def extract(
     dims_vocab: Optional[int] = typer.Option(None, "--vocab", help="model: vocabulary"),
     dims_norm: Optional[str] = typer.Option(None, "--norm", help="model: rms | layer"),
     dims_act: Optional[str] = typer.Option(None, "--activation", help="model: swiglu | gelu "
-                                           "| relu2"),
+                                           "| relu | relu2"),
     dims_pos: Optional[str] = typer.Option(None, "--positional", help="model: rope | learned"),
     gemm_precision: Optional[str] = typer.Option(None, help="zoo: GEMM operands bf16 | fp8 "
                                                  "| fp8-delayed | mxfp8"),

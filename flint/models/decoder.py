@@ -37,7 +37,7 @@ class DecoderConfig:
     d_ff: int
     seq_len: int
     norm: str = "rms"            # rms | layer
-    mlp: str = "swiglu"          # swiglu | gelu
+    mlp: str = "swiglu"          # swiglu | gelu | relu | relu2
     pos: str = "rope"            # rope | learned
     tie_embeddings: bool = False
     scan: bool = True            # layers in lax.scan (as MaxText does) or unrolled
@@ -243,6 +243,8 @@ def _mlp(x, p, cfg: DecoderConfig, hidden_spec=None):
         up = jax.nn.silu(constrain(_mm(x, p["w_gate"], cfg))) * up
     elif cfg.mlp == "relu2":       # squared ReLU (So et al. 2021, Primer), as Nemotron-4
         up = jnp.square(jax.nn.relu(up))
+    elif cfg.mlp == "relu":        # plain ReLU (the 2023 MaxText default, OPT)
+        up = jax.nn.relu(up)
     else:
         up = jax.nn.gelu(up)
     return _mm(up, p["w_down"], cfg)

@@ -6,7 +6,8 @@
     cfg = resolve_model({"base": "llama3-8b", "seq": 4096})    # a mapping (sweep spaces)
 
 Dims use these keys everywhere (CLI options, YAML, sweep spaces): layers, hidden, heads,
-kv_heads, ffn, vocab, seq, norm (rms | layer), activation (swiglu | gelu | relu2),
+kv_heads, ffn, vocab, seq, norm (rms | layer), activation (swiglu | gelu | relu |
+relu2),
 positional (rope | learned), tie_embeddings, head_dim; mixture of experts (flint.models.moe):
 experts, top_k, moe_ffn, shared_experts, first_dense (leading dense layers of `ffn`),
 capacity_factor (0 = dropless); multi-head latent attention: q_lora, kv_lora, rope_dim,
@@ -39,7 +40,7 @@ DIM_KEYS = {"layers": "n_layers", "hidden": "d_model", "heads": "n_heads",
 # keys that may be 0 (feature off); capacity_factor is a number >= 0
 ZERO_OK = {"head_size", "n_experts", "top_k", "moe_ffn", "n_shared_experts", "first_dense",
            "q_lora", "kv_lora", "rope_dim", "v_head"}
-CHOICES = {"norm": ("rms", "layer"), "mlp": ("swiglu", "gelu", "relu2"),
+CHOICES = {"norm": ("rms", "layer"), "mlp": ("swiglu", "gelu", "relu", "relu2"),
            "pos": ("rope", "learned")}
 
 

@@ -101,6 +101,7 @@ class MLP(nn.Module):
         super().__init__()
         self.gated = cfg.mlp == "swiglu"
         self.relu2 = cfg.mlp == "relu2"
+        self.relu = cfg.mlp == "relu"
         self.w_up = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.w_down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
         if self.gated:
@@ -112,6 +113,8 @@ class MLP(nn.Module):
             up = F.silu(self.w_gate(x)) * up
         elif self.relu2:
             up = torch.square(F.relu(up))
+        elif self.relu:
+            up = F.relu(up)
         else:
             up = F.gelu(up)
         return self.w_down(up)
