@@ -50,8 +50,6 @@ COMPILED_DATA = 2
 # Bumped whenever the zoo's workload changes so cached programs of older code are not
 # reused; the torch twin's own (3: torchtitan's op-level SAC, RMSNorm weight in bf16)
 WORKLOAD_VERSION, TORCH_WORKLOAD_VERSION = 5, 3
-# how libtpu's programs are lowered (async collective fusions): keys TPU stage programs only
-TPU_LOWERING_VERSION = 6
 
 
 def compile_target(run: TrainingRun) -> str:
@@ -71,7 +69,7 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
     """Everything one pipeline stage's extracted template depends on, and nothing else
     (pipeline depth, micro-batch count, schedule, ZeRO flavour, framework kernels, routing
     and hardware what-ifs only change the passes and the pricing)."""
-    from flint.frontends.targets import TPU_TARGETS, libtpu_flags
+    from flint.frontends.targets import tpu_program_keys
     from flint.models import compiled_attention, compiled_remat
     from flint.models.describe import to_mapping
 
@@ -93,9 +91,7 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
                "hardware": compile_target(run),
                "devices_per_host": min(devices_per_host(run), devices),
                "workload_version": WORKLOAD_VERSION}
-    if program["hardware"] in TPU_TARGETS:     # libtpu's flags change the program
-        program["libtpu_flags"] = libtpu_flags()
-        program["tpu_lowering_version"] = TPU_LOWERING_VERSION
+    program.update(tpu_program_keys(program["hardware"]))
     if run.precision != "bf16":
         program["gemm_precision"] = "fp8-delayed" if (
             run.precision, run.fp8_recipe) == ("fp8", "delayed") else run.precision

@@ -134,19 +134,15 @@ class _Lowering:
                 node = self.start_async(ins, comp, env, repeat)
                 starts[ins.name] = node.id
                 v = (node.id,)
-            elif op == "fusion" and (role := tpu_async.tpu_async_role(self.module, ins)):
-                v = self.lower_tpu_async(ins, comp, env, repeat, role)
+            elif (op == "fusion" and self.cluster.platform == "tpu"
+                  and (role := tpu_async.tpu_async_role(self.module, ins))):
+                v = _leaves_of(tpu_async.lower_fusion(self, ins, comp, env, repeat, role),
+                               ins.shape)
             else:
                 node = self.make_node(ins, comp, ins, [env.get(o, ()) for o in ins.operands],
                                       repeat)
                 if op == "collective-permute" and self.cluster.platform == "tpu":
-                    # a DMA to a neighbour that the TensorCore issues here and waits for at
-                    # its first use: XLA's windowed-einsum loops send the next chunk while
-                    # this one's dot runs (Wang et al., 'Overlap Communication with
-                    # Dependent Computation via Decomposition in Large Deep Learning
-                    # Models', ASPLOS 2023), whether or not libtpu's HLO names a -start
-                    node.meta["async"] = True
-                    node.collective.is_async = True
+                    tpu_async.mark_async(node)      # a DMA waited for at its first use
                 if op == "copy-start":
                     node.meta["async"] = True
                     starts[ins.name] = node.id
@@ -238,32 +234,6 @@ class _Lowering:
                 node.collective.window = window
             else:
                 node.meta["window"] = list(window)
-
-    def lower_tpu_async(self, ins: HloInstruction, comp: HloComputation, env: dict,
-                        repeat: int, role: tuple):
-        """A fusion of libtpu's async collective family (passes.tpu_async): one async
-        collective node from start to done; a continuation priced as its own compute."""
-        kind, channel = role
-        operands = [env.get(o, ()) for o in ins.operands]
-        key, starts = str(channel), self.tpu_starts
-        if kind == "done" and key in starts:
-            node = self.nodes[starts.pop(key)]
-            self.close_async(node, ins)
-            return _leaves_of(node.id, ins.shape)
-        node = self.make_node(ins, comp, ins, operands, repeat,
-                              carried_collective=kind == "continuation")
-        if kind == "continuation":
-            own = tpu_async.own_outputs(ins)
-            node.outputs = [str(t) for t in own]
-            node.bytes_written = float(sum(t.nbytes for t in own))
-            node.bytes_read = float(tpu_async.compute_reads(self.module, ins))
-            carried = set(starts.values())       # carried along, not waited for
-            node.inputs = [i for i in node.inputs if i not in carried]
-        if kind == "start" and node.collective is not None:
-            node.meta["async"] = True
-            node.collective.is_async = True
-            starts[key] = node.id
-        return _leaves_of(node.id, ins.shape)
 
     def make_node(self, ins: HloInstruction, comp: HloComputation, at: HloInstruction,
                   operands: list, repeat: int, opcode: str | None = None,

@@ -15,9 +15,13 @@ collective it carries.
 """
 from __future__ import annotations
 
-from flint.hlo.module import HloInstruction, HloModule
+from flint.graph import Node
+from flint.hlo.module import HloComputation, HloInstruction, HloModule
 from flint.passes.hlo_cost import COLLECTIVES, read_through
 from flint.passes.lower_collectives import fused_collective
+
+# how the lowering reads libtpu's programs: part of a TPU stage program's cache key
+TPU_LOWERING_VERSION = 6
 
 def tpu_async_role(module: HloModule, ins: HloInstruction) -> tuple | None:
     """("start" | "continuation" | "done", channel id) for a fusion of the family, None
@@ -60,4 +64,42 @@ def compute_reads(module: HloModule, ins: HloInstruction) -> int:
         if users:
             total += read_through(body, users, param.shape, module.computations)
     return total
+
+
+
+def mark_async(node: Node) -> None:
+    """A collective the TensorCore issues and waits for at its first use. A TPU
+    collective-permute is one whether or not libtpu's HLO names a -start: a DMA to a
+    neighbour; XLA's windowed-einsum loops send the next chunk while this one's dot runs
+    (Wang et al., 'Overlap Communication with Dependent Computation via Decomposition in
+    Large Deep Learning Models', ASPLOS 2023)."""
+    node.meta["async"] = True
+    node.collective.is_async = True
+
+
+def lower_fusion(lowering, ins: HloInstruction, comp: HloComputation, env: dict,
+                 repeat: int, role: tuple) -> int:
+    """The node id of one fusion of the family, lowered by `lowering` (passes.lower_hlo):
+    the start is an async collective node, the done closes it, a continuation is priced as
+    its own compute and carries the collective without waiting for it. Starts stay open
+    across computations (a while body carries the state): `lowering.tpu_starts`."""
+    kind, channel = role
+    key, starts = str(channel), lowering.tpu_starts
+    if kind == "done" and key in starts:
+        node = lowering.nodes[starts.pop(key)]
+        lowering.close_async(node, ins)
+        return node.id
+    node = lowering.make_node(ins, comp, ins, [env.get(o, ()) for o in ins.operands], repeat,
+                              carried_collective=kind == "continuation")
+    if kind == "continuation":
+        own = own_outputs(ins)
+        node.outputs = [str(t) for t in own]
+        node.bytes_written = float(sum(t.nbytes for t in own))
+        node.bytes_read = float(compute_reads(lowering.module, ins))
+        carried = set(starts.values())
+        node.inputs = [i for i in node.inputs if i not in carried]
+    if kind == "start" and node.collective is not None:
+        mark_async(node)
+        starts[key] = node.id
+    return node.id
 

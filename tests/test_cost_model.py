@@ -164,29 +164,6 @@ def test_tpu_torus_slices_and_dimension_wise_collectives():
     assert net.time(node, everyone) < 1.2 * net.time(node, x_ring)
 
 
-def test_tpu_collectives_queue_only_on_the_torus_links_they_use():
-    """A TPU chip's links are two per torus dimension, full duplex: the two halves of a
-    bidirectional windowed einsum (a permute forward, one back) and collectives over
-    different dimensions use disjoint link directions; crossing slices is the DCN."""
-    from flint.hardware_models.links import torus_links
-    from flint.hardware_models.topology import topology_for
-
-    topo = topology_for(load_spec("tpu-v5p", ["torus=4x4x4"]), 128)     # 2 slices of 64
-    of, every = torus_links(topo)
-
-    def pairs(step):
-        spec = "{" + ",".join(f"{{{i},{(i // 4) * 4 + (i + step) % 4}}}" for i in range(64)) + "}"
-        return Communicator(0, "pairs", spec, 128, 2, 64, ("model",))
-
-    assert of(pairs(1)) == {"ici0+"} and of(pairs(-1)) == {"ici0-"}     # x ring, each way
-    x_ring = Communicator(1, "groups", "[32,4]<=[128]", 128, 4, 32, ("model",))
-    yz = Communicator(2, "groups", "[8,16]<=[2,4,4,4]T(0,3,1,2)", 128, 16, 8, ("fsdp",))
-    across = Communicator(3, "groups", "[64,2]<=[2,64]T(1,0)", 128, 2, 64, ("data",))
-    assert of(x_ring) == {"ici0+", "ici0-"}
-    assert of(yz) == {"ici1+", "ici1-", "ici2+", "ici2-"}
-    assert of(across) == {"dcn"} and every >= of(x_ring) | of(yz) | of(across)
-
-
 def _toy_graph(async_comm: bool) -> WorkloadGraph:
     comm = _comm("[1,8]<=[8]", 8)
     mm = dict(kind=NodeKind.COMPUTE, op="dot", op_class="gemm", flops=2e12,

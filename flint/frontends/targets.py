@@ -45,6 +45,16 @@ def libtpu_flags() -> str:
     return os.environ.get("LIBTPU_INIT_ARGS", TPU_TRAINING_FLAGS)
 
 
+def tpu_program_keys(target: str) -> dict:
+    """What keys a stage program compiled for `target` besides the model and mesh: on a
+    TPU, libtpu's flags in effect and how the lowering reads its programs."""
+    if target not in TPU_TARGETS:
+        return {}
+    from flint.passes.tpu_async import TPU_LOWERING_VERSION
+
+    return {"libtpu_flags": libtpu_flags(), "tpu_lowering_version": TPU_LOWERING_VERSION}
+
+
 TPU_CHIPS_PER_HOST = 4    # libtpu's default chips_per_host_bounds is 2x2x1
 ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "a100": "a100-80gb-sxm",
            "a100-40gb": "a100-40gb-sxm", "a100-80gb": "a100-80gb-sxm", "host": "cpu"}
