@@ -126,6 +126,9 @@ def price_blocks(template: WorkloadGraph, node_time: Callable[[Node], float],
     for i in order:
         block = blocks[i]
         if block.startswith("R"):
+            if template.nodes[i].collective is not None:
+                # a synchronous reduction (libtpu's): the layered graph's own node runs it
+                continue
             seconds[block] += durations[i]
             by_class[block][str(template.nodes[i].op_class)] += durations[i]
         else:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from flint.cluster import Cluster
 from flint.errors import FlintError
 from flint.graph import Collective, Communicator, NodeKind
@@ -35,26 +37,35 @@ class CommunicatorTable:
     """One Communicator per distinct (kind, spec), numbered in order of first use. Every
     front end (HLO, aten graphs, Chakra traces) builds its communicators here."""
 
-    def __init__(self, cluster: Cluster):
+    def __init__(self, cluster: Cluster, per_slice: int = 0):
         self.cluster = cluster
+        # a Multislice program's groups name one slice's chips (passes.tpu_megascale):
+        # every slice runs them alike, so each group stands for its copy in every slice
+        self.per_slice = per_slice if 0 < per_slice < cluster.devices else 0
         self.comms: dict[tuple[str, str], Communicator] = {}
 
     def all(self) -> list[Communicator]:
         return sorted(self.comms.values(), key=lambda c: c.id)
 
-    def get(self, kind: str, spec: str) -> Communicator:
+    def get(self, kind: str, spec: str, across_slices: bool = False) -> Communicator:
         """`kind` "groups" (replica groups in any XLA syntax) or "pairs" (source-target
-        pairs); a group naming a device outside the cluster is a FlintError."""
+        pairs); a group naming a device outside the cluster (or, in a Multislice program,
+        outside one slice unless `across_slices`) is a FlintError."""
         key = (kind, spec)
         comm = self.comms.get(key)
         if comm is not None:
             return comm
         n = self.cluster.devices
+        sliced = self.per_slice and not across_slices
+        named = self.per_slice if sliced else n
         groups = (parse_source_target_pairs(spec) if kind == "pairs"
-                  else parse_replica_groups(spec, n))
-        if groups.size and int(groups.max()) >= n:
-            raise FlintError(f"a collective names device {int(groups.max())} but the cluster "
-                             f"has {n} devices")
+                  else parse_replica_groups(spec, named))
+        if groups.size and int(groups.max()) >= named:
+            raise FlintError(f"a collective names device {int(groups.max())} but the "
+                             f"{'slice' if sliced else 'cluster'} has {named} devices")
+        if sliced:
+            groups = np.concatenate([groups + s * named for s in range(n // named)])
+            spec = "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in groups.tolist()) + "}"
         size = 2 if kind == "pairs" else int(groups.shape[1])
         comm = Communicator(len(self.comms), kind, spec, n, size, int(groups.shape[0]),
                             mesh_axes_spanned(groups, list(self.cluster.mesh)))
@@ -63,10 +74,10 @@ class CommunicatorTable:
 
 
 class CollectiveBuilder:
-    def __init__(self, module: HloModule, cluster: Cluster):
+    def __init__(self, module: HloModule, cluster: Cluster, per_slice: int = 0):
         self.module = module
         self.cluster = cluster
-        self.table = CommunicatorTable(cluster)
+        self.table = CommunicatorTable(cluster, per_slice)
 
     def communicators(self) -> list[Communicator]:
         return self.table.all()

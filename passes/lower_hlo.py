@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass
 
 from flint.cluster import Cluster
 from flint.errors import FlintError
 from flint.graph import Loop, Node, NodeKind, OpClass, WorkloadGraph
 from flint.hlo.buffer_assignment import update_element_bytes, update_roots
 from flint.hlo.module import HloComputation, HloInstruction, HloModule
-from flint.hlo.shapes import Shape
 from flint.passes.hlo_cost import (COLLECTIVES, NO_WORK_TARGETS, CostRules, cudnn_attention_meta,
                                    is_known)
-from flint.passes import tpu_async
+from flint.passes import tpu_async, tpu_megascale
+from flint.passes.hlo_values import (Carried, flatten, ints, leaves_of, rebuild, structure,
+                                     substitute)
 from flint.passes.lower_collectives import P2P, CollectiveBuilder, fused_collective
 from flint.passes.op_metadata import parse_op_name
 from flint.passes.trip_count import infer_trip_count
@@ -32,26 +32,19 @@ _NO_DATA = frozenset({"constant", "partition-id", "replica-id", "after-all",
                       "get-dimension-size"})
 
 
-@dataclass(frozen=True)
-class _Carried:
-    """A loop-state element as seen inside the body: the producers of its initial value."""
-
-    loop: int
-    index: int
-    init: tuple
-
-
 def lower_hlo(module: HloModule, cluster: Cluster,
               collapse_attention: bool = True) -> WorkloadGraph:
     """`collapse_attention=False` keeps XLA's own attention ops (the program as compiled,
     scores materialized: what its buffer assignment allocates)."""
     participants = module.num_partitions * module.replica_count
-    if participants not in (1, cluster.devices):
+    # a Multislice program is one slice's: the cluster is its slices over the DCN
+    slices = tpu_megascale.slices(module, cluster.devices, participants)
+    if participants not in (1, cluster.devices) and slices == 1:
         raise FlintError(f"HLO module {module.name!r} is partitioned for {participants} devices "
                          f"but the cluster has {cluster.devices}")
     from flint.passes.attention import CollapseAttention
 
-    graph = _Lowering(module, cluster).run()
+    graph = _Lowering(module, cluster, participants, slices).run()
     return CollapseAttention().run(graph) if collapse_attention else graph
 
 
@@ -73,12 +66,15 @@ def entry_buffers(module: HloModule) -> dict:
 
 
 class _Lowering:
-    def __init__(self, module: HloModule, cluster: Cluster):
+    def __init__(self, module: HloModule, cluster: Cluster, partitions: int = 1,
+                 slices: int = 1):
         self.module = module
         self.cluster = cluster
+        self.partitions, self.slices = partitions, slices
+        self.megascale: dict = {}   # MegaScale transfers in flight (passes.tpu_megascale)
         self.rules = CostRules(module)
         self.nodes: list[Node] = []
-        self.collectives = CollectiveBuilder(module, cluster)
+        self.collectives = CollectiveBuilder(module, cluster, partitions if slices > 1 else 0)
         self.loops: list[Loop] = []
         self.loop_stack: list[int] = []
         self.consumers: dict[int, dict[int, set[int]]] = {}
@@ -123,11 +119,13 @@ class _Lowering:
                 v = self.lower(callee, [env.get(o, ()) for o in ins.operands], repeat)
             elif op == "conditional":
                 v = self.lower_conditional(ins, env, repeat)
+            elif self.slices > 1 and tpu_megascale.is_transfer(ins):
+                v = tpu_megascale.lower_transfer(self, ins, comp, env, repeat)
             elif op.endswith("-done"):
                 if ins.operands[0] in starts:
                     node = self.nodes[starts.pop(ins.operands[0])]
                     self.close_async(node, ins)
-                    v = _leaves_of(node.id, ins.shape)
+                    v = leaves_of(node.id, ins.shape)
                 else:  # started in another computation: the value flows through
                     v = env.get(ins.operands[0], ())
             elif op.endswith("-start") and op != "copy-start" or op == "async-start":
@@ -136,7 +134,7 @@ class _Lowering:
                 v = (node.id,)
             elif (op == "fusion" and self.cluster.platform == "tpu"
                   and (role := tpu_async.tpu_async_role(self.module, ins))):
-                v = _leaves_of(tpu_async.lower_fusion(self, ins, comp, env, repeat, role),
+                v = leaves_of(tpu_async.lower_fusion(self, ins, comp, env, repeat, role),
                                ins.shape)
             else:
                 node = self.make_node(ins, comp, ins, [env.get(o, ()) for o in ins.operands],
@@ -146,7 +144,7 @@ class _Lowering:
                 if op == "copy-start":
                     node.meta["async"] = True
                     starts[ins.name] = node.id
-                v = _leaves_of(node.id, ins.shape)
+                v = leaves_of(node.id, ins.shape)
             env[ins.name] = v
         return env.get(comp.root.name, ())
 
@@ -160,9 +158,9 @@ class _Lowering:
         body = self.module.computations[ins.called("body")[0]]
         cond = self.module.computations[ins.called("condition")[0]]
         state_shape = body.parameters[0].shape if 0 in body.parameters else ins.shape
-        init_leaves = _flatten(_structure(init, state_shape))
-        carried = _rebuild(_structure(init, state_shape),
-                           iter([(_Carried(loop_id, k, leaf),) for k, leaf in enumerate(init_leaves)]))
+        init_leaves = flatten(structure(init, state_shape))
+        carried = rebuild(structure(init, state_shape),
+                           iter([(Carried(loop_id, k, leaf),) for k, leaf in enumerate(init_leaves)]))
         self.loops.append(Loop(loop_id, ins.name, trip,
                                self.loop_stack[-1] if self.loop_stack else None,
                                len(self.nodes), len(self.nodes) - 1, n is not None))
@@ -173,14 +171,14 @@ class _Lowering:
         self.loop_stack.pop()
         loop = self.loops[loop_id]
         loop.last = len(self.nodes) - 1
-        for k, leaf in enumerate(_flatten(_structure(root, state_shape))):
+        for k, leaf in enumerate(flatten(structure(root, state_shape))):
             producers = sorted(p for p in leaf if isinstance(p, int) and p >= loop.first)
             consumers = sorted(self.consumers[loop_id].get(k, ()))
             if producers and consumers:
-                init = sorted(_ints(init_leaves[k]) if k < len(init_leaves) else ())
+                init = sorted(ints(init_leaves[k]) if k < len(init_leaves) else ())
                 loop.carried.append((init, producers, consumers))
         del self.consumers[loop_id]
-        return _substitute(root, loop_id)
+        return substitute(root, loop_id)
 
     def lower_conditional(self, ins: HloInstruction, env: dict, repeat: int):
         names = ins.called("branch_computations") or (
@@ -296,6 +294,10 @@ class _Lowering:
             outputs=[str(s) for s in ins.shape.leaves()],
             operands=[str(comp.by_name[o].shape) for o in ins.operands if o in comp.by_name],
             repeat=repeat, collective=collective, meta=meta)
+        return self.append(node, at)
+
+    def append(self, node: Node, at: HloInstruction) -> Node:
+        """Add `node`, scheduled where `at` is (after `at`'s control predecessors)."""
         preds = at.attr("control-predecessors")
         if preds:
             node.control = sorted(set(self._control(preds)) - set(node.inputs))
@@ -346,63 +348,3 @@ class _Lowering:
 
 def _no_work_call(ins: HloInstruction) -> bool:
     return (ins.attr("custom_call_target") or "").strip('"') in NO_WORK_TARGETS
-
-
-def _ints(leaf: tuple) -> set[int]:
-    """Node ids a leaf stands for, seeing through outer loops' carried values."""
-    out: set[int] = set()
-    stack = [leaf]
-    while stack:
-        for p in stack.pop():
-            if isinstance(p, int):
-                out.add(p)
-            else:
-                stack.append(p.init)
-    return out
-
-
-def _leaves_of(node_id: int, shape: Shape):
-    if shape.is_tuple:
-        return [_leaves_of(node_id, e) for e in shape.elements]
-    return (node_id,)
-
-
-def _structure(value, shape: Shape):
-    """Coerce a value to the nesting of `shape` (a leaf feeding a tuple feeds every part)."""
-    if not shape.is_tuple:
-        return value if isinstance(value, tuple) else tuple(_flat_producers(value))
-    if isinstance(value, list) and len(value) == len(shape.elements):
-        return [_structure(v, s) for v, s in zip(value, shape.elements)]
-    leaf = value if isinstance(value, tuple) else tuple(_flat_producers(value))
-    return [_structure(leaf, s) for s in shape.elements]
-
-
-def _flat_producers(value) -> list:
-    if isinstance(value, tuple):
-        return list(value)
-    return [p for v in value for p in _flat_producers(v)]
-
-
-def _flatten(value) -> list[tuple]:
-    if isinstance(value, tuple):
-        return [value]
-    return [leaf for v in value for leaf in _flatten(v)]
-
-
-def _rebuild(value, leaves):
-    if isinstance(value, tuple):
-        return next(leaves)
-    return [_rebuild(v, leaves) for v in value]
-
-
-def _substitute(value, loop_id: int):
-    """Outside the loop, a pass-through state element is its initial value again."""
-    if isinstance(value, list):
-        return [_substitute(v, loop_id) for v in value]
-    out: list = []
-    for p in value:
-        if isinstance(p, _Carried) and p.loop == loop_id:
-            out.extend(p.init)
-        else:
-            out.append(p)
-    return tuple(out)

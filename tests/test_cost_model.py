@@ -137,33 +137,6 @@ def test_oversubscription_applies_past_one_leaf_group(spec_path):
     assert 1.9 < ratio <= 2.0   # bandwidth term halves; latency term does not
 
 
-def test_tpu_torus_slices_and_dimension_wise_collectives():
-    from flint.hardware_models.topology import topology_for
-
-    v5p = load_spec("tpu-v5p")
-    topo = topology_for(v5p, 4096)
-    assert topo.torus == (16, 16, 16) and all(topo.wraps)
-    assert topology_for(v5p, 12288).scale_up_domain == 6144      # 2 slices over DCN
-    assert topology_for(load_spec("tpu-v5e"), 8).torus == (2, 4)
-    with pytest.raises(FlintError, match="does not fit"):
-        topology_for(load_spec("tpu-v5p", ["torus=4x4x8"]), 100)
-    with pytest.raises(FlintError, match="whole h100-sxm nodes"):
-        topology_for(load_spec("h100-sxm"), 12)
-    net = NetworkModel(v5p, Cluster(4096, (("data", 256), ("model", 16))))
-    s = 1 << 30
-    node = Node(0, "ar", NodeKind.COLLECTIVE, "all-reduce", "collective",
-                collective=Collective("all-reduce", 0, s, s, "bf16"))
-    x_ring = Communicator(0, "groups", "[256,16]<=[4096]", 4096, 16, 256, ("model",))
-    assert net.placement(x_ring).grid == ((16, True),)
-    link = 600e9 * 0.8 / 6                                 # one ICI link, one direction
-    expect = 2 * (15 / 16 * s / (2 * link) + 15 * v5p.scale_up_latency)
-    assert net.time(node, x_ring) == pytest.approx(expect)
-    everyone = Communicator(1, "groups", "[1,4096]<=[4096]", 4096, 4096, 1, ("data", "model"))
-    assert net.placement(everyone).grid == ((16, True),) * 3
-    # Three dimensions share the work: far faster than one dimension's ring of 4096.
-    assert net.time(node, everyone) < 1.2 * net.time(node, x_ring)
-
-
 def _toy_graph(async_comm: bool) -> WorkloadGraph:
     comm = _comm("[1,8]<=[8]", 8)
     mm = dict(kind=NodeKind.COMPUTE, op="dot", op_class="gemm", flops=2e12,

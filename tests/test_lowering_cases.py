@@ -277,3 +277,72 @@ def test_a_fusion_reads_the_window_it_slices_out_of_a_padded_parameter():
     graph = lower_hlo(parse_module(PADDED_WINDOW), Cluster(1, (("data", 1),), "tpu-v5p", "tpu"))
     (node,) = [n for n in graph.nodes if n.name == "f"]
     assert node.bytes_read == 8 * 2 * 128 * 2 + 4    # the window (and the offset), not 16 KB
+
+
+# A Multislice program (libtpu's MegaScale runtime): one slice's SPMD program, partitioned
+# for its 4 chips; the gradient's all-reduce across slices is a host-transfer recv posted
+# early, a send of the chip's shard, then send-done and recv-done, all naming the runtime
+TPU_MULTISLICE = """HloModule multislice, num_partitions=4
+
+ENTRY %main (g: f32[512,128], x: bf16[256,64], w: bf16[64,512]) -> (f32[512,128], bf16[256,512]) {
+  %g = f32[512,128]{1,0} parameter(0)
+  %x = bf16[256,64]{1,0} parameter(1)
+  %w = bf16[64,512]{1,0} parameter(2)
+  %after-all = token[] after-all(), frontend_attributes={MegascaleRendezvousKeyName="all-reduce.1_0"}
+  %recv = (f32[512,128]{1,0}, u32[], token[]) recv(%after-all), channel_id=2, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_host_transfer_rendezvous="all-reduce.1_0",_xla_megascale_reduce_operation="SUM",_xla_megascale_target="{1,2}x{0:3}",_xla_megascale_transfer_type="@TYPE"}
+  %send = (f32[512,128]{1,0}, u32[], token[]) send(%g, %after-all), channel_id=3, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_host_transfer_rendezvous="all-reduce.1_0",_xla_megascale_reduce_operation="SUM",_xla_megascale_target="{1,2}x{0:3}",_xla_megascale_transfer_type="@TYPE"}
+  %dot = bf16[256,512]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %shift = bf16[256,512]{1,0} collective-permute(%dot), channel_id=5, source_target_pairs={{0,1},{1,2},{2,3},{3,0}}
+  %send-done = token[] send-done(%send), channel_id=3, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime"}
+  %recv-done = (f32[512,128]{1,0}, token[]) recv-done(%recv), channel_id=2, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime"}
+  %reduced = f32[512,128]{1,0} get-tuple-element(%recv-done), index=0
+  %scaled = f32[512,128]{1,0} multiply(%reduced, %reduced)
+  ROOT %out = (f32[512,128]{1,0}, bf16[256,512]{1,0}) tuple(%scaled, %shift)
+}
+"""
+
+
+def test_multislice_transfers_are_one_async_all_reduce_across_slices():
+    from flint.errors import FlintError
+
+    two_slices = Cluster(8, (("data", 2), ("fsdp", 4)), "tpu-v5e", "tpu")
+    graph = lower_hlo(parse_module(TPU_MULTISLICE.replace("@TYPE", "ALL_REDUCE")), two_slices)
+    by_name = {n.name: n for n in graph.nodes}
+    assert set(by_name) == {"send", "dot", "shift", "scaled"}
+    sent = by_name["send"]
+    assert sent.kind == NodeKind.COLLECTIVE and sent.collective.type == "all-reduce"
+    assert sent.collective.is_async and sent.collective.reduction == "add"
+    assert sent.collective.bytes_in == sent.collective.bytes_out == 512 * 128 * 4
+    assert sent.collective.window == (by_name["dot"].id, by_name["shift"].id)  # in flight
+    assert by_name["scaled"].inputs == [sent.id]          # the recv-done's result
+    comm = graph.communicator(sent)     # chip i of every slice: {i, i + 4}
+    assert (comm.size, comm.groups().tolist()) == (2, [[0, 4], [1, 5], [2, 6], [3, 7]])
+    # the slice's own collectives run in every slice alike: slice 1's chips shift too
+    shift = graph.communicator(by_name["shift"]).groups().tolist()
+    assert shift == [[0, 1], [1, 2], [2, 3], [3, 0], [4, 5], [5, 6], [6, 7], [7, 4]]
+    # one slice's program on a cluster it does not divide, or with no MegaScale transfer,
+    # is the partition-count mismatch it always was; an unknown transfer type is refused
+    with pytest.raises(FlintError, match="partitioned for 4 devices"):
+        lower_hlo(parse_module(TPU_MULTISLICE.replace("@TYPE", "ALL_REDUCE")),
+                  Cluster(6, (("data", 6),), "tpu-v5e", "tpu"))
+    with pytest.raises(FlintError, match="partitioned for 4 devices"):
+        lower_hlo(parse_module(TPU_ASYNC_FUSIONS), two_slices)
+    with pytest.raises(FlintError, match="transfer type 'BROADCAST'"):
+        lower_hlo(parse_module(TPU_MULTISLICE.replace("@TYPE", "BROADCAST")), two_slices)
+
+
+def test_a_multislice_dump_reads_for_the_job_it_is_given(tmp_path):
+    """An XLA dump of one slice's program says nothing of how many slices ran it: the job's
+    device count is asked for, and whole slices of it are accepted."""
+    from flint.errors import FlintError
+    from flint.frontends.hlo_dump import load_dump
+
+    path = tmp_path / "module_0001.jit_train_step.after_optimizations.txt"
+    path.write_text(TPU_MULTISLICE.replace("@TYPE", "ALL_REDUCE"))
+    graph = load_dump(str(path), devices=12, hardware="tpu-v5e")
+    (sent,) = [n for n in graph.nodes if n.meta.get("megascale")]
+    assert graph.cluster.devices == 12 and graph.communicator(sent).size == 3
+    with pytest.raises(FlintError, match="one slice's program of a Multislice job"):
+        load_dump(str(path), hardware="tpu-v5e")
+    with pytest.raises(FlintError, match="partitioned for 4 devices"):
+        load_dump(str(path), devices=6, hardware="tpu-v5e")

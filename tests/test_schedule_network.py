@@ -1,8 +1,12 @@
 """A device's collectives share its links one at a time, whichever stream issues
 them (hardware_models/schedule.py): each takes the earliest free interval of the device's
 network from when it could start."""
+import pytest
+
 from flint.cluster import Cluster
+from flint.errors import FlintError
 from flint.graph import Collective, Communicator, Node, NodeKind, WorkloadGraph
+from flint.hardware_models.network import NetworkModel
 from flint.hardware_models.schedule import simulate
 from flint.hardware_models.spec import load_spec
 
@@ -149,3 +153,68 @@ def test_tpu_collectives_queue_only_on_the_torus_links_they_use():
     assert of(x_ring) == {"ici0+", "ici0-"}
     assert of(yz) == {"ici1+", "ici1-", "ici2+", "ici2-"}
     assert of(across) == {"dcn"} and every >= of(x_ring) | of(yz) | of(across)
+
+
+def test_tpu_torus_slices_and_dimension_wise_collectives():
+    from flint.hardware_models.topology import topology_for
+
+    v5p = load_spec("tpu-v5p")
+    topo = topology_for(v5p, 4096)
+    assert topo.torus == (16, 16, 16) and all(topo.wraps)
+    assert topology_for(v5p, 12288).scale_up_domain == 6144      # 2 slices over DCN
+    assert topology_for(load_spec("tpu-v5e"), 8).torus == (2, 4)
+    with pytest.raises(FlintError, match="does not fit"):
+        topology_for(load_spec("tpu-v5p", ["torus=4x4x8"]), 100)
+    with pytest.raises(FlintError, match="whole h100-sxm nodes"):
+        topology_for(load_spec("h100-sxm"), 12)
+    net = NetworkModel(v5p, Cluster(4096, (("data", 256), ("model", 16))))
+    s = 1 << 30
+    node = Node(0, "ar", NodeKind.COLLECTIVE, "all-reduce", "collective",
+                collective=Collective("all-reduce", 0, s, s, "bf16"))
+    x_ring = Communicator(0, "groups", "[256,16]<=[4096]", 4096, 16, 256, ("model",))
+    assert net.placement(x_ring).grid == ((16, True),)
+    link = 600e9 * 0.8 / 6                                 # one ICI link, one direction
+    expect = 2 * (15 / 16 * s / (2 * link) + 15 * v5p.scale_up_latency)
+    assert net.time(node, x_ring) == pytest.approx(expect)
+    everyone = Communicator(1, "groups", "[1,4096]<=[4096]", 4096, 4096, 1, ("data", "model"))
+    assert net.placement(everyone).grid == ((16, True),) * 3
+    # Each dimension's links carry a third of the data at once (jax-ml/scaling-book: an
+    # AllGather over n axes has n axes' bandwidth): a third of one dimension's ring, and
+    # each part shrinks 16x before it reaches its second and third dimension.
+    busiest = 15 / 16 * s / 3 * (1 + 1 / 16 + 1 / 256) / (2 * link)
+    hops = 3 * 15 * v5p.scale_up_latency
+    assert net.time(node, everyone) == pytest.approx(2 * (busiest + hops))
+    assert net.time(node, everyone) < 0.4 * net.time(node, x_ring)
+    # an open dimension (4 long, no wraparound link) runs a one-link ring: its links, not
+    # the wrapping dimension's, bound a 2-D group of a 4x4 v5e slice
+    v5e = load_spec("tpu-v5e")
+    small = NetworkModel(v5e, Cluster(16, (("data", 16),)))
+    grid16 = Communicator(0, "groups", "[1,16]<=[16]", 16, 16, 1, ("data",))
+    assert small.placement(grid16).grid == ((4, False), (4, False))
+    v5e_link = 200e9 * 0.8 / 4
+    open_dim = 3 / 4 * s / 2 * (1 + 1 / 4) / v5e_link
+    assert small.time(node, grid16) == pytest.approx(2 * (open_dim + 6 * v5e.scale_up_latency))
+
+
+def test_a_synchronous_gradient_reduction_is_priced_once_not_also_in_its_block():
+    """libtpu reduces gradients with synchronous all-reduces on the compute stream. The
+    layered graph runs each as a collective node of its own, so the R block standing for
+    the reduction's compute (casts, scaling) must not count the collective's time too:
+    counted in both, a TPU FSDP step paid its gradient all-reduces twice."""
+    from flint.hardware_models.composite import price_blocks
+
+    cluster = Cluster(2, (("fsdp", 2),), "tpu-v5e")
+    comms = [Communicator(0, "groups", "{{0,1}}", 2, 2, 1, ("fsdp",))]
+    nodes = [Node(0, "dot", NodeKind.COMPUTE, "dot", "gemm", flops=1e12,
+                  meta={"block": "B:0"}),
+             Node(1, "all-reduce", NodeKind.COLLECTIVE, "all-reduce", "collective", inputs=[0],
+                  collective=Collective("all-reduce", 0, 1 << 30, 1 << 30, "bf16", "add"),
+                  meta={"block": "R:0"}),
+             Node(2, "scale", NodeKind.COMPUTE, "multiply", "elementwise", inputs=[1],
+                  meta={"block": "R:0"})]
+    template = WorkloadGraph(cluster, nodes, comms, [], {})
+    seconds = {0: 2e-3, 1: 50e-3, 2: 1e-3}
+    prices = price_blocks(template, lambda n: seconds[n.id], None, None)
+    assert prices.seconds["R:0"] == pytest.approx(1e-3)          # the scaling alone
+    assert prices.by_class["R:0"] == {"elementwise": pytest.approx(1e-3)}
+    assert prices.seconds["B:0"] == pytest.approx(2e-3)

@@ -86,9 +86,15 @@ def _named_size(mesh) -> int:
 def _device_count(module, participants: int, devices: int | None, mesh, named: int,
                   path: Path) -> int:
     """Devices the module runs on: its partitions x replicas when > 1 (a given count or
-    mesh must agree), else the given count, else as many as its collectives name."""
+    mesh must agree, or be whole slices of a Multislice program), else the given count,
+    else as many as its collectives name."""
+    from flint.passes.tpu_megascale import slices
+
     wanted = math.prod(s for _, s in mesh) if mesh else devices
     if participants > 1:
+        # a Multislice program is one slice's: the job is as many slices as given
+        if slices(module, wanted or participants, participants) > 1:
+            return wanted
         if wanted is not None and wanted != participants:
             what = "the mesh has" if mesh is not None else "--devices is"
             raise FlintError(f"{path.name} is partitioned for {participants} devices "
