@@ -291,6 +291,16 @@ MECHANISMS = (
               "wgrad, waited after it. Not in Megatron-LM 2021 nor the Megatron-DeepSpeed forks "
               "(synchronous autograd all-reduce)",
               "- (from the frameworks' source, no family's error)", needs="tp_grad_overlap"),
+    Mechanism("XLA's dot-product attention before JAX's Pallas TPU flash kernel (MaxText v4)",
+              (("attention", "unfused"),), ("maxtext",),
+              "published.md 2a: the v4 numbers were committed to MaxText's README in 2023-03 "
+              "(cf466fafe, c0e67ec1a), before the 2023-12 scripts that set attention=flash; "
+              "JAX's Pallas TPU flash attention (jax/experimental/pallas/ops/tpu/"
+              "flash_attention.py) was 'fairly new' on 2023-09-13 (marin-community/levanter "
+              "#308) and announced on 2023-10-25 (Dao-AILab/flash-attention #635); before "
+              "it MaxText's attention was XLA's dot-product attention, S x S scores in HBM",
+              "published 2a MaxText configs x MaxText/XLA x TPU v4",
+              families=r"TPU v4"),
 )
 
 

@@ -229,3 +229,20 @@ def test_maxtext_2023_rows_state_their_decoder_sharding_and_slices():
     v5e = rows["2a#40"]
     assert (v5e.tp, v5e.hsdp, v5e.remat, v5e.what_if) == (16, 16, "full", ("torus=16x16",))
     assert all(not r.reason or "libtpu" in r.reason for r in rows.values())
+
+
+def test_maxtext_v4_rows_run_the_attention_of_their_date():
+    """The v4 rows were measured in 2023-03, before JAX had a Pallas TPU flash kernel: their
+    family runs XLA's dot-product attention after its mechanisms; v5p and v5e rows (the
+    2023-12 scripts, attention=flash) keep the fused kernel."""
+    from fidelity_families import applicable, variant_fields
+    from fidelity_published import published_cases
+
+    cases = {c.label.split(" ")[0]: c for c in published_cases() if c.section == "2a"}
+    if not cases:
+        pytest.skip("shared published table not present")
+    for label, attention in (("2a#41", "unfused"), ("2a#42", "unfused"), ("2a#1", "flash"),
+                             ("2a#17", "flash")):
+        case = cases[label]
+        assert variant_fields(case, [])["attention"] == "flash"             # before
+        assert variant_fields(case, applicable(case))["attention"] == attention, label
