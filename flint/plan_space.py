@@ -123,14 +123,14 @@ class Candidate:
         return TrainingRun.from_json(self.run_fields(request), "plan candidate")
 
     def program_signature(self, request: PlanRequest, devices_per_node: int) -> tuple:
-        """What the stage program (flint.engine.stage_program) depends on, computed
+        """What the stage program (flint.stage.stage_program) depends on, computed
         without building the run: runs with one signature share one compile."""
         rest = self.dp // self.ep
         if self.zero == 3:
             shard = self.hsdp or rest
             data = ((rest // shard), shard)
         else:
-            data = (min(rest, 2),)     # engine.COMPILED_DATA replicas are compiled
+            data = (min(rest, 2),)     # flint.stage.COMPILED_DATA replicas are compiled
         stage = math.prod(data) * self.ep * self.cp * self.tp
         return (self.tp, self.cp, self.ep, self.zero == 3, data, self.micro_batch,
                 self.remat, self.precision, min(request.devices_per_host or devices_per_node,

@@ -5,7 +5,7 @@
 
 A program (a dict, `extract_program` compiles it) is everything an extraction depends on:
 model dims, one pipeline stage's mesh and device count, micro-batch, remat, precision,
-compile target and the workload version of Flint's zoo (flint.engine.stage_program). Graphs hold work (flops, bytes,
+compile target and the workload version of Flint's zoo (flint.stage.stage_program). Graphs hold work (flops, bytes,
 shapes, collectives), never prices, so one cached graph serves every spec and what-if.
 Writes go to a temporary file renamed into place, so concurrent processes (sweep
 workers) that compile the same program leave one whole file.

@@ -23,6 +23,7 @@ from flint.passes.lower_collectives import fused_collective
 # how the lowering reads libtpu's programs: part of a TPU stage program's cache key
 TPU_LOWERING_VERSION = 6
 
+
 def tpu_async_role(module: HloModule, ins: HloInstruction) -> tuple | None:
     """("start" | "continuation" | "done", channel id) for a fusion of the family, None
     for any other fusion."""
@@ -64,7 +65,6 @@ def compute_reads(module: HloModule, ins: HloInstruction) -> int:
         if users:
             total += read_through(body, users, param.shape, module.computations)
     return total
-
 
 
 def mark_async(node: Node) -> None:

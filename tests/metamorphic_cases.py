@@ -9,7 +9,7 @@ The families, each one stage program for every example drawn from it:
 - a 6-layer Llama-3-8B (seq 2048, vocab 32k), tensor parallel 4: tests/test_engine.py's;
 - a 2-layer Qwen3-30B-A3B shaped MoE (8 experts, top-2), expert parallel 4.
 A stage program's data axis compiles with two replicas and is re-targeted to the run's
-(flint.engine.COMPILED_DATA), so device count, pipeline depth, micro-batch count, ZeRO
+(flint.stage.COMPILED_DATA), so device count, pipeline depth, micro-batch count, ZeRO
 flavour, schedule, routing and what-ifs vary freely without a compile.
 """
 from __future__ import annotations
