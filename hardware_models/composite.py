@@ -110,7 +110,14 @@ def price_blocks(template: WorkloadGraph, node_time: Callable[[Node], float],
     # compute (casts, scaling of the reduced gradients) is priced as "R:<layer>" blocks;
     # so do parameter gathers held for the step ("G", passes.layer_gathers)
     quiet = [0.0 if b.startswith("R") or b == "G" else d for b, d in zip(blocks, durations)]
-    tl = simulate(template, quiet, slowdown)
+    # collectives hold their device's link classes, as in the step's own schedule
+    # (estimate: links=collective_links): a collective on a stream of its own (FSDP2's
+    # all-gather stream) on the NIC and one on the collectives stream over NVLink run at
+    # once inside a block as they do between blocks. (Two on the one collectives stream
+    # still run in turn, whatever their links.)
+    links = ([links_of(n) if n.collective is not None else BOTH for n in template.nodes]
+             if links_of else None)
+    tl = simulate(template, quiet, slowdown, links=links)
     seconds: dict[str, float] = defaultdict(float)
     by_class: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     spans: dict[str, list] = defaultdict(list)

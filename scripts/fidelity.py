@@ -58,13 +58,22 @@ def planned_variants(case) -> list[list]:
     return out
 
 
+class NotCached(Exception):
+    """--cached-only: a program the fit to memory needs is not in the cache."""
+
+
+def _refuse(program: dict):
+    raise NotCached(program)
+
+
 class Runner:
     """Prices (case, mechanisms) once per distinct run and what-ifs."""
 
     def __init__(self, cache: Path, cached_only: bool = False, quiet: bool = False):
         from flint.template_cache import TemplateCache
 
-        self.store = TemplateCache(cache)
+        # --cached-only compiles nothing: a miss stops that one run, not the table
+        self.store = TemplateCache(cache, extract=_refuse if cached_only else None)
         self.cached_only, self.quiet = cached_only, quiet
         self.memo: dict = {}
         self.skipped = 0
@@ -76,16 +85,12 @@ class Runner:
         try:
             run = TrainingRun(**variant_fields(case, mechs))
             if any(m.fit_memory for m in mechs) and not case.remat_stated:
-                from dataclasses import replace
-
-                from flint.engine import stage_program
                 from flint.fit_memory import least_recompute
 
-                ends = [replace(run, remat=r, recompute_layers=0) for r in ("none", "full")]
-                if self.cached_only and not all(self.store.has(stage_program(r))
-                                                for r in [run] + ends):
-                    return None, ""         # --cached-only: its programs are not cached
-                fitted = least_recompute(run, case.what_if, self.store)
+                try:
+                    fitted = least_recompute(run, case.what_if, self.store)
+                except NotCached:           # --cached-only: a program it needs is not
+                    return None, ""         # cached (a run that fits needs only its own)
                 if fitted != run and not self.quiet:
                     print(f"[fit] {case.label[:48]}: remat {fitted.remat}"
                           + (f" on {fitted.recompute_layers} layers per chunk"
@@ -131,6 +136,10 @@ class Runner:
                 self.memo[key] = self._predict(run, case, name, done, fresh)
             case.predicted[name] = self.memo[key]
         for case, _ in jobs:
+            if not applicable(case) and "before" in case.predicted:
+                # no mechanism of its era applies: the row's "after" is its "before"
+                case.predicted.setdefault("after", case.predicted["before"])
+                case.runs.setdefault("after", case.runs.get("before", ""))
             failed = case.predicted.get("after", {}).get("error")
             if failed and not case.reason:
                 case.reason = f"Flint could not price it: {failed.splitlines()[0][:160]}"

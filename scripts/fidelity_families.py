@@ -291,6 +291,20 @@ MECHANISMS = (
               "wgrad, waited after it. Not in Megatron-LM 2021 nor the Megatron-DeepSpeed forks "
               "(synchronous autograd all-reduce)",
               "- (from the frameworks' source, no family's error)", needs="tp_grad_overlap"),
+    Mechanism("NeMo AutoModel's benchmark recipe: every decoder layer checkpointed, "
+              "gradients reduced in every micro-batch",
+              (("remat", "full"), ("grad_sync", "every-microbatch")), ("automodel",),
+              "NVIDIA-NeMo/Automodel examples/llm_benchmark/llama3_3/"
+              "custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml @f5b942f6 (the 1h Llama3 "
+              "70B layout: 64 ranks, tp 1, cp 2, dp 32, gbs 128, lbs 1, seq 8192): "
+              "distributed.activation_checkpointing: True (each decoder layer wrapped whole, "
+              "its forward re-run in the backward) and defer_fsdp_grad_sync: False ('Must be "
+              "False with GA>1'), so FSDP2 reduce-scatters the gradients in every "
+              "micro-batch's backward; kernels stay Transformer Engine's (framework megatron: "
+              "the torch twin refuses cp > 1). Flint's own memory check agrees: with "
+              "selective recompute the layout needs 113 GiB of an 80 GB H100",
+              "published 1h NeMo AutoModel x PyTorch FSDP2+TE x H100",
+              needs="grad_sync", only=(("zero", (3,)),)),
     Mechanism("XLA's dot-product attention before JAX's Pallas TPU flash kernel (MaxText v4)",
               (("attention", "unfused"),), ("maxtext",),
               "published.md 2a: the v4 numbers were committed to MaxText's README in 2023-03 "

@@ -54,6 +54,9 @@ def published_cases(path: Path = TABLE) -> list[Case]:
                     case.reason = str(err)
                 else:
                     case.fields = {k: v for k, v in run.to_json().items() if k in STATED}
+                    if not row.remat_stated:    # the framework's recipe says (its era)
+                        for name in ("remat", "recompute_layers"):
+                            case.fields.pop(name)
                     if row.fp8_recipe:          # FP8-CS: the scaling is stated
                         case.fields["fp8_recipe"] = row.fp8_recipe
                     if not row.reshard_after_forward:   # SHARD_GRAD_OP: FSDP's option,

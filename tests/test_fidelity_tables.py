@@ -130,6 +130,14 @@ def test_before_and_after_run_fields(published, more):
     assert TrainingRun(**variant_fields(intern, applicable(intern))).hsdp == 0    # zero1=-1
     mtnlg = TrainingRun(**variant_fields(more["3#1"], applicable(more["3#1"])))
     assert mtnlg.grad_accumulation == "autograd"
+    # NeMo AutoModel's Llama3-70B states no recompute: its benchmark recipe checkpoints
+    # every layer and reduce-scatters in every micro-batch (defer_fsdp_grad_sync False)
+    auto = next(c for c in published if c.label.startswith("1h#10 "))
+    before = TrainingRun(**variant_fields(auto, []))
+    after = TrainingRun(**variant_fields(auto, applicable(auto)))
+    assert (before.remat, before.grad_sync) == ("selective", "last-microbatch")
+    assert (after.remat, after.grad_sync, after.zero, after.cp) == (
+        "full", "every-microbatch", 3, 2)
 
 
 def test_rank_correlation_averages_ties():

@@ -218,3 +218,42 @@ def test_a_synchronous_gradient_reduction_is_priced_once_not_also_in_its_block()
     assert prices.seconds["R:0"] == pytest.approx(1e-3)          # the scaling alone
     assert prices.by_class["R:0"] == {"elementwise": pytest.approx(1e-3)}
     assert prices.seconds["B:0"] == pytest.approx(2e-3)
+
+
+def test_a_blocks_collectives_on_disjoint_links_run_at_once_as_in_the_step():
+    """A block's price comes from the same schedule as the step's: collectives queue per
+    device and link class. Two collectives of different streams on disjoint links (an FSDP2
+    all-gather over the NIC beside a tensor-parallel collective on NVLink; a permute forward
+    and one back on a torus) overlap inside a block as they do between blocks; one queue
+    for all of a block's collectives had made them take turns."""
+    from flint.hardware_models.composite import price_blocks
+
+    g = _graph([("coll", "fsdp-all-gather", [], []),   # 0: 30 ms on its own stream
+                ("coll", None, [], []),                 # 1: 30 ms on the collectives stream
+                ("compute", None, [0, 1], [])])         # 2: 5 ms, needs both
+    for node in g.nodes:
+        node.meta["block"] = "F:0"
+    seconds = {0: 30e-3, 1: 30e-3, 2: 5e-3}
+    one_queue = price_blocks(g, lambda n: seconds[n.id], None, None)
+    assert one_queue.seconds["F:0"] == pytest.approx(65e-3)
+    directions = {0: frozenset({"scale-out"}), 1: frozenset({"scale-up"})}
+    prices = price_blocks(g, lambda n: seconds[n.id], None, lambda n: directions[n.id])
+    assert prices.seconds["F:0"] == pytest.approx(35e-3)
+
+
+def test_the_compiled_slice_is_the_slice_the_cost_model_prices():
+    """libtpu compiles a job on the slice the cost model prices (topology_for): the most
+    cubic shape of dimensions 1, 2 or a multiple of 4 (v4-384, 192 chips: 4x4x12, which a
+    power-of-two torus cannot be), and a job beyond the largest slice is split where the
+    cost model splits it (v5p: 16x16x24 = 6144 chips, not the Pod's 8960)."""
+    from flint.frontends.targets import TPU_TARGETS, slice_shape
+    from flint.hardware_models.topology import topology_for
+
+    assert slice_shape("tpu-v4", 192) == (4, 4, 12)
+    for hardware, chips in (("tpu-v4", 192), ("tpu-v4", 4096), ("tpu-v5e", 64),
+                            ("tpu-v5p", 128), ("tpu-v5p", 6144)):
+        assert slice_shape(hardware, chips) == tuple(sorted(
+            topology_for(load_spec(hardware), chips).torus))
+    assert TPU_TARGETS["tpu-v5p"][3] == topology_for(load_spec("tpu-v5p"), 12288).scale_up_domain
+    with pytest.raises(FlintError, match="no tpu-v5e torus slice"):
+        slice_shape("tpu-v5e", 24 * 16)

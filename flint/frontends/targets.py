@@ -7,7 +7,6 @@ TPU: libtpu's topology descriptions (optional extra). CPU: host devices of this 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import re
 import tempfile
@@ -19,9 +18,11 @@ from flint.errors import FlintError
 
 GPU_TARGETS_DIR = Path(__file__).parent / "gpu_targets"
 # generation, torus dims, devices per chip in libtpu's compile-only topology (v4 exposes both
-# TensorCores; it has no megacore option), most chips in one slice (larger v5e aborts in compile)
+# TensorCores; it has no megacore option), most chips in one slice: the spec's largest slice
+# (its `torus`: v4 16x16x16, v5e 16x16 (larger v5e aborts in compile), v5p 16x16x24 = 6144
+# chips, though its Pod has 8960: Cloud TPU's 'TPU v5p' page)
 TPU_TARGETS = {"tpu-v4": ("v4", 3, 2, 4096), "tpu-v5e": ("v5e", 2, 1, 256),
-               "tpu-v5p": ("v5p", 3, 1, 8960)}
+               "tpu-v5p": ("v5p", 3, 1, 6144)}
 # The collective flags MaxText's TPU training scripts export (LIBTPU_INIT_ARGS in
 # MaxText/configs/v5p/*.sh and v5e/*.sh; the tpu-recipes set the same): FSDP's all-gathers
 # become async collective fusions the TensorCore carries beside its compute (start,
@@ -276,14 +277,15 @@ def _register_cuda_compiler() -> None:
     xb._topology_factories["cuda"] = partial(xla_client.make_c_api_device_topology, c_api)
 
 
-def torus_shape(count: int, dims: int) -> tuple[int, ...]:
-    """A balanced power-of-two torus with `count` chips, smallest dimension first."""
-    if count & (count - 1):
-        raise FlintError(f"TPU slices need a power-of-two chip count, got {count}")
-    shape = [1] * dims
-    for _ in range(int(math.log2(count))):
-        shape[shape.index(min(shape))] *= 2
-    return tuple(sorted(shape))
+def slice_shape(hardware: str, chips: int) -> tuple[int, ...]:
+    """The torus of a `chips`-chip slice of `hardware`, smallest dimension first: the most
+    cubic shape whose dimensions are 1, 2 or a multiple of 4, as Cloud TPU's accelerator
+    types are (v5p-128: 4x4x4; v4-384, 192 chips: 4x4x12); a balanced power of two where
+    there is one (hardware_models.topology.most_cubic_slice)."""
+    from flint.hardware_models.spec import load_spec
+    from flint.hardware_models.topology import most_cubic_slice, parse_torus_shape
+
+    return tuple(sorted(parse_torus_shape(most_cubic_slice(load_spec(hardware), chips))))
 
 
 def tpu_devices_per_host(hardware: str) -> int:
@@ -310,7 +312,7 @@ def _tpu_devices(hardware: str, count: int) -> list:
     if chips % slices:
         raise FlintError(f"{hardware} slices have at most {max_chips} chips; {chips} chips "
                          f"are no whole number of equal slices")
-    shape = torus_shape(chips // slices, dims)
+    shape = slice_shape(hardware, chips // slices)
     bounds = None
     if chips < TPU_CHIPS_PER_HOST:  # one host smaller than 2x2: libtpu needs its bounds
         bounds = shape + (1,) * (3 - dims)
