@@ -101,7 +101,7 @@ def price_blocks(template: WorkloadGraph, node_time: Callable[[Node], float],
     `slowdown(node, collective)`: how compute overlapping the block's own collectives
     slows (the cost model's overlap_slowdown), as in hardware_models.estimate;
     `links_of(collective)`: the link classes it uses (hardware_models.links; None: all)."""
-    from flint.hardware_models.links import BOTH
+    from flint.hardware_models.links import BOTH, node_links
     from flint.hardware_models.schedule import simulate
 
     blocks = [n.meta.get("block", "") for n in template.nodes]
@@ -115,9 +115,7 @@ def price_blocks(template: WorkloadGraph, node_time: Callable[[Node], float],
     # all-gather stream) on the NIC and one on the collectives stream over NVLink run at
     # once inside a block as they do between blocks. (Two on the one collectives stream
     # still run in turn, whatever their links.)
-    links = ([links_of(n) if n.collective is not None else BOTH for n in template.nodes]
-             if links_of else None)
-    tl = simulate(template, quiet, slowdown, links=links)
+    tl = simulate(template, quiet, slowdown, links=node_links(template, links_of))
     seconds: dict[str, float] = defaultdict(float)
     by_class: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     spans: dict[str, list] = defaultdict(list)

@@ -43,7 +43,12 @@ BOTH = frozenset((SCALE_UP, SCALE_OUT))
 def collective_links(graph: WorkloadGraph, model) -> list[frozenset] | None:
     """Per node of `graph`, the link classes of its collective (BOTH for other nodes and
     where the model cannot say); None when no node would differ from BOTH."""
-    of = links_of(graph, model)
+    return node_links(graph, links_of(graph, model))
+
+
+def node_links(graph: WorkloadGraph, of) -> list[frozenset] | None:
+    """Per node of `graph`, `of(collective node)` and BOTH for the others; None when `of`
+    is None or no node would differ from BOTH."""
     if of is None:
         return None
     out = [of(n) if n.collective is not None else BOTH for n in graph.nodes]
