@@ -201,7 +201,7 @@ def layered_graph(run: TrainingRun, cache) -> tuple:
            run.dispatcher, run.framework, run.attention, run.zero, run.zero_sync,
            run.grad_reduce_dtype, run.overlap_grad_reduce, run.tp_comm_overlap,
            run.tp_grad_overlap,
-           run.launch_blocking, run.xla_emitters, run.grad_accumulation,
+           run.launch_blocking, run.cuda_graphs, run.xla_emitters, run.grad_accumulation,
            gathers_held_for_step(run),
            # the accumulation's first micro-batch differs, and a tied embedding's copy
            # is its own only on another stage than the embedding's
@@ -240,7 +240,8 @@ def _passes(run: TrainingRun, template):
     named_kernel = run.attention if run.attention in ATTENTION_KERNELS else ""
     graph = KernelPopulation(run.framework, named_kernel,
                              launch_blocking=run.launch_blocking,
-                             xla_emitters=run.xla_emitters).run(graph)
+                             xla_emitters=run.xla_emitters,
+                             cuda_graphs=run.cuda_graphs).run(graph)
     if run.tp_comm_overlap:
         from flint.passes.tp_comm_overlap import TpCommOverlap
 

@@ -102,6 +102,10 @@ def render_prediction(p: dict, console: Console) -> None:
     if run.get("launch_blocking"):
         t.add_row("  launches", "blocking (CUDA_LAUNCH_BLOCKING=1): each kernel waits for its "
                   "launch's round trip, and nothing overlaps")
+    if run.get("cuda_graphs") is not None:
+        t.add_row("  launches", "from CUDA graphs: no host launch or launch gap per kernel"
+                  if run["cuda_graphs"] else "one by one: each kernel starts a launch gap "
+                  "after the last")
     if facts.get("grad_accumulation"):
         t.add_row("gradient accumulation", _ACCUMULATION.get(facts["grad_accumulation"],
                                                              facts["grad_accumulation"]))

@@ -111,6 +111,12 @@ class TrainingRun:
     # for its launch's round trip (hardware_models.populations.BLOCKING_LAUNCH_S). Needs
     # overlap_grad_reduce off; derives blocking-serial pipeline sends and no TP overlap
     launch_blocking: bool = False
+    # the kernels are replayed from CUDA graphs (XLA's command buffers; Megatron-Core's
+    # --enable-cuda-graph; torch.cuda.graph or Inductor's mode="reduce-overhead"): no host
+    # launches and no launch gap between kernels (hardware_models.populations
+    # .stream_kernels). None: the framework's default, on for xla on GPUs, off for the
+    # others (and on TPUs, which have none)
+    cuda_graphs: Optional[bool] = None
     # framework xla: which of XLA's GPU fusion emitters made the kernels. mlir: the MLIR
     # emitters XLA runs on CUDA since 2024 (vectorized reductions, unrolled in-place
     # updates); legacy: the LLVM emitters before them (one element per thread and step).
@@ -283,13 +289,23 @@ class TrainingRun:
                 "pipeline_p2p": p2p,
                 "grad_accumulation": "autograd" if torch else "in-gemm",
                 "grad_sync": "every-microbatch" if torch or self.zero == 2
-                else "last-microbatch"}
+                else "last-microbatch",
+                "cuda_graphs": self.framework == "xla" and self._on_gpu()}
+
+    def _on_gpu(self) -> bool:
+        """Whether the run's hardware is a GPU (an unknown one: check_run says so)."""
+        from flint.frontends.targets import resolve_target
+
+        try:
+            return resolve_target(self.hardware).platform == "gpu"
+        except FlintError:
+            return True
 
     def replace(self, **changes) -> "TrainingRun":
         """The same run with some fields changed (checked again). A field holding the
         default derived from other fields (sp, tp_comm_overlap, tp_grad_overlap, schedule,
         pipeline_p2p, the
-        framework's grad_accumulation and grad_sync) is derived again from the new ones
+        framework's grad_accumulation, grad_sync and cuda_graphs) is derived again from the new ones
         unless given; one set to something else stays, and so does global_batch."""
         doc = self.to_json()
         for name, value in self.derived_defaults().items():

@@ -221,6 +221,9 @@ def _hardware(run) -> None:
         raise FlintError(f"framework: {run.framework} kernels do not run on "
                          f"{run.hardware} (a TPU runs XLA's: framework xla)")
     _attention_kernel(run, target.platform, spec)
+    if run.cuda_graphs and target.platform != "gpu":
+        raise FlintError(f"cuda_graphs: {run.hardware} is not a GPU (a TPU runs the step as "
+                         f"one program; leave cuda_graphs out)")
     if run.precision != "bf16" and "fp8" not in spec.peak_flops:
         raise FlintError(f"precision: {run.precision} GEMMs need FP8 tensor cores; "
                          f"{spec.name} lists none")
@@ -239,6 +242,8 @@ def _launch_blocking(run) -> None:
         ("tp_comm_overlap", run.tp_comm_overlap, False),
         ("tp_grad_overlap", run.tp_grad_overlap, False),
         ("pipeline_p2p", run.pipeline_p2p, "blocking-serial")) if value != fine]
+    if run.cuda_graphs:
+        clash.append("cuda_graphs True (a graph replay launches no kernel on its own)")
     if run.zero == 3:
         clash.append("zero 3 (FSDP prefetches the next layer's parameters)")
     if clash:

@@ -103,6 +103,7 @@ class RunSchema(Strict):
     tp_comm_overlap: Optional[Bool] = None
     tp_grad_overlap: Optional[Bool] = None
     launch_blocking: Bool = False
+    cuda_graphs: Optional[Bool] = None
     xla_emitters: Literal[XLA_EMITTERS] = "mlir"
     reshard_after_forward: Bool = True
     routing: Str = "balanced"

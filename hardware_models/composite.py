@@ -96,11 +96,12 @@ def template_of(graph: WorkloadGraph) -> WorkloadGraph | None:
 
 
 def price_blocks(template: WorkloadGraph, node_time: Callable[[Node], float],
-                 slowdown=None, links_of=None) -> BlockPrices:
+                 slowdown=None, links_of=None, gaps=None) -> BlockPrices:
     """Every block's seconds (and split by op class) with `node_time(template node)`;
     `slowdown(node, collective)`: how compute overlapping the block's own collectives
     slows (the cost model's overlap_slowdown), as in hardware_models.estimate;
-    `links_of(collective)`: the link classes it uses (hardware_models.links; None: all)."""
+    `links_of(collective)`: the link classes it uses (hardware_models.links; None: all);
+    `gaps`: its nodes' launch gaps (schedule.launch_gaps)."""
     from flint.hardware_models.links import BOTH, node_links
     from flint.hardware_models.schedule import simulate
 
@@ -115,7 +116,7 @@ def price_blocks(template: WorkloadGraph, node_time: Callable[[Node], float],
     # all-gather stream) on the NIC and one on the collectives stream over NVLink run at
     # once inside a block as they do between blocks. (Two on the one collectives stream
     # still run in turn, whatever their links.)
-    tl = simulate(template, quiet, slowdown, links=node_links(template, links_of))
+    tl = simulate(template, quiet, slowdown, links=node_links(template, links_of), gaps=gaps)
     seconds: dict[str, float] = defaultdict(float)
     by_class: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     spans: dict[str, list] = defaultdict(list)
@@ -182,8 +183,11 @@ def composite_prices(graph: WorkloadGraph, model) -> BlockPrices | None:
     template = template_of(graph)
     if template is None:
         return None
+    from flint.hardware_models.schedule import launch_gaps
+
     return price_blocks(template, lambda n: model.node_time(n, template),
-                        getattr(model, "overlap_slowdown", None), links_of(template, model))
+                        getattr(model, "overlap_slowdown", None), links_of(template, model),
+                        launch_gaps(template, model))
 
 
 def network_times(flat: WorkloadGraph, prices: BlockPrices | None) -> list | None:

@@ -11,6 +11,7 @@ from typing import Protocol
 
 from flint.errors import FlintError
 from flint.graph import Node, WorkloadGraph
+from flint.hardware_models import kernels
 from flint.hardware_models.compute import RooflineCompute
 from flint.hardware_models.interference import interference
 from flint.hardware_models.network import NetworkModel
@@ -45,6 +46,12 @@ class DefaultCostModel:
         if node.collective is not None:
             return self.network.time(node, graph.communicator(node))
         return self.compute.time(node)
+
+    def launch_gap(self) -> float:
+        """Seconds the GPU idles between two kernels launched on their own, one after the
+        other on a stream (kernels.DEFAULT_LAUNCH_GAP_S); 0 on TPUs and CPUs."""
+        figure = getattr(self.compute, "figure", None)
+        return figure("launch_gap") if figure else kernels.figure(self.spec, "launch_gap")
 
     def overlap_slowdown(self, node: Node, comm: Node) -> float:
         """How much slower `node` runs while `comm` is in flight on the same GPU."""

@@ -11,7 +11,7 @@ from flint.hardware_models.cost_model import CostModel
 from flint.hardware_models.links import collective_links
 from flint.hardware_models.memory import MemoryEstimate, estimate_memory
 from flint.hardware_models.pluggable import CostModelFactory, cost_model_for
-from flint.hardware_models.schedule import Timeline, simulate
+from flint.hardware_models.schedule import Timeline, launch_gaps, simulate
 from flint.passes.expand_loops import ExpandLoops
 
 
@@ -177,7 +177,8 @@ def _schedule(flat: WorkloadGraph, durations: list[float], model, prices) -> Tim
     layer blocks holding their own collectives' links, collectives queued per link."""
     return simulate(flat, durations,
                     composite_slowdown(prices, getattr(model, "overlap_slowdown", None)),
-                    holds=network_times(flat, prices), links=collective_links(flat, model))
+                    holds=network_times(flat, prices), links=collective_links(flat, model),
+                    gaps=launch_gaps(flat, model))
 
 
 def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),

@@ -25,7 +25,9 @@ PyTorch eager, every other node XLA's:
   of each update in flight, so a lone bf16 update streams at half the per-SM rate of
   4-byte loads and two horizontally fused ones at the full rate (meta
   `update_element_bytes`, stamped by passes/lower_hlo.py). XLA launches its kernels from
-  command buffers (CUDA graphs): no host cost.
+  command buffers (CUDA graphs): no host cost, and no gap between kernels, unless the run
+  turned them off (node meta `cuda_graphs: false`: every thunk is launched on its own and
+  the stream idles the launch gap before each kernel, stream_kernels).
 - `eager`: PyTorch eager, one kernel per aten op, every intermediate through HBM (the
   graph keeps them: no fusion pass runs). PyTorch's elementwise and reduction kernels load
   vectorized (ATen's vectorized_elementwise_kernel, reduce_kernel's vectorized input) and
@@ -99,11 +101,28 @@ def population(node) -> str:
 
 def host_launches(node) -> int:
     """Kernel launches the host issues for a node (0 where a command buffer does)."""
-    if node.collective is not None or population(node) not in HOST_LAUNCHED:
+    if (node.collective is not None or population(node) not in HOST_LAUNCHED
+            or node.meta.get("cuda_graphs")):      # a graph launch replays them all
         return 0
     if not (node.flops or node.bytes_read or node.bytes_written):
         return 0          # a view or alias: no kernel to launch
     return max(int(node.meta.get("kernels", 1) or 1), 1)
+
+
+def stream_kernels(node) -> int:
+    """Kernels the device's stream starts one after another for a node, each launched on
+    its own, so each waits the GPU's launch gap after the stream's previous kernel
+    (kernels.DEFAULT_LAUNCH_GAP_S); 0 where a CUDA graph runs them. Node meta
+    `cuda_graphs` (passes/kernel_population: the run's) says whether one does; without
+    it, XLA's kernels run from command buffers and host-launched populations do not."""
+    if node.collective is not None or "composite" in node.meta:
+        return 0
+    if not (node.flops or node.bytes_read or node.bytes_written):
+        return 0          # a view or alias: no kernel
+    graphs = node.meta.get("cuda_graphs")
+    if graphs is None:
+        graphs = population(node) not in HOST_LAUNCHED
+    return 0 if graphs else max(int(node.meta.get("kernels", 1) or 1), 1)
 
 
 def emitters(node) -> str:

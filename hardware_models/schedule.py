@@ -32,6 +32,9 @@ PyTorch eager and Inductor kernels are launched by the host one at a time (popul
 LAUNCH_S of host time each); the host runs ahead of the GPU while kernels are long, and a
 run of short kernels waits for their launches (`Timeline.launch_wait`: a compute stream
 idle for want of work, not for communication). XLA launches from command buffers.
+A kernel launched on its own (not replayed from a CUDA graph) also starts the GPU's launch
+gap after the stream's last kernel ended, however far ahead the host is (`gaps`, from the
+cost model's `launch_gap`; counted in `launch_wait` too).
 Where launches block (node meta `launch_blocking`, CUDA_LAUNCH_BLOCKING=1) the host waits
 for each kernel of the compute stream to finish before it launches the next, so each one
 starts a whole launch round trip (populations.BLOCKING_LAUNCH_S) after the host's last
@@ -49,7 +52,8 @@ from dataclasses import dataclass, field
 
 from flint.graph import NodeKind, WorkloadGraph
 from flint.hardware_models.links import BOTH
-from flint.hardware_models.populations import BLOCKING_LAUNCH_S, LAUNCH_S, host_launches
+from flint.hardware_models.populations import (BLOCKING_LAUNCH_S, LAUNCH_S, host_launches,
+                                               stream_kernels)
 
 
 @dataclass
@@ -90,7 +94,8 @@ def stream_of(node, duplex: bool = True) -> str:
 
 def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
              duplex: bool = True, holds: list | None = None,
-             links: list[frozenset] | None = None) -> Timeline:
+             links: list[frozenset] | None = None,
+             gaps: list[tuple[float, int]] | None = None) -> Timeline:
     """Place every node of a loop-free graph; `durations[i]` is node i's time in seconds
     when it runs alone; `slowdown(node, comm_node)` (>= 1) stretches overlapped compute;
     `duplex` as in stream_of; `holds[i]`: seconds compute node i holds its device's
@@ -99,7 +104,9 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
     the free time of those links from its start, and the node ends when its own time and
     theirs are both done. `links[i]`: the link classes (hardware_models.links) collective i
     moves its bytes over; collectives queue per device and link class, so two on disjoint
-    links run at once (None: one queue per device)."""
+    links run at once (None: one queue per device). `gaps[i]`: (the GPU's launch gap in
+    seconds, the kernels compute node i starts one by one: populations.stream_kernels):
+    each of them starts that long after the stream's previous kernel ended."""
     if graph.loops:
         raise ValueError("simulate() needs a loop-free graph: run ExpandLoops first")
     n = len(graph.nodes)
@@ -140,13 +147,19 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
         elif start_at == issue and issue > ready and dev in last_compute:
             because = last_compute[dev]
         blocking = blocks[i] and streams[i] == "compute"
+        gap, kernels = gaps[i] if gaps is not None and streams[i] == "compute" else (0.0, 0)
+        if kernels and s in last_on and free[s] + gap > start_at:
+            # the front end starts a kernel launched on its own only after the stream's
+            # last one has drained
+            launch_wait[i] = free[s] + gap - start_at
+            start_at, because = free[s] + gap, last_on[s]
         if blocking or (launches[i] and streams[i] == "compute"):
             host[dev] += (max(launches[i], 1) * BLOCKING_LAUNCH_S if blocking
                           else launches[i] * LAUNCH_S)
             if host[dev] > start_at:
-                launch_wait[i] = host[dev] - start_at
+                launch_wait[i] += host[dev] - start_at
                 start_at = host[dev]
-        d = durations[i]
+        d = durations[i] + (kernels - 1) * gap if kernels else durations[i]
         if node.collective is not None and streams[i] != "compute" and kinds[i] not in (
                 NodeKind.RECV, NodeKind.SEND):
             used = links[i] if links is not None else BOTH
@@ -180,6 +193,17 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
             cur = why[cur]
         timeline.critical_path = path[::-1]
     return timeline
+
+
+def launch_gaps(graph: WorkloadGraph, model) -> list[tuple[float, int]] | None:
+    """Per node of a loop-free graph, (the launch gap of `model`'s GPU, the kernels the
+    node's stream starts one by one: populations.stream_kernels); None where the model
+    has no gap (a TPU or CPU, or a cost model without `launch_gap`)."""
+    gap = getattr(model, "launch_gap", None)
+    seconds = gap() if callable(gap) else 0.0
+    if seconds <= 0:
+        return None
+    return [(seconds, stream_kernels(node)) for node in graph.nodes]
 
 
 class _Busy:

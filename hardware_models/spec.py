@@ -30,6 +30,7 @@ FIELDS = {
     "attention_fraction_native": ("ratio", ("compute", "attention_fraction_native")),
     "vector_fraction": ("ratio", ("compute", "vector_fraction")),
     "kernel_floor": ("time", ("compute", "kernel_floor")),
+    "launch_gap": ("time", ("compute", "launch_gap")),
     "hbm_fraction": ("ratio", ("memory", "hbm_fraction")),
     "scale_up_bandwidth": ("bandwidth", ("interconnect", "scale_up", "bandwidth_per_direction")),
     "scale_up_latency": ("time", ("interconnect", "scale_up", "latency")),
@@ -72,6 +73,7 @@ class HardwareSpec:
     attention_fraction_native: float = 0.0
     vector_fraction: float = 0.0
     kernel_floor: float = 0.0
+    launch_gap: float = 0.0          # 0 = not given: kernels.DEFAULT_LAUNCH_GAP_S
     hbm_fraction: float = 0.0
     scale_up_bandwidth: float = 0.0  # bytes/s per device, one direction
     scale_up_latency: float = DEFAULT_LATENCY_S["scale_up_latency"]

@@ -58,6 +58,7 @@ LAYOUT: dict[str, Any] = {
         "attention_fraction_native": Figure("ratio", maximum=1),
         "vector_fraction": Figure("ratio", maximum=1),
         "kernel_floor": Figure("time"),
+        "launch_gap": Figure("time"),
     },
     "memory": {
         "hbm_capacity": Figure("bytes", required=True),

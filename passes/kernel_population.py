@@ -27,6 +27,13 @@ has finished) is stamped as meta["launch_blocking"] on every node, for the frame
 whose host launches kernels one by one; hardware_models.schedule then makes each of them
 wait for its launch's round trip.
 
+`cuda_graphs` says whether the run's kernels are launched from CUDA graphs: XLA's command
+buffers (its default, `--xla_gpu_enable_command_buffer`; `false` for a run with them
+off), Megatron-Core's `--enable-cuda-graph`, PyTorch's torch.cuda.graph or Inductor's
+mode="reduce-overhead". Without it, each framework's default: XLA yes, the others no. It
+is stamped as meta["cuda_graphs"]; a kernel launched on its own waits the GPU's launch gap
+after the stream's last one (hardware_models.populations.stream_kernels).
+
 Contract: returns a copy whose nodes carry meta["kernel_source"] (one of
 hardware_models.populations.POPULATIONS) and meta["framework"] on the graph; shapes,
 flops, bytes and edges are unchanged. Raises FlintError for an unknown framework or
@@ -59,6 +66,7 @@ class KernelPopulation:
     attention_kernel: str = ""
     launch_blocking: bool = False
     xla_emitters: str = "mlir"
+    cuda_graphs: bool | None = None
     name: ClassVar[str] = "kernel-population"
 
     def __post_init__(self):
@@ -86,6 +94,8 @@ class KernelPopulation:
 
     def _stamped(self, meta: dict, source: str) -> dict:
         out = dict(meta, kernel_source=source)
+        if self.cuda_graphs is not None:
+            out["cuda_graphs"] = self.cuda_graphs
         if self.framework == "xla":
             out["xla_emitters"] = self.xla_emitters
         if self.launch_blocking:

@@ -1,6 +1,7 @@
 """Kernel-level checks of Flint's compute model: GEMM shapes against published cuBLAS figures,
-attention kernels against the FlashAttention papers' figures, and the three shared traces
-per op class and per kernel-duration bucket.
+attention kernels against the FlashAttention papers' figures, the three shared traces
+per op class and per kernel-duration bucket, and the MaxText trace's kernels that ran beside
+a collective against the same ops alone (flint/validate/overlap.py).
 
 Every published figure below names its source; none of them sets a constant of the model
 (the model's figures live in the hardware specs with their own sources). Errors are
@@ -230,6 +231,7 @@ def trace_tables() -> dict:
     mt = run_validate(open_input(MAXTEXT, hardware="h100-sxm", xla_emitters="legacy"),
                       load_spec("h100-sxm"), None, ["input_scatter_fusion"])
     out["MaxText nsys-jax, 4x H100 (XLA)"] = _tables(mt.ops, by_class, by_duration, mt.step_error)
+    out["MaxText nsys-jax, 4x H100 (XLA)"]["beside_collectives"] = _beside_collectives()
     tl = _tracelens()
     ops = [OpResult(r["op"], r["class"], r["measured_s"], r["predicted_s"]) for r in tl["kernels"]]
     out["TraceLens Kineto, 1x H100 (eager PyTorch)"] = _tables(ops, by_class, by_duration, None,
@@ -241,6 +243,18 @@ def trace_tables() -> dict:
         ["kernel times include the wait for the peer rank (MANIFEST); compute kernels carry "
          "no shapes in this trace"])
     return out
+
+
+def _beside_collectives() -> list[dict]:
+    """The MaxText trace's ops that a collective overlapped: their time against the same
+    ops' alone, measured and as Flint's interference model prices it."""
+    from flint.hardware_models.spec import load_spec
+    from flint.validate.calibrate import model_for
+    from flint.validate.overlap import overlap_table
+    from flint.validate.workflow import open_input
+
+    inp = open_input(MAXTEXT, hardware="h100-sxm", xla_emitters="legacy")
+    return overlap_table(MAXTEXT, inp.graph, model_for(load_spec("h100-sxm"), inp.graph))
 
 
 def _tables(ops, by_class, by_duration, step_error, notes=()) -> dict:
@@ -362,6 +376,17 @@ def render(report: dict) -> None:
         console.print(c)
         for note in tr["notes"]:
             console.print(f"  note: {note}", highlight=False)
+        if tr.get("beside_collectives"):
+            b = Table(title=f"{name}: kernels a collective overlapped (>= half their length) "
+                            f"vs the same ops alone")
+            for col in ("op class", "executions", "measured alone", "measured beside",
+                        "measured ratio", "Flint ratio"):
+                b.add_column(col, justify="left" if col == "op class" else "right")
+            for r in tr["beside_collectives"]:
+                b.add_row(r["op_class"], str(r["executions"]),
+                          f"{r['measured_alone_s'] * 1e3:.2f} ms", f"{r['measured_s'] * 1e3:.2f} ms",
+                          f"{r['measured_ratio']:.2f}x", f"{r['flint_ratio']:.2f}x")
+            console.print(b)
 
 
 def main() -> None:

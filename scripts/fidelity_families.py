@@ -315,6 +315,16 @@ MECHANISMS = (
               "it MaxText's attention was XLA's dot-product attention, S x S scores in HBM",
               "published 2a MaxText configs x MaxText/XLA x TPU v4",
               families=r"TPU v4"),
+    Mechanism("NVIDIA's MLPerf recipes replay the step from CUDA graphs",
+              (("cuda_graphs", True),), ("megatron-core",),
+              "published.md 6c: the 405B configs' config_common*.sh set FULL_CUDA_GRAPH=1 "
+              "(Megatron-Core's full-iteration CUDA graph); mlcommons/training_results_v5.1 "
+              "NVIDIA/benchmarks/llama31_8b/implementations/nemo/"
+              "config_GB300_18x4x1xtp1pp1cp2_8b.sh and config_GB300_128x4x1xtp2pp1cp4_8b.sh "
+              "@4da2d1cd source config_common_cg.sh. A graph replay launches no kernel from "
+              "the host and leaves no launch gap between kernels",
+              "- (from the submission's configs, no family's error)",
+              needs="cuda_graphs", families=r"6c MLPerf"),
 )
 
 

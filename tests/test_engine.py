@@ -110,9 +110,7 @@ def test_templated_what_if_matches_the_full_graph(llama6):
     from flint.passes.pipeline import PipelineParallel
     from flint.template_cache import extract_program
 
-    from dataclasses import replace
-
-    run = replace(llama6, framework="xla")
+    run = llama6.replace(framework="xla")     # its derived fields (command buffers) too
     full = extract_program(dict(engine.stage_program(run), layers=6))
     full = KernelPopulation(run.framework).run(ExpandLoops().run(full))
     if run.tp_comm_overlap:         # the engine's passes, the layer template aside

@@ -84,6 +84,10 @@ def predict(
         None, "--launch-blocking/--no-launch-blocking",
         help="CUDA_LAUNCH_BLOCKING=1: each launch waits for its kernel, nothing overlaps "
              "(needs --no-overlap-grad-reduce)"),
+    cuda_graphs: Optional[bool] = typer.Option(
+        None, "--cuda-graphs/--no-cuda-graphs",
+        help="kernels replayed from CUDA graphs: no host launches, no launch gap between "
+             "kernels (default: on for xla, whose command buffers are, off otherwise)"),
     xla_emitters: Optional[str] = typer.Option(
         None, help="framework xla: XLA's GPU fusion emitters, mlir (XLA on CUDA since 2024, "
                    "the default) | legacy (the LLVM emitters before them)"),
@@ -127,7 +131,8 @@ def predict(
                  framework=framework, attention=attention,
                  overlap_grad_reduce=overlap_grad_reduce, tp_comm_overlap=tp_comm_overlap,
                  tp_grad_overlap=tp_grad_overlap,
-                 launch_blocking=launch_blocking, xla_emitters=xla_emitters,
+                 launch_blocking=launch_blocking, cuda_graphs=cuda_graphs,
+                 xla_emitters=xla_emitters,
                  reshard_after_forward=reshard_after_forward,
                  grad_accumulation=grad_accumulation, grad_sync=grad_sync,
                  routing=routing)

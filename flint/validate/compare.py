@@ -52,6 +52,10 @@ class Validation:
     ops: list[OpResult] = field(default_factory=list)
     unmatched: dict = field(default_factory=dict)       # op -> measured s
     excluded: dict = field(default_factory=dict)        # op -> (measured slowest, predicted)
+    # how the traced run launched its kernels, where that changes the prediction, and the
+    # predicted step's compute-stream wait for launches (launch gaps, host launches)
+    launches: str = ""
+    launch_wait_s: float = 0.0
 
     @property
     def step_error(self) -> float:
@@ -82,7 +86,8 @@ class Validation:
                 "by_duration": self.by_duration(),
                 "biggest_misses": [o.__dict__ for o in self.biggest_misses()],
                 "unmatched": dict(sorted(self.unmatched.items(), key=lambda kv: -kv[1])[:20]),
-                "excluded": self.excluded}
+                "excluded": self.excluded, "launches": self.launches,
+                "launch_wait_s": self.launch_wait_s}
 
 
 def by_class(ops: list[OpResult]) -> dict[str, dict]:
@@ -151,7 +156,10 @@ def validate(graph: WorkloadGraph, trace: MeasuredTrace, model: CostModel,
                          f"of its op time joins to graph nodes (is it a trace of another "
                          f"model or module?)")
     excluded_names = {op for op in joined for pat in exclude if pat and pat in op}
-    step_time = estimate(graph, cost_model=model).step_time_s
+    est = estimate(graph, cost_model=model)
+    step_time = est.step_time_s
+    launches = ("one by one (the trace shows no XLA command buffers)"
+                if graph.meta.get("cuda_graphs") is False else "")
     pred_excluded = sum(predicted[op] for op in excluded_names)
     measured_steps = [s.duration_s - max((s.op_time(d, excluded_names) for d in s.ops),
                                          default=0.0) for s in trace.steps]
@@ -163,4 +171,5 @@ def validate(graph: WorkloadGraph, trace: MeasuredTrace, model: CostModel,
     return Validation(trace.path, model.spec.name, [s.number for s in trace.steps],
                       statistics.median(measured_steps), step_time - pred_excluded, share,
                       len(joined), len(measured), ops,
-                      {op: t for op, t in measured.items() if op not in predicted}, excluded)
+                      {op: t for op, t in measured.items() if op not in predicted}, excluded,
+                      launches, sum(est.timeline.launch_wait) if est.timeline else 0.0)

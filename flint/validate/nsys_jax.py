@@ -44,6 +44,8 @@ class ModuleRun:
     start_ns: int
     duration_ns: int
     ops_ns: dict = field(default_factory=dict)   # hlo_op -> summed GPU time in this run
+    # (start ns, duration ns, hlo_op) of every leaf thunk, kept only when asked for
+    thunks: list | None = None
 
 
 @dataclass
@@ -112,15 +114,17 @@ class _Archive:
         prefix = f"module_{int(program):04d}." if program else None
         return next((n for n in found if prefix and prefix in n), found[0] if found else None)
 
-    def runs(self, module: str, prefix: str) -> tuple[list[ModuleRun], str | None]:
+    def runs(self, module: str, prefix: str,
+             keep_thunks: bool = False) -> tuple[list[ModuleRun], str | None]:
         try:
-            return self._runs(module, prefix)
+            return self._runs(module, prefix, keep_thunks)
         except (ValueError, TypeError, OverflowError) as e:
             raise FlintError(f"{self.path}: malformed row in {self.parquet}: "
                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                              ) from None
 
-    def _runs(self, module: str, prefix: str) -> tuple[list[ModuleRun], str | None]:
+    def _runs(self, module: str, prefix: str,
+              keep_thunks: bool) -> tuple[list[ModuleRun], str | None]:
         """(the executions of `module` with their leaf thunk times, its program id). A module
         compiled more than once (same name, several program ids) is taken at its busiest."""
         mods = self.modules[self.modules["module"] == module]
@@ -136,15 +140,17 @@ class _Archive:
         if "PID" in mods and mods["PID"].nunique() > 1:   # a merged archive: processes'
             devices = [f"{prefix}{int(p)}:{int(t)}"        # thread ids may coincide
                        for p, t in zip(mods["PID"], mods["TID"])]
-        runs = {rid: ModuleRun(dev, int(start), int(dur)) for rid, dev, start, dur
-                in zip(mods["RangeId"], devices, mods["Projected Start"],
-                       mods["Projected Duration"])}
+        runs = {rid: ModuleRun(dev, int(start), int(dur), thunks=[] if keep_thunks else None)
+                for rid, dev, start, dur in zip(mods["RangeId"], devices,
+                                                mods["Projected Start"],
+                                                mods["Projected Duration"])}
         if any(r.duration_ns < 0 for r in runs.values()):
             raise ValueError("a negative module duration")
         thunks = self.thunks
         parent_of = dict(zip(thunks["RangeId"], thunks["ParentId"]))
         has_child = set(thunks["ParentId"])
-        for rid, name, dur in zip(thunks["RangeId"], thunks["Name"], thunks["Projected Duration"]):
+        for rid, name, start, dur in zip(thunks["RangeId"], thunks["Name"],
+                                         thunks["Projected Start"], thunks["Projected Duration"]):
             if rid in has_child:  # a while/conditional thunk: its children carry the time
                 continue
             run, hops = parent_of.get(rid), 0
@@ -154,6 +160,8 @@ class _Archive:
             if run in runs and m:
                 ops = runs[run].ops_ns
                 ops[m.group(1)] = ops.get(m.group(1), 0) + int(dur)
+                if keep_thunks:
+                    runs[run].thunks.append((int(start), int(dur), m.group(1)))
         return list(runs.values()), program
 
     def gpu(self, module: str, program: str | None) -> tuple[str, float]:

@@ -30,6 +30,9 @@ def render_validation(v: Validation, console: Console) -> None:
     for op, d in v.excluded.items():
         t.add_row(f"excluded: {op}", f"{fmt_seconds(d['measured_slowest_s'])} on the slowest "
                   f"device, predicted {fmt_seconds(d['predicted_s'])}")
+    if v.launches:
+        t.add_row("kernels launched", f"{v.launches}; predicted launch wait "
+                  f"{fmt_seconds(v.launch_wait_s)} per step")
     t.add_row("join rate", f"{v.joined_ops}/{v.measured_ops} ops, {100 * v.join_share:.1f} % "
               f"of measured op time")
     errs = v.op_errors()

@@ -58,7 +58,28 @@ def open_input(path, graph=None, hardware: str = "unknown", module=None,
         from flint.validate.command_buffers import name_command_buffer_kernels
 
         name_command_buffer_kernels(trace, graph)
+    elif graph.meta.get("source") != "torch" and not _ran_command_buffers(trace):
+        graph = _launched_one_by_one(graph)
     return TraceInput(trace, graph)
+
+
+def _ran_command_buffers(trace: MeasuredTrace) -> bool:
+    """Whether an XLA trace shows command buffers: a thunk named after one (nsys-jax) or
+    kernels tagged with one (the JAX profiler: MeasuredStep.kernels)."""
+    from flint.validate.jax_profiler import COMMAND_BUFFER
+
+    return any(s.kernels or any(COMMAND_BUFFER.match(op) for d in s.ops.values() for op in d)
+               for s in trace.steps)
+
+
+def _launched_one_by_one(graph):
+    """The traced run had XLA's command buffers off: every thunk was launched on its own,
+    so each kernel waits the GPU's launch gap (meta cuda_graphs: false)."""
+    from dataclasses import replace
+
+    return replace(graph, nodes=[replace(n, meta=dict(n.meta, cuda_graphs=False))
+                                 for n in graph.nodes],
+                   meta=dict(graph.meta, cuda_graphs=False))
 
 
 def split_steps(trace: MeasuredTrace, fit: str | None, check: str | None):
