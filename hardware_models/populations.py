@@ -104,9 +104,7 @@ def host_launches(node) -> int:
     if (node.collective is not None or population(node) not in HOST_LAUNCHED
             or node.meta.get("cuda_graphs")):      # a graph launch replays them all
         return 0
-    if not (node.flops or node.bytes_read or node.bytes_written):
-        return 0          # a view or alias: no kernel to launch
-    return max(int(node.meta.get("kernels", 1) or 1), 1)
+    return _kernels(node)
 
 
 def stream_kernels(node) -> int:
@@ -117,12 +115,18 @@ def stream_kernels(node) -> int:
     it, XLA's kernels run from command buffers and host-launched populations do not."""
     if node.collective is not None or "composite" in node.meta:
         return 0
-    if not (node.flops or node.bytes_read or node.bytes_written):
-        return 0          # a view or alias: no kernel
     graphs = node.meta.get("cuda_graphs")
     if graphs is None:
         graphs = population(node) not in HOST_LAUNCHED
-    return 0 if graphs else max(int(node.meta.get("kernels", 1) or 1), 1)
+    return 0 if graphs else _kernels(node)
+
+
+def _kernels(node) -> int:
+    """The kernels a compute node runs (meta `kernels`, else one; none for a view or
+    alias, which moves nothing)."""
+    if not (node.flops or node.bytes_read or node.bytes_written):
+        return 0
+    return max(int(node.meta.get("kernels", 1) or 1), 1)
 
 
 def emitters(node) -> str:

@@ -1,5 +1,5 @@
 """The framework eras of the published rows: each family belongs to one, the framework
-lineage its section's prose names; fidelity_families.MECHANISMS assign run fields by era."""
+lineage its section's prose names; fidelity_mechanisms.MECHANISMS assign run fields by era."""
 
 # era -> (framework in words, what the source states about it)
 ERAS = {

@@ -62,6 +62,10 @@ class MeasuredTrace:
         return {name: reducer(v) for name, v in sorted(samples.items())}
 
 
+# A step this much slower than the typical one is a warm-up (compilation, autotuning).
+WARMUP_SLOWER = 1.5
+
+
 def drop_warmup(steps: list[MeasuredStep]) -> list[MeasuredStep]:
     """The first execution compiles/autotunes; later ones slower than 1.5x the median of
     the rest are warm-up too. One step alone is kept."""
@@ -69,7 +73,7 @@ def drop_warmup(steps: list[MeasuredStep]) -> list[MeasuredStep]:
         return list(steps)
     rest = steps[1:]
     typical = statistics.median(s.duration_s for s in rest)
-    while len(rest) > 1 and rest[0].duration_s > 1.5 * typical:
+    while len(rest) > 1 and rest[0].duration_s > WARMUP_SLOWER * typical:
         rest = rest[1:]
     return rest
 

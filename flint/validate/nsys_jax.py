@@ -214,6 +214,13 @@ def read_nsys_jax_run(paths, module: str | None = None) -> NsysJaxTrace:
     return NsysJaxTrace(where, module, hlo, runs, gpu, memory)
 
 
+def read_thunks(path, module: str | None = None) -> list[ModuleRun]:
+    """One archive's executions of `module` (default: the busiest) with every leaf thunk's
+    GPU-projected start and length (ModuleRun.thunks), for timing analyses."""
+    archive = _Archive(Path(path))
+    return archive.runs(module or _busiest_module([archive]), "", keep_thunks=True)[0]
+
+
 def _busiest_module(archives: list[_Archive]) -> str:
     """The module with the most GPU time over all archives that has an optimized HLO."""
     total: dict[str, int] = defaultdict(int)

@@ -14,12 +14,12 @@ from __future__ import annotations
 import re
 import statistics
 from collections import defaultdict
-from pathlib import Path
 
 from flint.graph import WorkloadGraph
 from flint.passes.expand_loops import ExpandLoops
 from flint.validate.compare import class_of
-from flint.validate.nsys_jax import _Archive, _busiest_module
+from flint.validate.measured import WARMUP_SLOWER
+from flint.validate.nsys_jax import read_thunks
 
 # XLA's loop-pipelining clones of one instruction (same computation, same shapes)
 _CLONE = re.compile(r"\.(double_buffer_clone|peeled_double_buffer)(\.\d+)?$")
@@ -29,10 +29,9 @@ COVERED = 0.5          # an execution counts as overlapped when a collective cov
 def overlap_table(path, graph: WorkloadGraph, model, module: str | None = None) -> list[dict]:
     """Per op class: executions a collective overlapped, their measured time, the same ops'
     time alone, and Flint's time for them alone and beside that collective."""
-    archive = _Archive(Path(path))
-    runs, _ = archive.runs(module or _busiest_module([archive]), "", keep_thunks=True)
+    runs = read_thunks(path, module)
     typical = statistics.median(r.duration_ns for r in runs)
-    runs = [r for r in runs if r.duration_ns <= 1.5 * typical]     # warm-up executions out
+    runs = [r for r in runs if r.duration_ns <= WARMUP_SLOWER * typical]   # warm-up out
     nodes = {}
     for n in ExpandLoops().run(graph).nodes:
         nodes.setdefault(n.name, n)
