@@ -114,14 +114,17 @@ def family(attn: dict | None, default: str = "native") -> str:
 
 
 def fused_time(flops: float, attn: dict | None, rate: float, sms: int,
-               exp_rate: float = 0.0) -> float:
+               exp_rate: float = 0.0, free: int | None = None) -> float:
     """A fused (flash) attention kernel; `rate` the family's published tensor rate at head
-    dim 128 with the exponentials included, `exp_rate` the GPU's exponentials per second."""
+    dim 128 with the exponentials included, `exp_rate` the GPU's exponentials per second;
+    `free`: the SMs its CTAs can take beside other kernels (its grid, one CTA per query
+    block and head, fills waves of them; kernels.gemm_time)."""
+    slower = sms / max(min(free or sms, sms), 1) if sms > 0 else 1.0
     if not attn or sms <= 0:
-        return flops / rate
+        return flops / rate * slower
     dims = _dims(attn)
     if dims is None:
-        return flops / rate
+        return flops / rate * slower
     batch, heads, seq_q, seq_kv, dim = dims
     rows = cols = ATTENTION_BLOCK_ROWS
     q_blocks, kv_blocks = math.ceil(seq_q / rows), math.ceil(seq_kv / cols)
@@ -143,7 +146,7 @@ def fused_time(flops: float, attn: dict | None, rate: float, sms: int,
     t_block = block_mm / mm_rate + block_exp
     ctas = batch * heads * q_blocks
     per_cta = (visits / q_blocks + kernels.PIPELINE_STEPS) * t_block
-    return math.ceil(ctas / sms) * per_cta
+    return math.ceil(ctas / max(min(free or sms, sms), 1)) * per_cta
 
 
 def _block_exp(sms: int, exp_rate: float) -> float:

@@ -30,7 +30,7 @@ tests (tests/test_metamorphic*.py) bound the effect at 0.1% of the step.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from flint.errors import FlintError
@@ -53,6 +53,9 @@ class BlockPrices:
     seconds: dict
     by_class: dict
     network: dict           # block -> {link class: seconds}
+    # block -> ((template compute node, its seconds per execution of the block), ...): how
+    # a block and a collective beside it slow each other is its kernels' (interference)
+    kernels: dict = field(default_factory=dict)
 
     def network_time(self, composite: dict) -> dict[str, float]:
         """{link class (hardware_models.links): seconds} the block holds of them."""
@@ -96,14 +99,15 @@ def template_of(graph: WorkloadGraph) -> WorkloadGraph | None:
 
 
 def price_blocks(template: WorkloadGraph, node_time: Callable[[Node], float],
-                 slowdown=None, links_of=None, gaps=None) -> BlockPrices:
+                 slowdown=None, links_of=None, gaps=None, comm_slowdown=None) -> BlockPrices:
     """Every block's seconds (and split by op class) with `node_time(template node)`;
     `slowdown(node, collective)`: how compute overlapping the block's own collectives
     slows (the cost model's overlap_slowdown), as in hardware_models.estimate;
     `links_of(collective)`: the link classes it uses (hardware_models.links; None: all);
-    `gaps`: its nodes' launch gaps (schedule.launch_gaps)."""
+    `gaps`: its nodes' launch gaps (schedule.launch_gaps); `comm_slowdown(collective,
+    node)`: how the compute beside a collective slows it (contention.py)."""
     from flint.hardware_models.links import BOTH, node_links
-    from flint.hardware_models.schedule import simulate
+    from flint.hardware_models.contention import contended
 
     blocks = [n.meta.get("block", "") for n in template.nodes]
     durations = [node_time(n) for n in template.nodes]
@@ -116,16 +120,22 @@ def price_blocks(template: WorkloadGraph, node_time: Callable[[Node], float],
     # all-gather stream) on the NIC and one on the collectives stream over NVLink run at
     # once inside a block as they do between blocks. (Two on the one collectives stream
     # still run in turn, whatever their links.)
-    tl = simulate(template, quiet, slowdown, links=node_links(template, links_of), gaps=gaps)
+    tl = contended(template, quiet, slowdown, comm_slowdown,
+                   links=node_links(template, links_of), gaps=gaps)
     seconds: dict[str, float] = defaultdict(float)
     by_class: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     spans: dict[str, list] = defaultdict(list)
     for i, s in enumerate(tl.stream):
-        if s == "collectives" and tl.finish[i] > tl.start[i]:
-            for link in (links_of(template.nodes[i]) if links_of else BOTH):
+        # every collective off the compute stream holds its links in the step's schedule
+        # (schedule.simulate), those on a framework's own stream (FSDP2's all-gathers) too
+        node = template.nodes[i]
+        if (s != "compute" and node.collective is not None and tl.finish[i] > tl.start[i]
+                and node.kind not in (NodeKind.SEND, NodeKind.RECV)):
+            for link in (links_of(node) if links_of else BOTH):
                 spans[link].append((tl.start[i], tl.finish[i]))
     busy = {link: _Intervals(v) for link, v in spans.items()}
     network: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    kernels: dict[str, list] = defaultdict(list)
     last = 0.0
     order = sorted((i for i, s in enumerate(tl.stream) if s == "compute"),
                    key=lambda i: (tl.start[i], i))
@@ -137,12 +147,16 @@ def price_blocks(template: WorkloadGraph, node_time: Callable[[Node], float],
                 continue
             seconds[block] += durations[i]
             by_class[block][str(template.nodes[i].op_class)] += durations[i]
+            if durations[i] > 0:
+                kernels[block].append((template.nodes[i], durations[i]))
         else:
             wait = max(tl.start[i] - last, 0.0)
             launch = min(tl.launch_wait[i], wait) if tl.launch_wait else 0.0
             ran = tl.finish[i] - tl.start[i]
             seconds[block] += ran + wait
             by_class[block][str(template.nodes[i].op_class)] += ran
+            if durations[i] > 0 and template.nodes[i].collective is None:
+                kernels[block].append((template.nodes[i], durations[i]))
             if launch:
                 by_class[block][LAUNCH] += launch
             if wait - launch:
@@ -170,8 +184,11 @@ def price_blocks(template: WorkloadGraph, node_time: Callable[[Node], float],
                 for link, v in network.get(k, {}).items():
                     held[link] += v / len(keys)
             network[f"{phase}:{LAYER}"] = held
+            kernels[f"{phase}:{LAYER}"] = [(n, d / len(keys)) for k in keys
+                                           for n, d in kernels.get(k, ())]
     return BlockPrices(dict(seconds), {k: dict(v) for k, v in by_class.items()},
-                       {k: dict(v) for k, v in network.items()})
+                       {k: dict(v) for k, v in network.items()},
+                       {k: tuple(v) for k, v in kernels.items()})
 
 
 def composite_prices(graph: WorkloadGraph, model) -> BlockPrices | None:
@@ -187,7 +204,7 @@ def composite_prices(graph: WorkloadGraph, model) -> BlockPrices | None:
 
     return price_blocks(template, lambda n: model.node_time(n, template),
                         getattr(model, "overlap_slowdown", None), links_of(template, model),
-                        launch_gaps(template, model))
+                        launch_gaps(template, model), getattr(model, "comm_slowdown", None))
 
 
 def network_times(flat: WorkloadGraph, prices: BlockPrices | None) -> list | None:
@@ -199,36 +216,44 @@ def network_times(flat: WorkloadGraph, prices: BlockPrices | None) -> list | Non
             for n in flat.nodes]
 
 
-_TENSOR = ("gemm", "conv", "attention")
-
-
 def composite_slowdown(prices: BlockPrices | None, slowdown):
-    """`slowdown(node, collective)` extended to composite nodes: a block slows by its op
-    classes' mix, tensor-core time as a GEMM would beside that collective, other work as
-    a memory-bound kernel would, and its waits (on its own collectives, on the host's
-    launches) not at all."""
+    """`slowdown(node, collective)` extended to composite nodes: a block slows as its own
+    kernels would beside that collective (each by its own factor: a GEMM's tiles fill the
+    SMs left in waves, a memory-bound kernel gets its share of HBM), weighted by their
+    seconds, and its waits (on its own collectives, on the host's launches) not at all."""
     if prices is None or slowdown is None:
         return slowdown
-    gemm = Node(0, "gemm", NodeKind.COMPUTE, "dot", "gemm", flops=1.0, operands=["bf16[1]"])
-    stream = Node(0, "stream", NodeKind.COMPUTE, "copy", "elementwise", bytes_read=1.0)
+    return _blockwise(prices, slowdown)
+
+
+def composite_comm_slowdown(prices: BlockPrices | None, comm_slowdown):
+    """`comm_slowdown(collective, node)` extended to composite nodes: a collective beside
+    a block moves as it would beside each of the block's kernels, weighted by their
+    seconds (beside its waits, at full speed)."""
+    if prices is None or comm_slowdown is None:
+        return comm_slowdown
+    mixed = _blockwise(prices, lambda node, comm: comm_slowdown(comm, node))
+    return lambda comm, node: mixed(node, comm)
+
+
+def _blockwise(prices: BlockPrices, factor):
+    """`factor(node, collective)`, a composite node's by its block's kernels."""
     factors: dict = {}
 
     def mixed(node: Node, comm: Node) -> float:
         composite = node.meta.get("composite")
         if composite is None:
-            return slowdown(node, comm)
-        key = (composite["block"], comm.collective.type if comm.collective else "",
-               comm.collective.communicator if comm.collective else -1)
+            return factor(node, comm)
+        c = comm.collective
+        key = (composite["block"], c.type, c.communicator, c.bytes_in) if c else (
+            composite["block"], comm.id)
         if key not in factors:
-            split = prices.by_class.get(composite["block"], {})
-            total = sum(split.values())
-            if not total:
-                factors[key] = 1.0
-            else:
-                f_gemm, f_stream = slowdown(gemm, comm), slowdown(stream, comm)
-                factors[key] = sum(v * (1.0 if cls in (WAIT, LAUNCH) else f_gemm
-                                        if cls in _TENSOR else f_stream)
-                                   for cls, v in split.items()) / total
+            block = composite["block"]
+            total = sum(prices.by_class.get(block, {}).values())
+            ran = prices.kernels.get(block, ())
+            busy = sum(d for _, d in ran)
+            factors[key] = ((sum(d * factor(n, comm) for n, d in ran)
+                             + max(total - busy, 0.0)) / total) if total else 1.0
         return factors[key]
 
     return mixed

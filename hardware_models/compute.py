@@ -67,11 +67,14 @@ class RooflineCompute:
             bw = min(bw, self.sms * per_sm)
         return bw
 
-    def compute_time(self, node: Node) -> float:
+    def compute_time(self, node: Node, free: int | None = None) -> float:
+        """Seconds of the node's arithmetic; `free`: the SMs a tensor-core kernel's CTAs
+        can take while other kernels hold the rest (interference.py), its tiles still
+        the ones chosen for the whole GPU (kernels.gemm_time)."""
         if node.op_class in TENSOR_CLASSES and node.flops:
             peak = self.spec.peak(tensor_dtype(node, self.spec.kind, self.allow_tf32))
             if node.op_class == OpClass.ATTENTION:
-                return self._attention_time(node, peak)
+                return self._attention_time(node, peak, free)
             rate = peak * self.figure("gemm_fraction")
             # one chunk of a GEMM split for communication overlap (passes.tp_comm_overlap):
             # Transformer Engine runs the chunks on rotating streams (its num_max_streams)
@@ -87,11 +90,12 @@ class RooflineCompute:
                                                self.spec.matrix_unit or kernels.TPU_MXU) / split
             shape = kernels.gemm_shape(node.flops * split, output)
             if shape is None:
-                return node.flops / rate
+                return node.flops / rate * _sm_share(self.sms, free)
             dtype = tensor_dtype(node, self.spec.kind, self.allow_tf32)
             simt = dtype in ("f32", "f64")
             t = kernels.gemm_time(shape, rate, self.sms, self.persistent and not simt,
-                                  kernels.TILE_K_SIMT if simt else kernels.TILE_K) / split
+                                  kernels.TILE_K_SIMT if simt else kernels.TILE_K,
+                                  free) / split
             if self.persistent and not simt:    # TMA needs 16-byte aligned strides
                 element = 4 if dtype == "tf32" else DTYPE_BITS.get(dtype, 16) // 8
                 t /= kernels.alignment_share(shape, max(element, 1), node.operands)
@@ -101,7 +105,7 @@ class RooflineCompute:
             return 0.0
         return work / (self.spec.peak("f32") * self.figure("vector_fraction"))
 
-    def _attention_time(self, node: Node, peak: float) -> float:
+    def _attention_time(self, node: Node, peak: float, free: int | None = None) -> float:
         attn = node.meta.get("attention") if isinstance(node.meta.get("attention"),
                                                         dict) else None
         kind = attention_family(node)
@@ -111,12 +115,12 @@ class RooflineCompute:
                 self.spec.hbm_bandwidth * self.figure("hbm_fraction"), self.launch_overhead(),
                 self.persistent, populations.population(node) == "eager")
             if t is not None:
-                return t
+                return t * _sm_share(self.sms, free)
         rate, exp_rate = attention_rate(self.spec, peak, kind in attention_kernels.NATIVE,
                                         self.efficiency)
         if kind == "flash1":
             rate *= attention_kernels.FLASH1_SHARE
-        return attention_kernels.fused_time(node.flops, attn, rate, self.sms, exp_rate)
+        return attention_kernels.fused_time(node.flops, attn, rate, self.sms, exp_rate, free)
 
     @property
     def sms(self) -> int:
@@ -191,3 +195,8 @@ def tensor_dtype(node: Node, kind: str, allow_tf32: bool | None = None) -> str:
             return "f32"
         return "tf32"
     return dtype
+
+
+def _sm_share(sms: int, free: int | None) -> float:
+    """How much longer work spread evenly over the SMs takes on `free` of them."""
+    return sms / max(min(free, sms), 1) if sms and free else 1.0

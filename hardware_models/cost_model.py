@@ -13,7 +13,7 @@ from flint.errors import FlintError
 from flint.graph import Node, WorkloadGraph
 from flint.hardware_models import kernels
 from flint.hardware_models.compute import RooflineCompute
-from flint.hardware_models.interference import interference
+from flint.hardware_models.interference import collective_slowdown, interference
 from flint.hardware_models.network import NetworkModel
 from flint.hardware_models.spec import HardwareSpec, load_spec
 
@@ -56,6 +56,10 @@ class DefaultCostModel:
     def overlap_slowdown(self, node: Node, comm: Node) -> float:
         """How much slower `node` runs while `comm` is in flight on the same GPU."""
         return interference(self.spec, self.compute, self.network, node, comm)
+
+    def comm_slowdown(self, comm: Node, node: Node) -> float:
+        """How much slower collective `comm` moves while `node` runs on the same GPU."""
+        return collective_slowdown(self.spec, self.compute, self.network, comm, node)
 
 
 def default_cost_model(graph: WorkloadGraph, hardware: str | None = None, overrides=(),

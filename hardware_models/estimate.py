@@ -5,8 +5,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from flint.graph import NodeKind, WorkloadGraph
-from flint.hardware_models.composite import (composite_prices, composite_slowdown,
-                                             network_times)
+from flint.hardware_models.composite import (composite_comm_slowdown, composite_prices,
+                                             composite_slowdown, network_times)
+from flint.hardware_models.contention import contended
 from flint.hardware_models.cost_model import CostModel
 from flint.hardware_models.links import collective_links
 from flint.hardware_models.memory import MemoryEstimate, estimate_memory
@@ -168,17 +169,23 @@ def as_run(tl: Timeline) -> list[float]:
 
 def durations_as_run(flat: WorkloadGraph, durations: list[float], model) -> list[float]:
     """`durations` of a loop-free graph after the overlap slowdown of `model`: what a
-    consumer that does not model contention (a Chakra export) should be given."""
-    return as_run(_schedule(flat, durations, model, composite_prices(flat, model)))
+    consumer that does not model contention (a Chakra export) should be given. A node's
+    wait for its launch (the GPU's launch gap, the host's launch thread) counts in it:
+    such a consumer starts a node as soon as its inputs and its stream are free."""
+    tl = _schedule(flat, durations, model, composite_prices(flat, model))
+    waits = tl.launch_wait or [0.0] * len(tl.start)
+    return [d + w for d, w in zip(as_run(tl), waits)]
 
 
 def _schedule(flat: WorkloadGraph, durations: list[float], model, prices) -> Timeline:
-    """The step's timeline under `model`: compute slowed by the communication it overlaps,
-    layer blocks holding their own collectives' links, collectives queued per link."""
-    return simulate(flat, durations,
-                    composite_slowdown(prices, getattr(model, "overlap_slowdown", None)),
-                    holds=network_times(flat, prices), links=collective_links(flat, model),
-                    gaps=launch_gaps(flat, model))
+    """The step's timeline under `model`: compute slowed by the communication it overlaps
+    and collectives by the compute (contention.py), layer blocks holding their own
+    collectives' links, collectives queued per link."""
+    return contended(flat, durations,
+                     composite_slowdown(prices, getattr(model, "overlap_slowdown", None)),
+                     composite_comm_slowdown(prices, getattr(model, "comm_slowdown", None)),
+                     holds=network_times(flat, prices), links=collective_links(flat, model),
+                     gaps=launch_gaps(flat, model))
 
 
 def estimate(graph: WorkloadGraph, hardware: str | None = None, overrides=(),

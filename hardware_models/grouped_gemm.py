@@ -64,16 +64,19 @@ class GroupedGemmCompute:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def compute_time(self, node: Node) -> float:
+    def compute_time(self, node: Node, free: int | None = None) -> float:
         problems = node.meta.get("grouped_gemm")
         if not problems or not node.flops:
-            return self.inner.compute_time(node)
+            return self.inner.compute_time(node, free)
         spec = self.inner.spec
         rate = spec.peak(tensor_dtype(node, spec.kind, getattr(self.inner, "allow_tf32", False))) \
             * self.inner.figure("gemm_fraction")
         if spec.kind == "tpu":
             return tpu_grouped_time(problems, rate, spec.matrix_unit or kernels.TPU_MXU)
-        return grouped_gemm_time(problems, rate, self.inner.sms)
+        sms = self.inner.sms
+        # a grouped GEMM's tiles are spread over the SMs free beside other kernels
+        return grouped_gemm_time(problems, rate, sms) * (sms / free if free and sms and
+                                                         0 < free < sms else 1.0)
 
     def bound(self, node: Node) -> tuple[float, float]:
         _, t_bytes = self.inner.bound(node)

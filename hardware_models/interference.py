@@ -8,19 +8,27 @@ per CTA), and moves its bytes through the GPU's HBM. A compute kernel beside it 
   topoGetAlgoInfo): a ring/tree collective takes one channel per 512 threads x 64 bytes
   (Simple protocol: 32 KiB) of its size, up to the communicator's channels (NCCL_CHANNELS
   below); NVLS runs NCCL_NVLS_NCHANNELS = 16 channels. A GEMM or attention CTA needs
-  the whole SM's shared memory, so it cannot share an SM with an NCCL CTA: compute-bound
-  work runs on the SMs left. Memory-bound kernels' small CTAs co-reside with NCCL's.
-- HBM bandwidth: the collective's local traffic at the rate it actually runs. A ring
+  the whole SM's shared memory, so it cannot share an SM with an NCCL CTA: its tiles run in
+  waves over the SMs left, the tile still the one cuBLAS picked for the whole GPU
+  (kernels.gemm_time `free`), so a one-wave GEMM of 128 tiles on an H100 (132 SMs) beside
+  a 16-channel collective takes two waves, twice its time, and an eight-wave one takes
+  nine. Other compute-bound work slows by the SMs' share. Memory-bound kernels' small
+  CTAs co-reside with NCCL's.
+- HBM bandwidth: the collective's local traffic at the rate it actually runs. HBM serves
+  the kernel's loads and NCCL's without priority, so while together they ask for more
+  than it delivers each gets its demand's share: a memory-bound kernel's memory time
+  grows by 1 + the collective's traffic over HBM's achievable bandwidth, and so does the
+  collective while such a kernel runs beside it (collective_slowdown). A ring
   reads its input and writes what it receives (and a reduction reads the local operand
   again): 2-3 local bytes per byte on the wire (HBM_BYTES_PER_WIRE_BYTE); NVLS's switch
   reads each GPU's buffer once and writes the result once (2 per byte of the buffer).
   Its rate is the wire bytes over the time the network model priced for it (a NIC-bound
   collective across nodes takes far less of HBM than an NVLink-bound one).
 
-The kernel's time beside the collective is the larger of its compute time on the SMs
-left and its memory time on the bandwidth left, so the factor moves smoothly from one
-bound to the other. Measured: Echo (arXiv 2412.12487) and Rashidi et al. (ISCA 2021,
-"Enabling Compute-Communication Overlap in Distributed Deep Learning Training Platforms")
+The kernel's work beside the collective takes the larger of its compute time on the SMs
+left and its memory time at its share of HBM, so the factor moves smoothly from one
+bound to the other; its floor (the grid's ramp, kernels.py) does not stretch. Measured:
+Echo (arXiv 2412.12487) and Rashidi et al. (ISCA 2021, "Enabling Compute-Communication Overlap in Distributed Deep Learning Training Platforms")
 report overlapped GEMMs slowed by tens of percent by concurrent all-reduces for exactly
 these two reasons. Only GPUs with the default models: TPUs and CPUs move collectives
 with DMA engines.
@@ -29,7 +37,7 @@ from __future__ import annotations
 
 import math
 
-from flint.graph import Node, collective_size_bytes
+from flint.graph import TENSOR_CLASSES, Node, collective_size_bytes
 from flint.hardware_models.spec import HardwareSpec
 
 # Ring/tree channels of an NVSwitch node (the 'Channel xx/NN' lines of NCCL_DEBUG=INFO logs
@@ -66,22 +74,59 @@ def local_hbm_rate(comm: Node, priced, fallback_wire: float) -> float:
 
 def interference(spec: HardwareSpec, compute, network, node: Node, comm: Node) -> float:
     """How much slower `node` runs while `comm` is in flight on its GPU (>= 1)."""
-    if spec.kind != "gpu" or not spec.cores or not hasattr(compute, "bound"):
+    if not _gpu_model(spec, compute) or not _has_work(node):
         return 1.0
-    if not (node.flops or node.bytes_read or node.bytes_written):
-        return 1.0      # an imported node with only a recorded duration: already as it ran
     t_flops, t_bytes = compute.bound(node)
     alone = max(t_flops, t_bytes)
     if alone <= 0:
         return 1.0
     priced = _priced(network, comm)
-    held = channels(comm, priced[0] if priced else "ring")
-    sm_left = 1.0 - min(held / spec.cores, MAX_SHARE)
+    held = min(channels(comm, priced[0] if priced else "ring"), int(spec.cores * MAX_SHARE))
+    if node.op_class in TENSOR_CLASSES and t_flops > 0:
+        # tensor-core CTAs take the SMs left in waves of the tiles chosen for the whole GPU
+        beside = compute.compute_time(node, free=int(spec.cores) - held)
+    else:
+        beside = t_flops / (1.0 - held / spec.cores)
+    share = _hbm_share(spec, compute, network, comm, priced)
+    # the kernel's floor (its grid's ramp, kernels.py) does not stretch, only its work
+    whole = compute.time(node)
+    return (whole - alone + max(beside, t_bytes * (1.0 + share))) / whole if whole > 0 else 1.0
+
+
+def collective_slowdown(spec: HardwareSpec, compute, network, comm: Node, node: Node) -> float:
+    """How much slower `comm` moves while compute `node` runs beside it on its GPU (>= 1):
+    HBM serves the kernel's loads and NCCL's alike, so while the two together ask for more
+    than HBM delivers (the kernel's average demand, its memory time over its time, plus
+    the collective's local traffic) the collective gets its demand's share of it. A GEMM
+    (little HBM traffic for its time) leaves it alone; a memory-bound kernel slows it by
+    1 + its local traffic over HBM's achievable bandwidth. Measured on the shared MaxText
+    H100 trace (flint/validate/overlap.py, collective_table): the 140 MiB FSDP all-gathers
+    run 1.1x their fastest beside GEMMs, 1.4x beside memory-bound fusions."""
+    if not _gpu_model(spec, compute) or not _has_work(node):
+        return 1.0
+    _, t_bytes = compute.bound(node)
+    whole = compute.time(node)
+    if t_bytes <= 0 or whole <= 0:
+        return 1.0
+    share = _hbm_share(spec, compute, network, comm, _priced(network, comm))
+    return max(1.0, t_bytes / whole + share)
+
+
+def _hbm_share(spec: HardwareSpec, compute, network, comm: Node, priced) -> float:
+    """The collective's local HBM traffic over the bandwidth HBM achieves."""
     wire = getattr(getattr(network, "up", None), "bandwidth", 0.0)
     local = local_hbm_rate(comm, priced, wire)
     achievable = spec.hbm_bandwidth * compute.figure("hbm_fraction")
-    hbm_left = 1.0 - min(local / achievable, MAX_SHARE) if achievable else 1.0
-    return max(t_flops / sm_left, t_bytes / hbm_left) / alone
+    return min(local / achievable, MAX_SHARE) if achievable else 0.0
+
+
+def _gpu_model(spec: HardwareSpec, compute) -> bool:
+    return spec.kind == "gpu" and bool(spec.cores) and hasattr(compute, "bound")
+
+
+def _has_work(node: Node) -> bool:
+    # an imported node with only a recorded duration ran as it ran: already contended
+    return bool(node.flops or node.bytes_read or node.bytes_written)
 
 
 def _priced(network, comm: Node):

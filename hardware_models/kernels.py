@@ -154,24 +154,37 @@ def gemm_shape(flops: float, output: str) -> GemmShape | None:
 
 
 def gemm_time(shape: GemmShape, rate: float, sms: int, persistent: bool = False,
-              tile_k: int = TILE_K) -> float:
+              tile_k: int = TILE_K, free: int | None = None) -> float:
     """Seconds for the GEMM's main loops at `rate` FLOP/s over `sms` SMs (no floor).
     `persistent`: warp-specialized persistent kernels (Hopper and later: CUTLASS 3's
     KernelTmaWarpSpecializedPersistent schedules, which cuBLAS 12 ships for sm90), whose
     producer warps load the next tile while the consumers finish this one, so an SM pays
-    the pipeline's fill once rather than once per tile."""
+    the pipeline's fill once rather than once per tile.
+    `free`: the SMs its CTAs can take when other kernels hold the rest (interference.py).
+    The tile stays the one picked for the whole GPU: cuBLAS chooses its kernel from the
+    device's SM count, not from what is free when it runs (cuBLAS docs,
+    CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET: a caller that expects a concurrent stream to hold
+    SMs has to say so), so its tiles fill waves of `free` SMs: a one-wave grid of 128
+    tiles on an H100 with 16 SMs held takes two waves."""
     if sms <= 0:
         return 2.0 * shape.batch * shape.m * shape.n * shape.k / rate
     per_sm = rate / sms
     main = math.ceil(shape.k / tile_k)
-    best = math.inf
+
+    def steps(tiles: int, over: int) -> int:
+        waves = math.ceil(tiles / over)
+        return waves * main + PIPELINE_STEPS if persistent else waves * (main + PIPELINE_STEPS)
+
+    best, chosen = math.inf, (0, 0.0)
     for rows, cols, tile_eff in TILES:
         tiles = shape.batch * math.ceil(shape.m / rows) * math.ceil(shape.n / cols)
-        waves = math.ceil(tiles / sms)
         step = 2.0 * rows * cols * tile_k / (per_sm * tile_eff)
-        steps = waves * main + PIPELINE_STEPS if persistent else waves * (main + PIPELINE_STEPS)
-        best = min(best, steps * step)
-    return best
+        t = steps(tiles, sms) * step
+        if t < best:
+            best, chosen = t, (tiles, step)
+    if free is None or free >= sms:
+        return best
+    return steps(chosen[0], max(int(free), 1)) * chosen[1]
 
 
 # cuBLAS on GPUs with the Tensor Memory Accelerator (Hopper and later, the generations

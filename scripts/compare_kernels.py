@@ -285,6 +285,18 @@ def render(report: dict) -> None:
                           f"{r['measured_alone_s'] * 1e3:.2f} ms", f"{r['measured_s'] * 1e3:.2f} ms",
                           f"{r['measured_ratio']:.2f}x", f"{r['flint_ratio']:.2f}x")
             console.print(b)
+        if tr.get("collectives_beside"):
+            c = Table(title=f"{name}: collectives (>= 50 us) by the share of their length "
+                            f"memory-bound kernels covered; Flint / measured")
+            for col in ("collective", "memory-bound cover", "executions", "measured, each",
+                        "Flint alone", "Flint beside the kernels"):
+                c.add_column(col, justify="left" if col == "collective" else "right")
+            for r in tr["collectives_beside"]:
+                c.add_row(f"{r['collective']} {r['bytes'] / 2**20:.0f} MiB", r["memory_cover"],
+                          str(r["executions"]),
+                          f"{r['measured_s'] / r['executions'] * 1e6:.0f} us",
+                          f"{r['flint_alone_ratio']:.2f}x", f"{r['flint_ratio']:.2f}x")
+            console.print(c)
 
 
 def main() -> None:

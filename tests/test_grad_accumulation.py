@@ -169,8 +169,10 @@ def test_torch_ddp_reduces_every_micro_batch_and_accumulates_in_f32():
     m = every.microbatches
     assert m == 4
     p_every, p_last = predict(every), predict(last)
+    # m reductions of the same bytes; as they ran, each is lengthened by the memory-bound
+    # kernels beside it (contention.py), which differ between the two schedules
     assert p_every.collectives_s["all-reduce"] == pytest.approx(
-        m * p_last.collectives_s["all-reduce"], rel=1e-6)
+        m * p_last.collectives_s["all-reduce"], rel=0.06)
     assert p_every.step_time_s >= p_last.step_time_s
     g = _layered(every)
     adds = [n for n in g.nodes if n.name.startswith("grad_acc.accumulate.layer_")]
@@ -196,8 +198,9 @@ def test_torch_fsdp_accumulates_its_shard_and_reduce_scatters_every_micro_batch(
                 for run in (fsdp, ddp)}
     assert per_rank[3] == pytest.approx(per_rank[0] / fsdp.dp, rel=0.01)
     one = predict(TrainingRun(**dict(TORCH, global_batch=4), zero=3))
+    # as they ran: each lengthened by the kernels beside it (contention.py)
     assert predict(fsdp).collectives_s["reduce-scatter"] == pytest.approx(
-        fsdp.microbatches * one.collectives_s["reduce-scatter"], rel=1e-6)
+        fsdp.microbatches * one.collectives_s["reduce-scatter"], rel=0.06)
 
 
 def test_grad_sync_cli_flag_and_report_row():

@@ -102,3 +102,14 @@ def test_flint_predict_cuda_graphs_flag():
                                            "--cuda-graphs"])
     assert code == 2 and not stdout and len(stderr.strip().splitlines()) == 1
     assert "cuda_graphs: tpu-v5p is not a GPU" in stderr
+
+
+def test_a_chakra_consumer_is_given_the_launch_waits_in_the_durations():
+    """ASTRA-sim starts a node once its inputs and stream are free: each node's duration
+    in the export carries its wait for the launch, so a serial chain replays to the step."""
+    from flint.hardware_models.estimate import durations_as_run, estimate, node_durations
+
+    for g in (chain("torch-eager"), chain("xla", cuda_graphs=False), chain("xla")):
+        flat, durations, model = node_durations(g, "h100-sxm")
+        as_run = durations_as_run(flat, durations, model)
+        assert sum(as_run) == pytest.approx(estimate(g, "h100-sxm").step_time_s)

@@ -239,6 +239,10 @@ def test_a_blocks_collectives_on_disjoint_links_run_at_once_as_in_the_step():
     directions = {0: frozenset({"scale-out"}), 1: frozenset({"scale-up"})}
     prices = price_blocks(g, lambda n: seconds[n.id], None, lambda n: directions[n.id])
     assert prices.seconds["F:0"] == pytest.approx(35e-3)
+    # and each holds its own links for its 30 ms, the one on FSDP2's stream too: what a
+    # layered graph's collectives queue behind, as in the step's own schedule
+    assert prices.network["F:0"] == {"scale-out": pytest.approx(30e-3),
+                                     "scale-up": pytest.approx(30e-3)}
 
 
 def test_the_compiled_slice_is_the_slice_the_cost_model_prices():

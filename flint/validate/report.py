@@ -39,6 +39,10 @@ def render_validation(v: Validation, console: Console) -> None:
     if errs:
         t.add_row("per-op |error| median / p90",
                   f"{100 * statistics.median(errs):.1f} % / {100 * percentile(errs, 0.9):.1f} %")
+    ran = v.as_run_errors()
+    if ran:
+        t.add_row("per-op |error| as run (in the predicted step) median / p90",
+                  f"{100 * statistics.median(ran):.1f} % / {100 * percentile(ran, 0.9):.1f} %")
     console.print(t)
     c = Table(title="By op class (per step)")
     for col in ("class", "ops", "measured", "predicted", "ratio", "median |op error|"):
