@@ -119,7 +119,7 @@ def fused_time(flops: float, attn: dict | None, rate: float, sms: int,
     dim 128 with the exponentials included, `exp_rate` the GPU's exponentials per second;
     `free`: the SMs its CTAs can take beside other kernels (its grid, one CTA per query
     block and head, fills waves of them; kernels.gemm_time)."""
-    slower = sms / max(min(free or sms, sms), 1) if sms > 0 else 1.0
+    slower = kernels.sm_share(sms, free)
     if not attn or sms <= 0:
         return flops / rate * slower
     dims = _dims(attn)
@@ -146,7 +146,8 @@ def fused_time(flops: float, attn: dict | None, rate: float, sms: int,
     t_block = block_mm / mm_rate + block_exp
     ctas = batch * heads * q_blocks
     per_cta = (visits / q_blocks + kernels.PIPELINE_STEPS) * t_block
-    return math.ceil(ctas / max(min(free or sms, sms), 1)) * per_cta
+    over = max(min(free, sms), 1) if free is not None else sms     # the SMs its CTAs get
+    return math.ceil(ctas / over) * per_cta
 
 
 def _block_exp(sms: int, exp_rate: float) -> float:

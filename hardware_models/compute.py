@@ -90,7 +90,7 @@ class RooflineCompute:
                                                self.spec.matrix_unit or kernels.TPU_MXU) / split
             shape = kernels.gemm_shape(node.flops * split, output)
             if shape is None:
-                return node.flops / rate * _sm_share(self.sms, free)
+                return node.flops / rate * kernels.sm_share(self.sms, free)
             dtype = tensor_dtype(node, self.spec.kind, self.allow_tf32)
             simt = dtype in ("f32", "f64")
             t = kernels.gemm_time(shape, rate, self.sms, self.persistent and not simt,
@@ -115,7 +115,7 @@ class RooflineCompute:
                 self.spec.hbm_bandwidth * self.figure("hbm_fraction"), self.launch_overhead(),
                 self.persistent, populations.population(node) == "eager")
             if t is not None:
-                return t * _sm_share(self.sms, free)
+                return t * kernels.sm_share(self.sms, free)
         rate, exp_rate = attention_rate(self.spec, peak, kind in attention_kernels.NATIVE,
                                         self.efficiency)
         if kind == "flash1":
@@ -195,8 +195,3 @@ def tensor_dtype(node: Node, kind: str, allow_tf32: bool | None = None) -> str:
             return "f32"
         return "tf32"
     return dtype
-
-
-def _sm_share(sms: int, free: int | None) -> float:
-    """How much longer work spread evenly over the SMs takes on `free` of them."""
-    return sms / max(min(free, sms), 1) if sms and free else 1.0

@@ -73,10 +73,9 @@ class GroupedGemmCompute:
             * self.inner.figure("gemm_fraction")
         if spec.kind == "tpu":
             return tpu_grouped_time(problems, rate, spec.matrix_unit or kernels.TPU_MXU)
-        sms = self.inner.sms
         # a grouped GEMM's tiles are spread over the SMs free beside other kernels
-        return grouped_gemm_time(problems, rate, sms) * (sms / free if free and sms and
-                                                         0 < free < sms else 1.0)
+        sms = self.inner.sms
+        return grouped_gemm_time(problems, rate, sms) * kernels.sm_share(sms, free)
 
     def bound(self, node: Node) -> tuple[float, float]:
         _, t_bytes = self.inner.bound(node)

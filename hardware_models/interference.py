@@ -28,10 +28,10 @@ per CTA), and moves its bytes through the GPU's HBM. A compute kernel beside it 
 The kernel's work beside the collective takes the larger of its compute time on the SMs
 left and its memory time at its share of HBM, so the factor moves smoothly from one
 bound to the other; its floor (the grid's ramp, kernels.py) does not stretch. Measured:
-Echo (arXiv 2412.12487) and Rashidi et al. (ISCA 2021, "Enabling Compute-Communication Overlap in Distributed Deep Learning Training Platforms")
-report overlapped GEMMs slowed by tens of percent by concurrent all-reduces for exactly
-these two reasons. Only GPUs with the default models: TPUs and CPUs move collectives
-with DMA engines.
+Echo (arXiv 2412.12487) and Rashidi et al. (ISCA 2021, "Enabling Compute-Communication
+Overlap in Distributed Deep Learning Training Platforms") report overlapped GEMMs slowed
+by tens of percent by concurrent all-reduces for exactly these two reasons. Only GPUs with
+the default models: TPUs and CPUs move collectives with DMA engines.
 """
 from __future__ import annotations
 

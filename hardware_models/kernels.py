@@ -187,6 +187,12 @@ def gemm_time(shape: GemmShape, rate: float, sms: int, persistent: bool = False,
     return steps(chosen[0], max(int(free), 1)) * chosen[1]
 
 
+def sm_share(sms: int, free: int | None) -> float:
+    """How much longer work spread evenly over `sms` SMs takes on `free` of them (1.0 when
+    `free` is None or not fewer)."""
+    return sms / max(int(free), 1) if sms > 0 and free is not None and free < sms else 1.0
+
+
 # cuBLAS on GPUs with the Tensor Memory Accelerator (Hopper and later, the generations
 # whose GEMMs are TMA-fed persistent kernels, `gemm_time`'s `persistent`): a TMA descriptor
 # needs 16-byte aligned global strides (CUDA Driver API, cuTensorMapEncodeTiled:

@@ -275,28 +275,35 @@ def render(report: dict) -> None:
         for note in tr["notes"]:
             console.print(f"  note: {note}", highlight=False)
         if tr.get("beside_collectives"):
-            b = Table(title=f"{name}: kernels a collective overlapped (>= half their length) "
-                            f"vs the same ops alone")
-            for col in ("op class", "executions", "measured alone", "measured beside",
-                        "measured ratio", "Flint ratio"):
-                b.add_column(col, justify="left" if col == "op class" else "right")
-            for r in tr["beside_collectives"]:
-                b.add_row(r["op_class"], str(r["executions"]),
-                          f"{r['measured_alone_s'] * 1e3:.2f} ms", f"{r['measured_s'] * 1e3:.2f} ms",
-                          f"{r['measured_ratio']:.2f}x", f"{r['flint_ratio']:.2f}x")
-            console.print(b)
+            console.print(_rows_table(
+                f"{name}: kernels a collective overlapped (>= half their length) vs the same "
+                f"ops alone", ("op class", "executions", "measured alone", "measured beside",
+                               "measured ratio", "Flint ratio"),
+                [(r["op_class"], str(r["executions"]), f"{r['measured_alone_s'] * 1e3:.2f} ms",
+                  f"{r['measured_s'] * 1e3:.2f} ms", f"{r['measured_ratio']:.2f}x",
+                  f"{r['flint_ratio']:.2f}x") for r in tr["beside_collectives"]]))
         if tr.get("collectives_beside"):
-            c = Table(title=f"{name}: collectives (>= 50 us) by the share of their length "
-                            f"memory-bound kernels covered; Flint / measured")
-            for col in ("collective", "memory-bound cover", "executions", "measured, each",
-                        "Flint alone", "Flint beside the kernels"):
-                c.add_column(col, justify="left" if col == "collective" else "right")
-            for r in tr["collectives_beside"]:
-                c.add_row(f"{r['collective']} {r['bytes'] / 2**20:.0f} MiB", r["memory_cover"],
-                          str(r["executions"]),
-                          f"{r['measured_s'] / r['executions'] * 1e6:.0f} us",
-                          f"{r['flint_alone_ratio']:.2f}x", f"{r['flint_ratio']:.2f}x")
-            console.print(c)
+            console.print(_rows_table(
+                f"{name}: collectives (>= 50 us) by the share of their length memory-bound "
+                f"kernels covered; Flint / measured",
+                ("collective", "memory-bound cover", "executions", "measured, each",
+                 "Flint alone", "Flint beside the kernels"),
+                [(f"{r['collective']} {r['bytes'] / 2**20:.0f} MiB", r["memory_cover"],
+                  str(r["executions"]), f"{r['measured_s'] / r['executions'] * 1e6:.0f} us",
+                  f"{r['flint_alone_ratio']:.2f}x", f"{r['flint_ratio']:.2f}x")
+                 for r in tr["collectives_beside"]]))
+
+
+def _rows_table(title: str, columns, rows):
+    """A table whose first column is a label and the rest figures."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    for i, col in enumerate(columns):
+        t.add_column(col, justify="left" if i == 0 else "right")
+    for row in rows:
+        t.add_row(*row)
+    return t
 
 
 def main() -> None:

@@ -76,9 +76,8 @@ def overlap_table(path, graph: WorkloadGraph, model, module: str | None = None) 
 
 def collective_table(path, graph: WorkloadGraph, model, module: str | None = None) -> list[dict]:
     """Per collective (type and size) and share of its length that memory-bound kernels
-    covered: its
-    executions, their measured time, and Flint's time for them alone and beside the
-    kernels that covered them."""
+    covered: its executions, their measured time, and Flint's time for them alone and
+    beside the kernels that covered them."""
     runs, nodes = _runs(path, graph, module)
     rows: dict[tuple, dict] = {}
     for run in runs:
