@@ -84,6 +84,8 @@ def training_run(row: Row):
                       recompute_layers=row.recompute_layers,
                       precision=row.precision, fp8_recipe=row.fp8_recipe or "current",
                       framework="xla" if spec.startswith("tpu") else "megatron")
+    if row.overlap_grad_reduce is not None:
+        run = replace(run, overlap_grad_reduce=row.overlap_grad_reduce)
     # HYBRID_SHARD: one shard group per host (the GPUs a host holds on its NVLink)
     if row.hsdp:
         return replace(run, hsdp=row.hsdp)

@@ -59,6 +59,8 @@ def published_cases(path: Path = TABLE) -> list[Case]:
                             case.fields.pop(name)
                     if row.fp8_recipe:          # FP8-CS: the scaling is stated
                         case.fields["fp8_recipe"] = row.fp8_recipe
+                    if row.overlap_grad_reduce is not None:     # the DDP wrapper stated
+                        case.fields["overlap_grad_reduce"] = row.overlap_grad_reduce
                     if not row.reshard_after_forward:   # SHARD_GRAD_OP: FSDP's option,
                         case.fields["reshard_after_forward"] = False   # checked per era
                     if era in TORCH_ERAS and not row.fsdp and row.zero is None:

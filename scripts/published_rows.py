@@ -66,6 +66,10 @@ PRECISION = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "fp8-cs": "fp8", "mxf
              # *-mixed, dtype names): the GEMMs run in the half type
              "amp_bf16": "bf16", "bf16-mixed": "bf16", "bfloat16": "bf16",
              "amp_fp16": "bf16", "16-mixed": "bf16", "float16": "bf16", "amp_fp8": "fp8"}
+# Megatron-LM's --DDP-impl: torch (PyTorch DistributedDataParallel, whose reducer
+# all-reduces each gradient bucket as the backward fills it) or local (megatron/model/
+# distributed.py, allreduce_gradients after the backward, from train_step)
+DDP_OVERLAP = {"torch": True, "local": False}
 # the model dims a row may state (tables of custom GPTs), flint.models.describe's keys
 SHAPE_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
 
@@ -94,6 +98,10 @@ class Row:
     reshard_after_forward: bool = True
     hybrid: bool = False
     hsdp: int = 0                     # data-parallel ranks per FSDP shard group (0: all)
+    # the data-parallel wrapper a row states (a `ddp` column): PyTorch's DDP overlaps its
+    # bucketed all-reduces with the backward, Megatron's local DDP reduces after it; None:
+    # not stated (the framework's era decides)
+    overlap_grad_reduce: bool | None = None
     recompute_layers: int = 0         # remat full: this many blocks per stage (0: all)
     remat_stated: bool = False        # the row names its recompute (none is assumed then)
     remat: str = "selective"
@@ -222,6 +230,12 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
     row.tp, row.pp = int(num("tp", default=1)), int(num("pp", default=1))
     row.cp = int(num("cp", default=1))
     row.vp = row.vp if section == "4" else int(num("vp", default=1))
+    ddp = str(r.get("ddp") or "").strip().lower()
+    if ddp:
+        row.overlap_grad_reduce = DDP_OVERLAP.get(ddp)
+        if row.overlap_grad_reduce is None:
+            row.reason = f"data-parallel wrapper {ddp!r} not modelled"
+            return
     row.fsdp = (num("fsdp", default=0) or 0) > 0
     stated = stated_sharding(r)
     for key, value in stated.items():

@@ -93,7 +93,7 @@ def test_a_table_beyond_the_shared_ones_states_shapes_sizes_and_fp16(tmp_path, c
 
 def test_the_repo_table_beyond_the_shared_ones_is_rebuildable():
     """scripts/tables/beyond-shared.md: Narayanan 2021 Table 1 (steps from the paper's own
-    FLOP count, eq. 3), torchtitan's and llm-foundry's PyTorch FSDP tables; every row is
+    FLOP count, eq. 3, configurations from its launch scripts), torchtitan's and llm-foundry's PyTorch FSDP tables; every row is
     priced as its heading's era, with the recompute and shapes it states."""
     from fidelity_published import published_cases
 
@@ -107,10 +107,44 @@ def test_the_repo_table_beyond_the_shared_ones_is_rebuildable():
     assert dict(mpt.fields["model"])["vocab"] == 50368 and mpt.fields["zero"] == 3
     old = [c for c in cases if c.section == "8"]
     assert [c.fields["model"] for c in old][-2:] == ["gpt-530b", "gpt-1t"]
+    # the paper's own launch scripts (Megatron-LM examples/sc21/run_table_1.sh):
+    # micro-batches, interleaved chunks, and PyTorch DDP without pipelining, local after
+    assert [(c.fields["micro_batch"], c.fields["vp"], c.fields["overlap_grad_reduce"])
+            for c in old] == [(16, 1, True)] * 3 + [(8, 1, True), (4, 1, False),
+                                                    (2, 3, False), (2, 2, False),
+                                                    (1, 2, False), (1, 3, False),
+                                                    (1, 1, False)]
     h, s, layers, batch, gpus, tflops = 25600, 2048, 128, 3072, 3072, 163
     flops = 96 * batch * s * layers * h * h * (1 + s / (6 * h) + 51200 / (16 * layers * h))
     assert old[-1].published_step_s == pytest.approx(flops / (gpus * tflops * 1e12),
                                                      rel=1e-3)
+
+
+def test_a_row_states_its_data_parallel_wrapper(tmp_path):
+    """A `ddp` column is Megatron-LM's --DDP-impl: torch (PyTorch DDP, its bucket
+    all-reduces beside the backward) overlaps, local (after the backward) does not, and
+    what the row states wins over its era's rule (Megatron-LM 2021: after the backward);
+    a wrapper Flint does not know is one reason, not a guess; a row without the column
+    keeps its era's rule."""
+    from fidelity_families import applicable, variant_fields
+    from fidelity_published import published_cases
+
+    from flint.run import TrainingRun
+
+    path = tmp_path / "held.md"
+    path.write_text("## 8. Narayanan et al. 2021, Megatron-LM (arXiv 2104.04473)\n\n```csv\n"
+                    "model,system,gpus,tp,pp,mbs,ddp,gbs,seq,precision,recompute,"
+                    "step_time_s\n"
+                    "GPT-1.7B,A100,32,1,1,16,torch,512,2048,FP16,full,3.53\n"
+                    "GPT-1.7B,A100,32,1,1,16,local,512,2048,FP16,full,3.53\n"
+                    "GPT-1.7B,A100,32,1,1,16,apex,512,2048,FP16,full,3.53\n"
+                    "GPT-1.7B,A100,32,1,1,16,,512,2048,FP16,full,3.53\n```\n")
+    torch_ddp, local, apex, silent = published_cases(path)
+    assert "data-parallel wrapper 'apex' not modelled" in apex.reason
+    runs = [TrainingRun(**variant_fields(c, applicable(c))) for c in (torch_ddp, local, silent)]
+    assert [(r.overlap_grad_reduce, r.micro_batch) for r in runs] == [
+        (True, 16), (False, 16), (False, 16)]
+    assert "overlap_grad_reduce" not in silent.fields
 
 
 def test_a_row_states_its_sharding_in_words(tmp_path):
