@@ -30,7 +30,8 @@ import time
 from dataclasses import replace
 from flint.errors import FlintError
 from flint.prediction import Prediction, prediction_facts  # noqa: F401 (re-exported)
-from flint.run import TrainingRun, gathered_weights_freed, gathers_held_for_step
+from flint.run import (TrainingRun, gathered_weights_freed, gathers_held_for_step,
+                       weight_casts_held_for_step)
 # the stage program's names, re-exported (callers import them from the engine)
 from flint.stage import (COMPILED_DATA, MOE_TEMPLATE_LAYERS, TEMPLATE_LAYERS,  # noqa: F401
                          TORCH_WORKLOAD_VERSION, WORKLOAD_VERSION, compile_target,
@@ -255,6 +256,7 @@ def _passes(run: TrainingRun, template):
                               overlap_reduction=run.overlap_grad_reduce,
                               defer_reduced_work=run.framework != "xla",
                               gather_once=gathers_held_for_step(run),
+                              cast_once=weight_casts_held_for_step(run),
                               resharded=gathered_weights_freed(run)).run(graph)
         if run.framework == "megatron":
             from flint.models.activations import stamp_megatron_activations

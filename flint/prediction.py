@@ -93,6 +93,15 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
             if run.fp8_recipe == "delayed" else
             "current: per-tensor scales from each tensor's own amax, a pass over it before "
             "its cast (Transformer Engine Float8CurrentScaling)")
+    if run.precision in ("fp8", "mxfp8"):
+        from flint.run import weight_casts_held_for_step
+
+        out["fp8_weight_casts"] = (
+            "once per step, in the first micro-batch, reused by the others (Transformer "
+            "Engine's cached FP8 weights: Megatron-Core's is_first_microbatch)"
+            if weight_casts_held_for_step(run) else
+            "where the program casts them (every micro-batch unless the compiler hoists "
+            "the cast)")
     if any(n.meta.get("held") == "step" for n in graph.nodes):
         out["parameter_gathers"] = (
             "once per step, each layer's before its first micro-batch and held until the "

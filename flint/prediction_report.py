@@ -115,6 +115,8 @@ def render_prediction(p: dict, console: Console) -> None:
         t.add_row("parameter gathers", facts["parameter_gathers"])
     if facts.get("fp8_scaling"):
         t.add_row("FP8 scaling", facts["fp8_scaling"])
+    if facts.get("fp8_weight_casts"):
+        t.add_row("FP8 weight casts", facts["fp8_weight_casts"])
     if facts.get("recompute"):
         t.add_row("recompute", facts["recompute"])
     if facts.get("block_recompute"):

@@ -375,6 +375,14 @@ def gathers_held_for_step(run: TrainingRun) -> bool:
     return run.zero == 3 and run.pp > 1 and run.framework == "megatron"
 
 
+def weight_casts_held_for_step(run: TrainingRun) -> bool:
+    """Megatron-Core with Transformer Engine casts each weight to FP8 once per step, in
+    the first micro-batch, and reuses it in the others (passes.layer_template cast_once);
+    FSDP (zero 3) gathers its weights anew, XLA and PyTorch cast where their programs do."""
+    return (run.framework == "megatron" and run.precision in ("fp8", "mxfp8")
+            and run.zero != 3)
+
+
 def gathered_weights_freed(run: TrainingRun) -> bool:
     """FSDP2 with reshard_after_forward frees a layer's gathered weights after its forward
     (the torch twin's trace shows them read again by the backward's re-gather)."""

@@ -19,14 +19,20 @@ once, after it (the template's R collectives, grad_sync last-microbatch).
 Here: which template nodes are those gathers (all-gathers over a data-parallel axis of
 values no micro-batch data reaches), the template block that owns each, and the layered
 graph's once-per-step gather nodes that replace them.
+
+The same reach finds the other parameter-only work a framework does once per step:
+Transformer Engine's FP8 weight casts (weight_casts, cached_weights), which Megatron-Core
+runs in a step's first micro-batch and reuses until its last backward.
 """
 from __future__ import annotations
 
 from flint.passes.pipeline_stages import DATA_PARALLEL_AXES, layer_index
 
 from flint.graph import Collective, Node, NodeKind, WorkloadGraph
+from flint.hlo.shapes import parse_shape
 
 _INTEGER_PREFIXES = ("s8[", "s16[", "s32[", "s64[", "u8[", "u16[", "u32[", "u64[")
+_FP8_PREFIXES = ("f8",)
 
 
 def microbatch_reach(graph: WorkloadGraph) -> list[bool]:
@@ -37,6 +43,52 @@ def microbatch_reach(graph: WorkloadGraph) -> list[bool]:
         batch[n.id] = (any(batch[i] for i in n.inputs)
                        or any(o.startswith(_INTEGER_PREFIXES) for o in n.operands))
     return batch
+
+
+def weight_casts(graph: WorkloadGraph, tasks: list[str]) -> list[int]:
+    """Ids of F/B compute nodes that cast weights to FP8 (every output FP8, no input array
+    that micro-batch data reaches), and of the parameter-only nodes that feed only them
+    (the pieces of their scales). A scalar an input carries from micro-batch data does not
+    count: XLA fuses a weight's scale with an activation's into one multi-output fusion,
+    which a node-level reach cannot take apart; a cast of activations reads their arrays."""
+    batch = microbatch_reach(graph)
+    casts = {n.id for n in graph.nodes
+             if tasks[n.id] in ("F", "B") and _casts_weights(graph, n, batch)}
+    users = graph.users
+    for n in reversed(graph.nodes):         # users come after their producers
+        if (tasks[n.id] in ("F", "B") and n.collective is None and not batch[n.id]
+                and users[n.id] and all(u in casts for u in users[n.id])):
+            casts.add(n.id)
+    return sorted(casts)
+
+
+def _casts_weights(graph: WorkloadGraph, n: Node, batch: list[bool]) -> bool:
+    """Whether `n` writes FP8 (every output) from arrays no micro-batch data reaches."""
+    return (n.collective is None and bool(n.outputs)
+            and all(o.startswith(_FP8_PREFIXES) for o in n.outputs)
+            and not any(o.startswith(_INTEGER_PREFIXES) for o in n.operands)
+            and not any(batch[i] and not all(parse_shape(o).num_elements <= 1
+                                             for o in graph.nodes[i].outputs)
+                        for i in n.inputs))
+
+
+def cached_weights(graph: WorkloadGraph, tasks: list[str], blocks: list) -> dict:
+    """{owner: [FP8 weight shapes]} of the once-per-step work's weight casts (those
+    weight_casts found and those XLA put before the layers), owner the layer index of the
+    node's label or of the block it was taken from, 'embed', 'head', or None: Transformer
+    Engine keeps the cast weights from the first micro-batch to the last backward."""
+    batch = microbatch_reach(graph)
+    out: dict = {}
+    for n in graph.nodes:
+        if tasks[n.id] != "pre" or not _casts_weights(graph, n, batch):
+            continue
+        label = n.meta.get("layer")
+        owner = layer_index(label)
+        if owner is None:
+            owner = label if label in ("embed", "head") else (
+                blocks[n.id][1] if blocks[n.id] is not None else None)
+        out.setdefault(owner, []).extend(n.outputs)
+    return out
 
 
 def parameter_gathers(graph: WorkloadGraph, tasks: list[str]) -> list[int]:

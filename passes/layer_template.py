@@ -32,16 +32,16 @@ from typing import ClassVar
 
 from flint.errors import FlintError
 from flint.graph import Node, NodeKind, WorkloadGraph
-from flint.hardware_models.composite import interior
+from flint.hardware_models.composite import LAYER, interior
 from flint.hlo.shapes import shapes_bytes
 from flint.passes.expand_loops import ExpandLoops
+from flint.passes.layer_blocks import (FIRST, LAST, block_memory, node_blocks,
+                                       reductions_by_layer, tagged_template)
 from flint.passes.layer_buckets import GradientBuckets
-from flint.passes.layer_gathers import (emit_gathers, gather_owners, microbatch_reach,
-                                        parameter_gathers)
+from flint.passes.layer_gathers import (cached_weights, emit_gathers, gather_owners,
+                                        microbatch_reach, parameter_gathers, weight_casts)
 from flint.passes.pipeline_stages import arguments_by_layer, layer_index, task_of
 
-FIRST, LAST = "embed", "head"
-LAYER = "layer"
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,14 @@ class LayerTemplate:
     # forward and held until the last backward, as FSDP under a pipeline schedule runs
     # (passes.layer_gathers); False: where the program put them, in every micro-batch
     gather_once: bool = False
+    # True: a weight's FP8 cast (and the pieces of its scale) runs once per step, with the
+    # once-per-step work before the first forward, not in every micro-batch's forward:
+    # Transformer Engine casts and transposes a weight in a step's first micro-batch and
+    # reuses the copy (its modules' is_first_microbatch, which Megatron-Core's schedules
+    # set for micro-batch 0 only: pipeline_parallel/schedules.py forward_step). XLA puts
+    # such a cast where its schedule does, before the layers or inside them, so without
+    # this the same run pays it once or per micro-batch by accident of the compiler
+    cast_once: bool = False
     # True: values a forward computes from parameters alone (FSDP2's gathered weights and
     # their per-parameter copies) are freed after the forward and made again for the
     # backward (reshard_after_forward), not kept: they are no activation of the layer's
@@ -84,12 +92,19 @@ class LayerTemplate:
         flat = ExpandLoops().run(graph)
         tasks = task_of(flat)
         gathers = parameter_gathers(flat, tasks) if self.gather_once else []
-        blocks = _blocks(flat, tasks)
+        blocks = node_blocks(flat, tasks)
         held = gather_owners(flat, gathers, blocks)
         if gathers:                 # no block waits on them: the layered graph holds them
             for i in gathers:
                 tasks[i] = "pre"
-            blocks = _blocks(flat, tasks)
+            blocks = node_blocks(flat, tasks)
+        cached: dict = {}
+        if self.cast_once:          # priced with the once-per-step work ("pre")
+            taken = blocks
+            for i in weight_casts(flat, tasks):
+                tasks[i] = "pre"
+            blocks = node_blocks(flat, tasks)
+            cached = cached_weights(flat, tasks, taken)
         indices = sorted({k[1] for k in blocks if k and isinstance(k[1], int)})
         if len(indices) < 2:
             raise FlintError("a layer template needs at least 2 unrolled layers labelled "
@@ -99,7 +114,7 @@ class LayerTemplate:
         if self.boundary:
             shapes_bytes([self.boundary])       # a bad shape fails here
         layers = self.layers or indices[-1] + 1
-        template = _tagged(flat, tasks, blocks, indices, set(gathers))
+        template = tagged_template(flat, tasks, blocks, indices, set(gathers))
         # Model flops grow with the layers; the embedding's and head's do not.
         work: dict = {}
         for n, key in zip(flat.nodes, blocks):
@@ -113,138 +128,23 @@ class LayerTemplate:
         owned, rest = arguments_by_layer(flat)
         template_params = sum(owned.values()) + rest
         layer_share = sum(owned.values()) / max(len(owned), 1) / template_params
-        memory = _block_memory(flat, tasks, blocks, indices,
+        memory = block_memory(flat, tasks, blocks, indices,
                                microbatch_reach(flat) if self.resharded else None)
         out = _Writer(flat, tasks, blocks, layers, indices, template, work, memory,
                       self.boundary, self.bucket_bytes, self.overlap_reduction,
-                      self.defer_reduced_work, held).write(layer_share, rest / template_params)
+                      self.defer_reduced_work, held, cached).write(layer_share,
+                                                                    rest / template_params)
         if "model_flops_per_device" in out.meta:
             out.meta["model_flops_per_device"] *= flops_ratio
         out.check()
         return out
 
 
-def _blocks(graph: WorkloadGraph, tasks: list[str]) -> list:
-    """(F|B, layer index | 'embed' | 'head') per F/B node: labelled nodes by their label,
-    unlabelled ones with the block that ran just before them (the backward starts in the
-    head, the forward in the embedding)."""
-    out: list = [None] * len(graph.nodes)
-    current = {"F": FIRST, "B": LAST}
-    for n in graph.nodes:
-        t = tasks[n.id]
-        if t not in "FB":
-            continue
-        label = n.meta.get("layer")
-        li = layer_index(label)
-        if li is not None:
-            current[t] = li
-        elif label in (FIRST, LAST):
-            current[t] = label
-        out[n.id] = (t, current[t])
-    return out
-
-
-def _block_name(task: str, key) -> str:
-    return f"{key[0]}:{key[1]}" if key is not None else task
-
-
-def _tagged(flat: WorkloadGraph, tasks, blocks, indices, gathers=frozenset()) -> WorkloadGraph:
-    """A copy of the template whose nodes name their block (meta "block"): F/B blocks,
-    "pre", "post", "R:<layer>" / "R:rest" for the gradient reduction of a layer's
-    gradients or of the rest's, and "G" for parameter gathers held for the step."""
-    from dataclasses import replace
-
-    owners = _gradient_owners(flat, tasks, blocks)
-    names = []
-    for n, t, b in zip(flat.nodes, tasks, blocks):
-        if n.id in gathers:
-            names.append("G")
-        elif t == "R":
-            names.append(f"R:{next(iter(owners[n.id]))}" if len(owners[n.id]) == 1
-                         else "R:rest")
-        else:
-            names.append(_block_name(t, b))
-    nodes = [replace(n, meta=dict(n.meta, block=name)) for n, name in zip(flat.nodes, names)]
-    meta = {k: v for k, v in flat.meta.items() if k in ("model", "xla_memory", "passes")}
-    meta["template_layer_indices"] = list(indices)
-    return WorkloadGraph(flat.cluster, nodes, list(flat.communicators), [], meta)
-
-
-def _gradient_owners(flat: WorkloadGraph, tasks, blocks) -> list[set]:
-    """Per node, the blocks (a layer index, 'head' or 'embed') whose backward made the
-    gradients an R node works on."""
-    owners: list[set] = [set() for _ in flat.nodes]
-    for n in flat.nodes:
-        label = n.meta.get("layer")
-        li = layer_index(label)
-        key = blocks[n.id]
-        if key is not None and key[0] == "B" and (li is not None or label in (FIRST, LAST)):
-            owners[n.id] = {li if li is not None else label}
-        else:   # unlabelled work (XLA's fusions that gather gradients) passes owners on
-            for i in n.inputs:
-                owners[n.id] |= owners[i]
-    return owners
-
-
-def _reductions_by_layer(flat: WorkloadGraph, tasks, blocks) -> dict:
-    """The once-per-step gradient reductions (R collectives) by the block whose backward
-    made the gradient they reduce (a layer index, 'head', 'embed', or None when none
-    did), each with its weight: a reduction XLA combined over several blocks' gradients
-    is shared evenly among them."""
-    owners = _gradient_owners(flat, tasks, blocks)
-    out: dict = {}
-    for n in flat.nodes:
-        if tasks[n.id] == "R" and n.collective is not None:
-            mine = sorted(owners[n.id], key=str)
-            for owner in mine or [None]:
-                out.setdefault(owner, []).append((n, 1.0 / max(len(mine), 1)))
-    return out
-
-
-def _block_memory(flat: WorkloadGraph, tasks, blocks, indices, batch=None) -> dict:
-    """Per block: the bytes its forward keeps for the backward (outputs of the block that a
-    backward node reads; for the representative layer, the mean of the template's
-    layers) and the workspace it needs while it runs (its peak of live buffers over what
-    was live when it started and what it leaves behind), from buffer liveness on the
-    one-microbatch template."""
-    from flint.hardware_models.memory import live_bytes_by_node
-
-    users = flat.users
-    sizes = [shapes_bytes(n.outputs) for n in flat.nodes]
-    saved: dict = {}
-    for n, key in zip(flat.nodes, blocks):
-        if key is not None and key[0] == "F" and any(tasks[u] in "BR" for u in users[n.id]) \
-                and (batch is None or batch[n.id]):
-            saved[key] = saved.get(key, 0.0) + sizes[n.id]
-    live = live_bytes_by_node(flat)
-    spans: dict = {}
-    for i, key in enumerate(blocks):
-        if key is not None:
-            lo, hi = spans.get(key, (i, i))
-            spans[key] = (min(lo, i), max(hi, i))
-    transient: dict = {}
-    for key, (lo, hi) in spans.items():
-        before = live[lo - 1] if lo else 0.0
-        peak = max(live[lo:hi + 1])
-        left = live[hi]
-        transient[key] = max(peak - max(before, left), 0.0)
-    out = {}
-    for phase in "FB":
-        for label in (FIRST, LAST):
-            key = (phase, label)
-            out[f"{phase}:{label}"] = (saved.get(key, 0.0), transient.get(key, 0.0))
-        keys = [(phase, i) for i in interior(indices)]
-        out[f"{phase}:{LAYER}"] = (sum(saved.get(k, 0.0) for k in keys) / len(keys),
-                                   max(transient.get(k, 0.0) for k in keys))
-        for i in (indices[0], indices[-1]):
-            out[f"{phase}:{i}"] = (saved.get((phase, i), 0.0), transient.get((phase, i), 0.0))
-    return out
-
-
 class _Writer:
     def __init__(self, flat, tasks, blocks, layers: int, indices, template, work, memory,
                  boundary: str, bucket_bytes: int, overlap: bool = True,
-                 defer_reduced_work: bool = False, held: dict | None = None):
+                 defer_reduced_work: bool = False, held: dict | None = None,
+                 cached: dict | None = None):
         self.g, self.tasks, self.blocks, self.layers = flat, tasks, blocks, layers
         self.a, self.b = indices[0], indices[1]
         self.indices = indices
@@ -252,7 +152,8 @@ class _Writer:
         self.boundary, self.bucket_bytes, self.overlap = boundary, bucket_bytes, overlap
         self.defer_reduced_work = defer_reduced_work
         self.held = held or {}          # owner -> the template's gathers held for the step
-        self.owned_reductions = _reductions_by_layer(flat, tasks, blocks)
+        self.cached = cached or {}      # owner -> FP8 weights cast once, kept for the step
+        self.owned_reductions = reductions_by_layer(flat, tasks, blocks)
         # R blocks with compute of their own (the template's blocks carry their names)
         self.r_blocks = {n.meta["block"] for n in template.nodes
                          if n.meta["block"].startswith("R:") and n.collective is None}
@@ -328,8 +229,14 @@ class _Writer:
             if both:
                 act = grad = both
         names = [f"layer_{j}" for j in range(L)]
-        pre = [self.add(f"pre.{n}", None, n, "pre", layer_share, []) for n in names]
-        pre_rest = self.add("pre.rest", None, "", "pre", rest_share, [])
+        # a layer's once-per-step work holds the weights it cast (cast_once) until the
+        # layer's last backward reads them
+        pre = [self.add(f"pre.{n}", None, n, "pre", layer_share, [],
+                        self.cached.get(self.gather_owner(j), ())) for j, n in enumerate(names)]
+        rest_cached = [s for k in (FIRST, LAST, None) for s in self.cached.get(k, ())]
+        pre_rest = self.add("pre.rest", None, "", "pre", rest_share, [], rest_cached)
+        kept = [[p] if self.cached.get(self.gather_owner(j)) else [] for j, p in enumerate(pre)]
+        kept_rest = [pre_rest] if rest_cached else []
         # held gathers come before the first forward: once-per-step work (pre)
         rest = self.gathers(None, "rest")
         g_embed, g_head = rest + self.gathers(FIRST, FIRST), self.gathers(LAST, LAST)
@@ -343,17 +250,18 @@ class _Writer:
             fwd.append(prev)
         f_head = self.add("fwd.head", "forward", LAST, f"F:{LAST}", 1.0,
                           [prev, pre_rest] + g_head, ["f32[]"])
-        g = self.add("bwd.head", "backward", LAST, f"B:{LAST}", 1.0, [f_head] + g_head, grad)
+        g = self.add("bwd.head", "backward", LAST, f"B:{LAST}", 1.0,
+                     [f_head] + g_head + kept_rest, grad)
         buckets = GradientBuckets(self, self.bucket_bytes)
         buckets.add("rest", LAST, g, LAST)
         for j in reversed(range(L)):
             g = self.add(f"bwd.{names[j]}", "backward", names[j], self.layer_block("B", j),
-                         1.0, [g, fwd[j]] + g_layer[j], grad)
+                         1.0, [g, fwd[j]] + g_layer[j] + kept[j], grad)
             buckets.issue()
             owner = self.owner(j)
             buckets.add(j, interior(self.indices)[0] if owner == LAYER else owner, g, names[j])
         b_embed = self.add("bwd.embed", "backward", FIRST, f"B:{FIRST}", 1.0,
-                           [g, f_embed] + g_embed)
+                           [g, f_embed] + g_embed + kept_rest)
         if not self.overlap:        # every bucket waits for the end of the backward
             buckets.after = [b_embed]
         buckets.issue()
