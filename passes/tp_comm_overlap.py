@@ -16,8 +16,9 @@ T-1 point-to-point steps of one chunk each (a collective-permute over the TP gro
 step after the previous one), and every GEMM of the same pass (forward or backward) that
 reads the gathered tensor (the Q, K and V projections, or gate and up) becomes T chunks of
 1/T of its work, chunk 0 on the local shard and chunk j after step j-1. An FP8 cast
-between the gather and the GEMMs is chunked with them, and its amax reduction runs on the
-local shard (Transformer Engine casts before gathering). A GEMM whose output a TP reduce-
+between the gather and the GEMMs (and the transposed copy XLA writes of it) is chunked
+with them, and its amax reduction runs on the local shard (Transformer Engine casts, and
+transposes, before gathering). A GEMM whose output a TP reduce-
 scatter reduces becomes T chunks whose partial results travel in T-1 steps as the next
 chunks compute. What else reads a collective's result waits for every chunk.
 Collectives with no GEMM beside them, and other collectives, are unchanged. The chunks of
@@ -92,19 +93,28 @@ class _Plan:
 def _gathered_users(g: WorkloadGraph, ag: Node, users, claimed):
     """(GEMMs to chunk, casts to chunk, reductions to run on the local shard) of a TP
     all-gather: GEMMs of the gather's own phase that read it directly or through one
-    elementwise cast; reductions that read it and feed no GEMM (an FP8 amax)."""
+    elementwise cast, itself read directly or through a layout copy (XLA writes an FP8
+    cast's transposed copy as a fusion of its own; Transformer Engine makes both copies of
+    the local shard before gathering); reductions that read it and feed no GEMM (an FP8
+    amax)."""
     phase = ag.meta.get("phase")
+
+    def gemms_of(i):
+        return [v for v in users[i] if g.nodes[v].op_class == "gemm" and v not in claimed
+                and g.nodes[v].meta.get("phase") == phase]
+
     gemms, casts, local = [], [], []
     for u in users[ag.id]:
         node = g.nodes[u]
         if node.op_class == "gemm" and node.meta.get("phase") == phase and u not in claimed:
             gemms.append(u)
         elif node.op_class == "elementwise":
-            mine = [v for v in users[u] if g.nodes[v].op_class == "gemm" and v not in claimed
-                    and g.nodes[v].meta.get("phase") == phase]
-            if mine:
-                casts.append(u)
-                gemms.extend(mine)
+            mine = gemms_of(u)
+            copies = [v for v in users[u] if g.nodes[v].op_class == "data_movement"
+                      and g.nodes[v].meta.get("phase") == phase and gemms_of(v)]
+            if mine or copies:
+                casts.extend([u] + copies)
+                gemms.extend(mine + [w for v in copies for w in gemms_of(v)])
         elif node.op_class == "reduction" and not any(
                 g.nodes[v].op_class == "gemm" for v in users[u]):
             local.append(u)
