@@ -21,8 +21,8 @@ values no micro-batch data reaches), the template block that owns each, and the 
 graph's once-per-step gather nodes that replace them.
 
 The same reach finds the other parameter-only work a framework does once per step:
-Transformer Engine's FP8 weight casts (weight_casts, cached_weights), which Megatron-Core
-runs in a step's first micro-batch and reuses until its last backward.
+Transformer Engine's FP8 weight casts (weight_casts), which Megatron-Core runs in a step's
+first micro-batch and reuses until its last backward.
 """
 from __future__ import annotations
 
@@ -70,25 +70,6 @@ def _casts_weights(graph: WorkloadGraph, n: Node, batch: list[bool]) -> bool:
             and not any(batch[i] and not all(parse_shape(o).num_elements <= 1
                                              for o in graph.nodes[i].outputs)
                         for i in n.inputs))
-
-
-def cached_weights(graph: WorkloadGraph, tasks: list[str], blocks: list) -> dict:
-    """{owner: [FP8 weight shapes]} of the once-per-step work's weight casts (those
-    weight_casts found and those XLA put before the layers), owner the layer index of the
-    node's label or of the block it was taken from, 'embed', 'head', or None: Transformer
-    Engine keeps the cast weights from the first micro-batch to the last backward."""
-    batch = microbatch_reach(graph)
-    out: dict = {}
-    for n in graph.nodes:
-        if tasks[n.id] != "pre" or not _casts_weights(graph, n, batch):
-            continue
-        label = n.meta.get("layer")
-        owner = layer_index(label)
-        if owner is None:
-            owner = label if label in ("embed", "head") else (
-                blocks[n.id][1] if blocks[n.id] is not None else None)
-        out.setdefault(owner, []).extend(n.outputs)
-    return out
 
 
 def parameter_gathers(graph: WorkloadGraph, tasks: list[str]) -> list[int]:

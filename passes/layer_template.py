@@ -38,8 +38,8 @@ from flint.passes.expand_loops import ExpandLoops
 from flint.passes.layer_blocks import (FIRST, LAST, block_memory, node_blocks,
                                        reductions_by_layer, tagged_template)
 from flint.passes.layer_buckets import GradientBuckets
-from flint.passes.layer_gathers import (cached_weights, emit_gathers, gather_owners,
-                                        microbatch_reach, parameter_gathers, weight_casts)
+from flint.passes.layer_gathers import (emit_gathers, gather_owners, microbatch_reach,
+                                        parameter_gathers, weight_casts)
 from flint.passes.pipeline_stages import arguments_by_layer, layer_index, task_of
 
 
@@ -80,7 +80,10 @@ class LayerTemplate:
     # reuses the copy (its modules' is_first_microbatch, which Megatron-Core's schedules
     # set for micro-batch 0 only: pipeline_parallel/schedules.py forward_step). XLA puts
     # such a cast where its schedule does, before the layers or inside them, so without
-    # this the same run pays it once or per micro-batch by accident of the compiler
+    # this the same run pays it once or per micro-batch by accident of the compiler.
+    # Known limit: the cast copies' memory is not held for the step (TE keeps them in
+    # per-module workspaces); holding a copy per parameter byte put published FP8 runs
+    # that ran without recompute (NeMo 24.07 GPT3-20B, 64 H100) over their memory
     cast_once: bool = False
     # True: values a forward computes from parameters alone (FSDP2's gathered weights and
     # their per-parameter copies) are freed after the forward and made again for the
@@ -98,13 +101,10 @@ class LayerTemplate:
             for i in gathers:
                 tasks[i] = "pre"
             blocks = node_blocks(flat, tasks)
-        cached: dict = {}
         if self.cast_once:          # priced with the once-per-step work ("pre")
-            taken = blocks
             for i in weight_casts(flat, tasks):
                 tasks[i] = "pre"
             blocks = node_blocks(flat, tasks)
-            cached = cached_weights(flat, tasks, taken)
         indices = sorted({k[1] for k in blocks if k and isinstance(k[1], int)})
         if len(indices) < 2:
             raise FlintError("a layer template needs at least 2 unrolled layers labelled "
@@ -132,8 +132,7 @@ class LayerTemplate:
                                microbatch_reach(flat) if self.resharded else None)
         out = _Writer(flat, tasks, blocks, layers, indices, template, work, memory,
                       self.boundary, self.bucket_bytes, self.overlap_reduction,
-                      self.defer_reduced_work, held, cached).write(layer_share,
-                                                                    rest / template_params)
+                      self.defer_reduced_work, held).write(layer_share, rest / template_params)
         if "model_flops_per_device" in out.meta:
             out.meta["model_flops_per_device"] *= flops_ratio
         out.check()
@@ -143,8 +142,7 @@ class LayerTemplate:
 class _Writer:
     def __init__(self, flat, tasks, blocks, layers: int, indices, template, work, memory,
                  boundary: str, bucket_bytes: int, overlap: bool = True,
-                 defer_reduced_work: bool = False, held: dict | None = None,
-                 cached: dict | None = None):
+                 defer_reduced_work: bool = False, held: dict | None = None):
         self.g, self.tasks, self.blocks, self.layers = flat, tasks, blocks, layers
         self.a, self.b = indices[0], indices[1]
         self.indices = indices
@@ -152,7 +150,6 @@ class _Writer:
         self.boundary, self.bucket_bytes, self.overlap = boundary, bucket_bytes, overlap
         self.defer_reduced_work = defer_reduced_work
         self.held = held or {}          # owner -> the template's gathers held for the step
-        self.cached = cached or {}      # owner -> FP8 weights cast once, kept for the step
         self.owned_reductions = reductions_by_layer(flat, tasks, blocks)
         # R blocks with compute of their own (the template's blocks carry their names)
         self.r_blocks = {n.meta["block"] for n in template.nodes
@@ -229,14 +226,8 @@ class _Writer:
             if both:
                 act = grad = both
         names = [f"layer_{j}" for j in range(L)]
-        # a layer's once-per-step work holds the weights it cast (cast_once) until the
-        # layer's last backward reads them
-        pre = [self.add(f"pre.{n}", None, n, "pre", layer_share, [],
-                        self.cached.get(self.gather_owner(j), ())) for j, n in enumerate(names)]
-        rest_cached = [s for k in (FIRST, LAST, None) for s in self.cached.get(k, ())]
-        pre_rest = self.add("pre.rest", None, "", "pre", rest_share, [], rest_cached)
-        kept = [[p] if self.cached.get(self.gather_owner(j)) else [] for j, p in enumerate(pre)]
-        kept_rest = [pre_rest] if rest_cached else []
+        pre = [self.add(f"pre.{n}", None, n, "pre", layer_share, []) for n in names]
+        pre_rest = self.add("pre.rest", None, "", "pre", rest_share, [])
         # held gathers come before the first forward: once-per-step work (pre)
         rest = self.gathers(None, "rest")
         g_embed, g_head = rest + self.gathers(FIRST, FIRST), self.gathers(LAST, LAST)
@@ -250,18 +241,17 @@ class _Writer:
             fwd.append(prev)
         f_head = self.add("fwd.head", "forward", LAST, f"F:{LAST}", 1.0,
                           [prev, pre_rest] + g_head, ["f32[]"])
-        g = self.add("bwd.head", "backward", LAST, f"B:{LAST}", 1.0,
-                     [f_head] + g_head + kept_rest, grad)
+        g = self.add("bwd.head", "backward", LAST, f"B:{LAST}", 1.0, [f_head] + g_head, grad)
         buckets = GradientBuckets(self, self.bucket_bytes)
         buckets.add("rest", LAST, g, LAST)
         for j in reversed(range(L)):
             g = self.add(f"bwd.{names[j]}", "backward", names[j], self.layer_block("B", j),
-                         1.0, [g, fwd[j]] + g_layer[j] + kept[j], grad)
+                         1.0, [g, fwd[j]] + g_layer[j], grad)
             buckets.issue()
             owner = self.owner(j)
             buckets.add(j, interior(self.indices)[0] if owner == LAYER else owner, g, names[j])
         b_embed = self.add("bwd.embed", "backward", FIRST, f"B:{FIRST}", 1.0,
-                           [g, f_embed] + g_embed + kept_rest)
+                           [g, f_embed] + g_embed)
         if not self.overlap:        # every bucket waits for the end of the backward
             buckets.after = [b_embed]
         buckets.issue()

@@ -40,9 +40,8 @@ def test_weight_casts_are_fp8_casts_of_weights_not_of_activations():
 
 def test_megatron_fp8_casts_weights_once_per_step(monkeypatch):
     """Megatron-Core FP8 (Transformer Engine) prices no weight cast in a micro-batch's
-    layer blocks, says so, is faster than casting in every micro-batch, and holds the
-    cast weights through the step (more memory); XLA, PyTorch, bf16 and FSDP runs keep
-    the program's casts."""
+    layer blocks, says so, and is faster than casting in every micro-batch; XLA,
+    PyTorch, bf16 and FSDP runs keep the program's casts."""
     from flint import engine
     from flint.hardware_models.composite import template_of
     from flint.passes.layer_gathers import weight_casts
@@ -66,6 +65,5 @@ def test_megatron_fp8_casts_weights_once_per_step(monkeypatch):
     engine._PIPELINED.clear()
     every = engine.predict(run)
     assert every.step_time_s > once.step_time_s
-    assert once.memory_bytes > every.memory_bytes
     engine._LAYERED.clear()
     engine._PIPELINED.clear()
