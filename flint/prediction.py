@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flint.run import TrainingRun
+from flint.run import TrainingRun, weight_casts_held_for_step
 
 
 @dataclass
@@ -94,8 +94,6 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
             "current: per-tensor scales from each tensor's own amax, a pass over it before "
             "its cast (Transformer Engine Float8CurrentScaling)")
     if run.precision in ("fp8", "mxfp8"):
-        from flint.run import weight_casts_held_for_step
-
         out["fp8_weight_casts"] = (
             "once per step, in the first micro-batch, reused by the others (Transformer "
             "Engine's cached FP8 weights: Megatron-Core's is_first_microbatch)"

@@ -43,7 +43,6 @@ from flint.passes.layer_gathers import (emit_gathers, gather_owners, microbatch_
 from flint.passes.pipeline_stages import arguments_by_layer, layer_index, task_of
 
 
-
 @dataclass(frozen=True)
 class LayerTemplate:
     """Contract: input a per-device training-step graph of one microbatch with k >= 2
@@ -97,12 +96,11 @@ class LayerTemplate:
         gathers = parameter_gathers(flat, tasks) if self.gather_once else []
         blocks = node_blocks(flat, tasks)
         held = gather_owners(flat, gathers, blocks)
-        if gathers:                 # no block waits on them: the layered graph holds them
-            for i in gathers:
-                tasks[i] = "pre"
-            blocks = node_blocks(flat, tasks)
-        if self.cast_once:          # priced with the once-per-step work ("pre")
-            for i in weight_casts(flat, tasks):
+        # once-per-step work: no block waits on the held gathers (the layered graph holds
+        # them), and the weight casts are priced with the rest of "pre"
+        moved = gathers + (weight_casts(flat, tasks) if self.cast_once else [])
+        if moved:
+            for i in moved:
                 tasks[i] = "pre"
             blocks = node_blocks(flat, tasks)
         indices = sorted({k[1] for k in blocks if k and isinstance(k[1], int)})
@@ -129,7 +127,7 @@ class LayerTemplate:
         template_params = sum(owned.values()) + rest
         layer_share = sum(owned.values()) / max(len(owned), 1) / template_params
         memory = block_memory(flat, tasks, blocks, indices,
-                               microbatch_reach(flat) if self.resharded else None)
+                              microbatch_reach(flat) if self.resharded else None)
         out = _Writer(flat, tasks, blocks, layers, indices, template, work, memory,
                       self.boundary, self.bucket_bytes, self.overlap_reduction,
                       self.defer_reduced_work, held).write(layer_share, rest / template_params)

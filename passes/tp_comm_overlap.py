@@ -110,11 +110,13 @@ def _gathered_users(g: WorkloadGraph, ag: Node, users, claimed):
             gemms.append(u)
         elif node.op_class == "elementwise":
             mine = gemms_of(u)
-            copies = [v for v in users[u] if g.nodes[v].op_class == "data_movement"
-                      and g.nodes[v].meta.get("phase") == phase and gemms_of(v)]
+            copies = {v: gemms_of(v) for v in users[u]
+                      if g.nodes[v].op_class == "data_movement"
+                      and g.nodes[v].meta.get("phase") == phase}
+            copies = {v: read for v, read in copies.items() if read}
             if mine or copies:
-                casts.extend([u] + copies)
-                gemms.extend(mine + [w for v in copies for w in gemms_of(v)])
+                casts.extend([u, *copies])
+                gemms.extend(mine + [w for read in copies.values() for w in read])
         elif node.op_class == "reduction" and not any(
                 g.nodes[v].op_class == "gemm" for v in users[u]):
             local.append(u)
