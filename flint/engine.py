@@ -30,8 +30,8 @@ import time
 from dataclasses import replace
 from flint.errors import FlintError
 from flint.prediction import Prediction, prediction_facts  # noqa: F401 (re-exported)
-from flint.run import (TrainingRun, gathered_weights_freed, gathers_held_for_step,
-                       weight_casts_held_for_step)
+from flint.run import (TrainingRun, amax_local_to_tp, gathered_weights_freed,
+                       gathers_held_for_step, parameter_gather, weight_casts_held_for_step)
 # the stage program's names, re-exported (callers import them from the engine)
 from flint.stage import (COMPILED_DATA, MOE_TEMPLATE_LAYERS, TEMPLATE_LAYERS,  # noqa: F401
                          TORCH_WORKLOAD_VERSION, WORKLOAD_VERSION, compile_target,
@@ -251,6 +251,10 @@ def _passes(run: TrainingRun, template):
         from flint.passes.tp_grad_overlap import TpGradOverlap
 
         graph = TpGradOverlap().run(graph)
+    if amax_local_to_tp(run):
+        from flint.passes.amax_scope import AmaxScope
+
+        graph = AmaxScope("model").run(graph)
     if graph.meta.get("layer_template") is None and cfg.n_layers > 1:
         graph = LayerTemplate(cfg.n_layers, boundary=boundary_shape(run, cfg),
                               overlap_reduction=run.overlap_grad_reduce,
@@ -265,6 +269,7 @@ def _passes(run: TrainingRun, template):
     if run.zero in (1, 2):
         graph = DistributedOptimizer(
             shard_gradients=run.zero == 2, sync=run.zero_sync, group=run.hsdp,
+            gather=parameter_gather(run),
             grad_dtype={"fp32": "f32"}.get(run.grad_reduce_dtype, run.grad_reduce_dtype),
             # DeepSpeed's BF16_Optimizer accumulates into fp32 gradients whatever it sends
             buffer_dtype="f32" if run.grad_accumulation == "fp32-copy" else "").run(graph)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flint.run import TrainingRun, weight_casts_held_for_step
+from flint.run import (TrainingRun, amax_local_to_tp, parameter_gather,
+                       weight_casts_held_for_step)
 
 
 @dataclass
@@ -100,6 +101,15 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
             if weight_casts_held_for_step(run) else
             "where the program casts them (every micro-batch unless the compiler hoists "
             "the cast)")
+    if amax_local_to_tp(run):
+        out["fp8_amax"] = ("each rank's own shard, reduced over the tensor-parallel group "
+                           "where the tensor is gathered in FP8 (Transformer Engine's "
+                           "quantizers)")
+    if run.zero in (1, 2) and run.zero_sync == "reduce-scatter":
+        out["parameter_gathers"] = (
+            "in the first micro-batch's forward, one bucket ahead of the layer that uses it "
+            "(Megatron-Core's overlap_param_gather)" if parameter_gather(run) == "prefetch"
+            else "all at the start of the step, after the optimizer's update")
     if any(n.meta.get("held") == "step" for n in graph.nodes):
         out["parameter_gathers"] = (
             "once per step, each layer's before its first micro-batch and held until the "

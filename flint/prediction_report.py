@@ -115,6 +115,8 @@ def render_prediction(p: dict, console: Console) -> None:
         t.add_row("parameter gathers", facts["parameter_gathers"])
     if facts.get("fp8_scaling"):
         t.add_row("FP8 scaling", facts["fp8_scaling"])
+    if facts.get("fp8_amax"):
+        t.add_row("FP8 amax", facts["fp8_amax"])
     if facts.get("fp8_weight_casts"):
         t.add_row("FP8 weight casts", facts["fp8_weight_casts"])
     if facts.get("recompute"):

@@ -29,6 +29,7 @@ class GraphPass(Protocol):
 
 def registry() -> dict[str, type]:
     """Every graph -> graph pass, by name."""
+    from flint.passes.amax_scope import AmaxScope
     from flint.passes.anonymize import Anonymize
     from flint.passes.attention import CollapseAttention
     from flint.passes.distributed_optimizer import DistributedOptimizer
@@ -42,10 +43,10 @@ def registry() -> dict[str, type]:
     from flint.passes.tp_comm_overlap import TpCommOverlap
     from flint.passes.tp_grad_overlap import TpGradOverlap
 
-    return {cls.name: cls for cls in (Anonymize, CollapseAttention, DistributedOptimizer,
-                                      ExpandLoops, FusePointwise, KernelPopulation,
-                                      LayerTemplate, PipelineParallel, Place, Rescale,
-                                      TpCommOverlap, TpGradOverlap)}
+    return {cls.name: cls for cls in (AmaxScope, Anonymize, CollapseAttention,
+                                      DistributedOptimizer, ExpandLoops, FusePointwise,
+                                      KernelPopulation, LayerTemplate, PipelineParallel, Place,
+                                      Rescale, TpCommOverlap, TpGradOverlap)}
 
 
 _ITEM = re.compile(r"\s*([\w\-]+)\s*(?:\{([^}]*)\})?\s*(?:,|$)")

@@ -8,8 +8,10 @@ submissions), each data-parallel rank owns 1/DP of the optimizer state:
   summed gradient of its shard), still overlapped with the last microbatch's backward;
 - the rank updates only its shard (the optimizer's work divides by DP);
 - the updated parameters are all-gathered in the compute dtype (bf16), bucket by bucket,
-  overlapped with the next step's forward: here, an all-gather per reduced bucket at the
-  start of the step that the bucket's first forward use waits for.
+  overlapped with the next step's forward: an all-gather per reduced bucket that the
+  bucket's first forward use waits for, issued one bucket ahead in forward order
+  (gather "prefetch", `_prefetch_chain`), or all at the start of the step (gather
+  "step": DeepSpeed's optimizer step gathers them before the next forward).
 
 Memory, as Megatron-Core's distributed-optimizer guide counts it for bf16 parameters with
 fp32 gradients: 6 + 12/d bytes per parameter (d: the data-parallel size) instead of 18.
@@ -66,6 +68,9 @@ the same gradients (in `grad_dtype`); one all-gather per such bucket is added be
 other nodes (ids shift by their count) and feeds the first forward node of the bucket's layer;
 optimizer nodes of that layer that stand for a template block (layer templates) have
 their scale divided by the group size; the optimizer-state arguments shrink as above (meta["arguments"]).
+With gather "prefetch" (Megatron-Core) the gathers are placed in forward order
+among the forward nodes instead, each before the previous bucket's first forward node, and
+run in the first micro-batch only (meta first_microbatch; `_prefetch_chain`).
 Other nodes are unchanged. Raises FlintError on a graph with loops.
 """
 from __future__ import annotations
@@ -86,6 +91,7 @@ _DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "f64": 8}
 
 SYNCS = ("reduce-scatter", "broadcast", "all-reduce")
 GRAD_DTYPES = ("f32", "bf16")
+GATHERS = ("step", "prefetch")
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,10 @@ class DistributedOptimizer:
     group: int = 0               # ranks sharing one copy of the state (0: all of them)
     grad_dtype: str = "f32"      # the main-gradient buffer and its reduction (bf16: half)
     buffer_dtype: str = ""       # the gradient buffer's, where not grad_dtype
+    # when the updated parameters are gathered (reduce-scatter sync): "step", all at the
+    # start of the step; "prefetch", one bucket ahead of the first micro-batch's forward
+    # (Megatron-Core's overlap_param_gather: _prefetch_chain)
+    gather: str = "step"
     name: ClassVar[str] = "distributed-optimizer"
 
     def __post_init__(self):
@@ -108,6 +118,12 @@ class DistributedOptimizer:
             if value not in GRAD_DTYPES:
                 raise FlintError(f"distributed-optimizer: {name} {value!r} is not "
                                  f"{' or '.join(GRAD_DTYPES)}")
+        if self.gather not in GATHERS:
+            raise FlintError(f"distributed-optimizer: gather {self.gather!r} is not "
+                             f"{' or '.join(GATHERS)}")
+        if self.gather == "prefetch" and self.sync != "reduce-scatter":
+            raise FlintError(f"distributed-optimizer: gather prefetch is Megatron-Core's "
+                             f"(sync reduce-scatter), not sync {self.sync}")
         if self.group < 0:
             raise FlintError("distributed-optimizer: group must be >= 0")
         if self.sync != "reduce-scatter" and self.shard_gradients:
@@ -211,6 +227,7 @@ def _sharded(opt: DistributedOptimizer, graph: WorkloadGraph, buckets: list,
             first_forward.setdefault(n.meta.get("layer", ""), n.id)
     head: list[Node] = []                 # the parameter sync, before every other node
     feeds: dict[int, list[int]] = {}
+    before: dict[int, list[Node]] = {}     # prefetched gathers, before a node
     if opt.sync == "broadcast":
         # one broadcast node per data-parallel group the buckets reduce over (a MoE
         # model's experts over their own), standing for its g owners' broadcasts
@@ -230,18 +247,24 @@ def _sharded(opt: DistributedOptimizer, graph: WorkloadGraph, buckets: list,
                                   if n.meta.get("layer", "") in first_forward}):
                 feeds.setdefault(target, []).append(len(head) - 1)
     else:
+        gathers = []
         for n in buckets:
             c = n.collective
             inside = split[c.communicator][0]
             g = g_of[n.id]
             params = c.bytes_in * PARAMETER_BYTES // _DTYPE_BYTES.get(c.dtype, 4)
-            head.append(Node(len(head), f"param-all-gather.{n.name}", NodeKind.COLLECTIVE,
-                             "all-gather", "collective", [], outputs=[],
-                             collective=Collective("all-gather", inside, params // g, params,
-                                                   "bf16", None, True),
-                             meta={"layer": n.meta.get("layer", ""),
-                                   "distributed_optimizer": "param-gather"}))
-            target = first_forward.get(n.meta.get("layer", ""))
+            gathers.append((first_forward.get(n.meta.get("layer", "")), Node(
+                0, f"param-all-gather.{n.name}", NodeKind.COLLECTIVE, "all-gather",
+                "collective", [], outputs=[],
+                collective=Collective("all-gather", inside, params // g, params, "bf16",
+                                      None, True),
+                meta={"layer": n.meta.get("layer", ""),
+                      "distributed_optimizer": "param-gather"})))
+        if opt.gather == "prefetch":
+            before = _prefetch_chain(graph, gathers)
+            gathers = [(None, node) for target, node in gathers if target is None]
+        for target, node in gathers:
+            head.append(replace(node, id=len(head)))
             if target is not None:
                 feeds.setdefault(target, []).append(len(head) - 1)
     # a bucket reduce-scattered inside a smaller group gets its all-reduce across the
@@ -249,7 +272,12 @@ def _sharded(opt: DistributedOptimizer, graph: WorkloadGraph, buckets: list,
     grouped = {n.id for n in buckets if opt.sync == "reduce-scatter"
                and g_of[n.id] < graph.communicators[n.collective.communicator].size}
     new_id, read_id, pos = {}, {}, len(head)
+    placed: dict[int, list[int]] = {}     # node -> the ids of the gathers before it
     for n in graph.nodes:
+        for gather in before.get(n.id, ()):
+            placed.setdefault(n.id, []).append(pos)
+            feeds.setdefault(gather.meta["feeds"], []).append(pos)
+            pos += 1
         new_id[n.id] = read_id[n.id] = pos
         pos += 1
         if n.id in grouped:
@@ -257,6 +285,9 @@ def _sharded(opt: DistributedOptimizer, graph: WorkloadGraph, buckets: list,
             pos += 1
     nodes: list[Node] = list(head)
     for n in graph.nodes:
+        for k, gather in zip(placed.get(n.id, ()), before.get(n.id, ())):
+            meta = {key: v for key, v in gather.meta.items() if key != "feeds"}
+            nodes.append(replace(gather, id=k, meta=meta))
         i = new_id[n.id]
         node = replace(n, id=i, inputs=[read_id[j] for j in n.inputs] + feeds.get(n.id, []),
                        control=[read_id[j] for j in n.control])
@@ -296,8 +327,10 @@ def _sharded(opt: DistributedOptimizer, graph: WorkloadGraph, buckets: list,
     if opt.sync == "broadcast":
         copies = [[f"params/bf16/{h.name}", h.collective.bytes_out] for h in head]
     else:
-        copies = [[f"params/{h.meta['layer']}/bf16" if h.meta.get("layer") else "params/bf16",
-                   h.collective.bytes_out] for h in head]
+        synced = head + [g for k in sorted(before) for g in before[k]]
+        layers = [h.meta.get("layer") or h.meta.get("gathers_for") for h in synced]
+        copies = [[f"params/{layer}/bf16" if layer else "params/bf16", h.collective.bytes_out]
+                  for layer, h in zip(layers, synced)]
     # the step's outputs that update those arguments in place shrink with them
     aliased = set(graph.meta.get("aliased_arguments", ()))
     shrunk = sum(old[1] - new[1] for k, (old, new) in
@@ -308,6 +341,37 @@ def _sharded(opt: DistributedOptimizer, graph: WorkloadGraph, buckets: list,
     out = replace(graph, nodes=nodes, meta=meta)
     out.check()
     return out
+
+
+def _prefetch_chain(graph: WorkloadGraph, gathers: list) -> dict:
+    """Megatron-Core's overlapped parameter gather (DistributedDataParallel with
+    overlap_param_gather; megatron/core/distributed/param_and_grad_buffer.py): the bucket
+    groups are chained in the order the forward uses them (next_param_gather_bucket_group,
+    set over the groups in reverse of the gradient order), and a module's forward pre-hook
+    calls finish_param_sync, which waits for its group's all-gather and then dispatches the
+    next group's. So the gathers run one at a time in forward order, each dispatched when
+    the forward reaches the layer before it, and only the first micro-batch's forward
+    waits (later ones find the parameters gathered).
+
+    `gathers`: (the first forward node of the bucket's layer or None, the gather node).
+    Returns {original node id: [gathers placed before it]}: a gather is placed in the node order right before the previous bucket's first forward
+    node, so the host issues it when the forward reaches that node (schedule.simulate
+    issues a collective when the compute stream has run what precedes it, also on another
+    pipeline stage's schedule), and it feeds its own layer's first forward node (meta
+    "feeds"); the first one goes before its own layer's, at the start of the forward."""
+    chain = sorted((t, k) for k, (t, _) in enumerate(gathers) if t is not None)
+    before: dict[int, list] = {}
+    targets = sorted({t for t, _ in chain})
+    previous = {t: targets[j - 1] for j, t in enumerate(targets) if j}
+    for target, k in chain:
+        node = gathers[k][1]
+        # labelled by what it gathers for, not as the layer's own work: it sits in the
+        # previous layer's stretch of the forward, and a pipeline split reads layers there
+        meta = {k: v for k, v in node.meta.items() if k != "layer"}
+        node.meta = dict(meta, feeds=target, first_microbatch=True,
+                         gathers_for=node.meta.get("layer", ""))
+        before.setdefault(previous.get(target, target), []).append(node)
+    return before
 
 
 def _in_grad_dtype(c: Collective, grad_dtype: str) -> Collective:

@@ -180,7 +180,10 @@ class _Builder:
         return self.graph()
 
     def runs(self, template: int, mb: int) -> bool:
-        """R work runs once, with the last microbatch."""
+        """R work runs once, with the last microbatch; work only the first microbatch does
+        (meta first_microbatch: a sharded optimizer's parameter gathers) runs with it."""
+        if self.g.nodes[template].meta.get("first_microbatch"):
+            return mb == 0
         return (self.tasks[template] != "R" or mb == self.last
                 or self.cfg.reduce_every_microbatch)
 
@@ -189,7 +192,8 @@ class _Builder:
             if not self.runs(t, mb):
                 continue
             for i in self.g.nodes[t].inputs:
-                if self.tasks[i] in "FBR" and (i, mb) not in self.copy \
+                k = 0 if self.g.nodes[i].meta.get("first_microbatch") else mb
+                if self.tasks[i] in "FBR" and (i, k) not in self.copy \
                         and self.group(i) != (phase, c):
                     return False
         return True
@@ -198,7 +202,8 @@ class _Builder:
         """A stage runs a task once everything it receives has arrived (Megatron-LM's
         blocking recv_forward / recv_backward before the stage's compute): the task's
         RECVs come first and gate its first node."""
-        members = [t for t in self.members.get((phase, c), ()) if self.runs(t, mb)]
+        members = [t for t in self.members.get((phase, c), ())
+                   if self.runs(t, mb) and (t, mb) not in self.copy]
         dev = c % self.p
         self.gate = sorted({self.receive(i, self.instance(i, phase, mb), dev)
                             for t in members for i in self.g.nodes[t].inputs
@@ -214,6 +219,15 @@ class _Builder:
         for t in members:
             if t not in held:
                 self.emit_node(t, phase, mb, c)
+        if phase == "F" and mb == 0:
+            # Megatron-Core's interleaved schedule dispatches all the parameter gathers of
+            # the device's next model chunk during this chunk's first forwards
+            # (pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving:
+            # param_sync_func of param_sync_chunk_id = this chunk + 1 in the warm-up), so
+            # they are issued here rather than when that chunk starts
+            for t in self.members.get(("F", c + self.p), ()):
+                if self.g.nodes[t].meta.get("first_microbatch") and (t, 0) not in self.copy:
+                    self.emit_node(t, "F", 0, c + self.p)
         # the step's end: its last F/B node (the gradient reduction runs on past it)
         end = max((self.copy[(t, mb)] for t in members if self.tasks[t] != "R"),
                   default=len(self.nodes) - 1)
@@ -238,7 +252,7 @@ class _Builder:
         nodes (they have one copy)."""
         if self.tasks[i] == "R":
             return mb if self.cfg.reduce_every_microbatch and phase in "FB" else self.last
-        if self.tasks[i] not in "FB":
+        if self.tasks[i] not in "FB" or self.g.nodes[i].meta.get("first_microbatch"):
             return 0
         return mb if phase in "FB" else self.last
 
