@@ -202,6 +202,8 @@ class _Builder:
         """A stage runs a task once everything it receives has arrived (Megatron-LM's
         blocking recv_forward / recv_backward before the stage's compute): the task's
         RECVs come first and gate its first node."""
+        if phase == "F" and mb == 0 and self.cfg.virtual > 1:
+            self.aligned_gathers(c)
         members = [t for t in self.members.get((phase, c), ())
                    if self.runs(t, mb) and (t, mb) not in self.copy]
         dev = c % self.p
@@ -219,15 +221,6 @@ class _Builder:
         for t in members:
             if t not in held:
                 self.emit_node(t, phase, mb, c)
-        if phase == "F" and mb == 0:
-            # Megatron-Core's interleaved schedule dispatches all the parameter gathers of
-            # the device's next model chunk during this chunk's first forwards
-            # (pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving:
-            # param_sync_func of param_sync_chunk_id = this chunk + 1 in the warm-up), so
-            # they are issued here rather than when that chunk starts
-            for t in self.members.get(("F", c + self.p), ()):
-                if self.g.nodes[t].meta.get("first_microbatch") and (t, 0) not in self.copy:
-                    self.emit_node(t, "F", 0, c + self.p)
         # the step's end: its last F/B node (the gradient reduction runs on past it)
         end = max((self.copy[(t, mb)] for t in members if self.tasks[t] != "R"),
                   default=len(self.nodes) - 1)
@@ -245,6 +238,21 @@ class _Builder:
                                 control=[end])
                 if self.cfg.p2p != "posted-ahead":
                     self.unfinished.setdefault(dev_, []).append(sent)
+
+    def aligned_gathers(self, c: int) -> None:
+        """A sharded optimizer's parameter gathers (meta first_microbatch) under Megatron's
+        interleaved schedule, which aligns them across the stages (align_param_gather,
+        Megatron-LM's default there; off for the other schedules, whose layers gather one
+        bucket ahead in their forward, passes.distributed_optimizer): the gathers of the
+        device's first two model chunks start with the step, a later chunk's with the
+        first forward of the chunk before it (schedules.py: param_sync_func of chunks 0 and
+        1, then of param_sync_chunk_id in the warm-up), each chunk's all at once in its
+        buckets' order, the gradients' (DistributedDataParallel.start_param_sync)."""
+        for k in ([c, c + self.p] if c < self.p else [c + self.p]):
+            gathers = [t for t in self.members.get(("F", k), ())
+                       if self.g.nodes[t].meta.get("first_microbatch") and (t, 0) not in self.copy]
+            for t in reversed(gathers):
+                self.emit_node(t, "F", 0, k)
 
     def instance(self, i: int, phase: str, mb: int) -> int:
         """Which microbatch's copy of node i a node of `phase` in microbatch `mb` reads:

@@ -93,6 +93,9 @@ def task_of(graph: WorkloadGraph) -> list[str]:
                 tasks[i], changed = t, True
     _mark_gradient_reduction(graph, tasks)
     _hoist_parameter_work(graph, tasks)
+    for n in graph.nodes:     # the first micro-batch's own work (a sharded optimizer's
+        if n.meta.get("first_microbatch"):      # parameter gathers), wherever it sits
+            tasks[n.id] = "F"
     return tasks
 
 

@@ -126,3 +126,27 @@ def test_megatron_fp8_amaxes_do_not_cross_data_or_context_ranks():
     assert megatron and all(set(a) <= {"model"} for a in megatron)
     xla = amax_axes(TrainingRun(**base, framework="xla"))
     assert any({"data", "context"} & set(a) for a in xla)
+
+
+def test_interleaved_schedule_gathers_a_chunk_at_once_ahead_of_its_forward():
+    """Megatron's interleaved schedule aligns the gathers across stages: a device's first
+    two model chunks gather at the start of the step, each chunk's buckets at once in
+    the gradients' order (last layer first), so the second chunk's are done before its
+    first forward."""
+    from flint.engine import predict
+
+    run = TrainingRun(model=dict(LLAMA6, layers=8), devices=16, pp=2, vp=2, zero=1,
+                      global_batch=32)
+    tl, gathers = _gathers(predict(run, timeline=True))
+    g = tl.graph
+    mine = sorted((i for i in gathers if tl.device[i] == 0), key=lambda i: tl.start[i])
+    chunks = [g.nodes[i].meta["chunk"] for i in mine]
+    assert chunks == sorted(chunks) and len(set(chunks)) == 2
+    first = [int(g.nodes[i].meta["gathers_for"].split("_")[1]) for i in mine
+             if g.nodes[i].meta["chunk"] == chunks[0]
+             and g.nodes[i].meta["gathers_for"].startswith("layer_")]
+    assert first == sorted(first, reverse=True)
+    second = [i for i in mine if g.nodes[i].meta["chunk"] == chunks[-1]]
+    forward = min(tl.start[i] for i, n in enumerate(g.nodes) if tl.device[i] == 0
+                  and n.meta.get("chunk") == chunks[-1] and n.name.startswith("fwd."))
+    assert max(tl.finish[i] for i in second) <= forward
