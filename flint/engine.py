@@ -30,8 +30,10 @@ import time
 from dataclasses import replace
 from flint.errors import FlintError
 from flint.prediction import Prediction, prediction_facts  # noqa: F401 (re-exported)
-from flint.run import (TrainingRun, amax_local_to_tp, gathered_weights_freed,
-                       gathers_held_for_step, parameter_gather, weight_casts_held_for_step)
+from flint.framework_rules import (amax_local_to_tp, gathered_weights_freed,
+                                   gathers_held_for_step, parameter_gather,
+                                   weight_casts_held_for_step)
+from flint.run import TrainingRun
 # the stage program's names, re-exported (callers import them from the engine)
 from flint.stage import (COMPILED_DATA, MOE_TEMPLATE_LAYERS, TEMPLATE_LAYERS,  # noqa: F401
                          TORCH_WORKLOAD_VERSION, WORKLOAD_VERSION, compile_target,

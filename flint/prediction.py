@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flint.run import (TrainingRun, amax_local_to_tp, parameter_gather,
-                       weight_casts_held_for_step)
+from flint.framework_rules import (amax_local_to_tp, parameter_gather,
+                                   weight_casts_held_for_step)
+from flint.run import TrainingRun
 
 
 @dataclass

@@ -227,7 +227,7 @@ def _sharded(opt: DistributedOptimizer, graph: WorkloadGraph, buckets: list,
             first_forward.setdefault(n.meta.get("layer", ""), n.id)
     head: list[Node] = []                 # the parameter sync, before every other node
     feeds: dict[int, list[int]] = {}
-    before: dict[int, list[Node]] = {}     # prefetched gathers, before a node
+    before: dict[int, list[tuple[Node, int]]] = {}   # prefetched (gather, reader), by node
     if opt.sync == "broadcast":
         # one broadcast node per data-parallel group the buckets reduce over (a MoE
         # model's experts over their own), standing for its g owners' broadcasts
@@ -274,9 +274,9 @@ def _sharded(opt: DistributedOptimizer, graph: WorkloadGraph, buckets: list,
     new_id, read_id, pos = {}, {}, len(head)
     placed: dict[int, list[int]] = {}     # node -> the ids of the gathers before it
     for n in graph.nodes:
-        for gather in before.get(n.id, ()):
+        for _, reader in before.get(n.id, ()):
             placed.setdefault(n.id, []).append(pos)
-            feeds.setdefault(gather.meta["feeds"], []).append(pos)
+            feeds.setdefault(reader, []).append(pos)
             pos += 1
         new_id[n.id] = read_id[n.id] = pos
         pos += 1
@@ -285,9 +285,8 @@ def _sharded(opt: DistributedOptimizer, graph: WorkloadGraph, buckets: list,
             pos += 1
     nodes: list[Node] = list(head)
     for n in graph.nodes:
-        for k, gather in zip(placed.get(n.id, ()), before.get(n.id, ())):
-            meta = {key: v for key, v in gather.meta.items() if key != "feeds"}
-            nodes.append(replace(gather, id=k, meta=meta))
+        for k, (gather, _) in zip(placed.get(n.id, ()), before.get(n.id, ())):
+            nodes.append(replace(gather, id=k))
         i = new_id[n.id]
         node = replace(n, id=i, inputs=[read_id[j] for j in n.inputs] + feeds.get(n.id, []),
                        control=[read_id[j] for j in n.control])
@@ -327,7 +326,7 @@ def _sharded(opt: DistributedOptimizer, graph: WorkloadGraph, buckets: list,
     if opt.sync == "broadcast":
         copies = [[f"params/bf16/{h.name}", h.collective.bytes_out] for h in head]
     else:
-        synced = head + [g for k in sorted(before) for g in before[k]]
+        synced = head + [g for k in sorted(before) for g, _ in before[k]]
         layers = [h.meta.get("layer") or h.meta.get("gathers_for") for h in synced]
         copies = [[f"params/{layer}/bf16" if layer else "params/bf16", h.collective.bytes_out]
                   for layer, h in zip(layers, synced)]
@@ -354,11 +353,11 @@ def _prefetch_chain(graph: WorkloadGraph, gathers: list) -> dict:
     waits (later ones find the parameters gathered).
 
     `gathers`: (the first forward node of the bucket's layer or None, the gather node).
-    Returns {original node id: [gathers placed before it]}: a gather is placed in the node order right before the previous bucket's first forward
+    Returns {original node id: [(gather, the node that reads it)]}: a gather is placed in the node order right before the previous bucket's first forward
     node, so the host issues it when the forward reaches that node (schedule.simulate
     issues a collective when the compute stream has run what precedes it, also on another
-    pipeline stage's schedule), and it feeds its own layer's first forward node (meta
-    "feeds"); the first one goes before its own layer's, at the start of the forward."""
+    pipeline stage's schedule), and it feeds its own layer's first forward node; the
+    first one goes before its own layer's, at the start of the forward."""
     chain = sorted((t, k) for k, (t, _) in enumerate(gathers) if t is not None)
     before: dict[int, list] = {}
     targets = sorted({t for t, _ in chain})
@@ -368,9 +367,8 @@ def _prefetch_chain(graph: WorkloadGraph, gathers: list) -> dict:
         # labelled by what it gathers for, not as the layer's own work: it sits in the
         # previous layer's stretch of the forward, and a pipeline split reads layers there
         meta = {k: v for k, v in node.meta.items() if k != "layer"}
-        node.meta = dict(meta, feeds=target, first_microbatch=True,
-                         gathers_for=node.meta.get("layer", ""))
-        before.setdefault(previous.get(target, target), []).append(node)
+        node.meta = dict(meta, first_microbatch=True, gathers_for=node.meta.get("layer", ""))
+        before.setdefault(previous.get(target, target), []).append((node, target))
     return before
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from conftest import LLAMA6
 from flint.graph import Node, NodeKind, WorkloadGraph
-from flint.run import TrainingRun, weight_casts_held_for_step
+from flint.framework_rules import weight_casts_held_for_step
+from flint.run import TrainingRun
 
 
 def _node(i, name, inputs, outputs, operands=(), phase="forward"):
