@@ -6,8 +6,9 @@ per CTA), and moves its bytes through the GPU's HBM. A compute kernel beside it 
 
 - SMs: the collective's channels. NCCL sizes them per call (src/enqueue.cc,
   topoGetAlgoInfo): a ring/tree collective takes one channel per 512 threads x 64 bytes
-  (Simple protocol: 32 KiB) of its size, up to the communicator's channels (NCCL_CHANNELS
-  below); NVLS runs NCCL_NVLS_NCHANNELS = 16 channels. A GEMM or attention CTA needs
+  (Simple protocol: 32 KiB) of its size, up to the communicator's channels
+  (`communicator_channels`: two per NVLink inside one NVLink domain, up to NCCL's 32;
+  16 across nodes); NVLS runs NCCL_NVLS_NCHANNELS = 16 channels. A GEMM or attention CTA needs
   the whole SM's shared memory, so it cannot share an SM with an NCCL CTA: its tiles run in
   waves over the SMs left, the tile still the one cuBLAS picked for the whole GPU
   (kernels.gemm_time `free`), so a one-wave GEMM of 128 tiles on an H100 (132 SMs) beside
@@ -40,8 +41,16 @@ import math
 from flint.graph import TENSOR_CLASSES, Node, collective_size_bytes
 from flint.hardware_models.spec import HardwareSpec
 
-# Ring/tree channels of an NVSwitch node (the 'Channel xx/NN' lines of NCCL_DEBUG=INFO logs
-# on DGX A100/H100 show 16-32; NCCL_MIN_NCHANNELS/NCCL_MAX_NCHANNELS bound it); taken as 16.
+# Ring/tree channels of a communicator. Inside one NVLink domain NCCL's topology search
+# gives two channels per NVLink of the GPU: 24 on an HGX A100 (12 NVLinks; 'Channel 23/24'
+# in the NCCL_DEBUG=INFO log of NVIDIA/nccl-tests issue 100), 16 on an H800 (8 NVLinks;
+# '16 coll channels', NVIDIA/nccl issue 892), up to MAXCHANNELS = 32 (NCCL
+# src/include/device.h), which H100 and Blackwell (18 NVLinks) reach. Rule for other GPUs:
+# the same, from the spec's `scale_up.links`. A communicator that spans nodes runs over
+# the NICs with fewer: 16 (a two-node, 16-rank ring: 'Channel 01/16' in the log of
+# NVIDIA/nccl issue 1538), also taken where a spec gives no link count.
+NCCL_MAX_CHANNELS = 32
+CHANNELS_PER_NVLINK = 2
 NCCL_CHANNELS = 16
 NVLS_CHANNELS = 16                 # NCCL docs: NCCL_NVLS_NCHANNELS, default 16
 BYTES_PER_CHANNEL = 512 * 64       # Simple: NCCL_SIMPLE_MAX_NTHREADS x NCCL_SIMPLE_THREAD_THRESHOLD
@@ -50,12 +59,19 @@ NVLS_HBM_BYTES = 2.0               # per byte of the buffer
 MAX_SHARE = 0.5                    # a collective never takes more than half of SMs or HBM
 
 
-def channels(comm: Node, algorithm: str) -> int:
-    """The SMs NCCL's CTAs hold while `comm` runs."""
+def communicator_channels(spec: HardwareSpec, domains: int) -> int:
+    """The ring/tree channels of a communicator spanning `domains` NVLink domains."""
+    if domains <= 1 and spec.scale_up_links and spec.scale_up_link == "nvlink":
+        return min(NCCL_MAX_CHANNELS, CHANNELS_PER_NVLINK * int(spec.scale_up_links))
+    return NCCL_CHANNELS
+
+
+def channels(comm: Node, algorithm: str, most: int = NCCL_CHANNELS) -> int:
+    """The SMs NCCL's CTAs hold while `comm` runs, of a communicator with `most`."""
     if algorithm == "nvls":
         return NVLS_CHANNELS
     size = float(collective_size_bytes(comm))
-    return max(1, min(NCCL_CHANNELS, math.ceil(size / BYTES_PER_CHANNEL)))
+    return max(1, min(most, math.ceil(size / BYTES_PER_CHANNEL)))
 
 
 def local_hbm_rate(comm: Node, priced, fallback_wire: float) -> float:
@@ -64,7 +80,7 @@ def local_hbm_rate(comm: Node, priced, fallback_wire: float) -> float:
     size = float(collective_size_bytes(comm))
     if priced is None or priced[1] <= 0:
         return fallback_wire * HBM_BYTES_PER_WIRE_BYTE.get(kind, 2.0)
-    algorithm, seconds, ranks = priced
+    algorithm, seconds, ranks = priced[:3]
     if algorithm == "nvls":
         return NVLS_HBM_BYTES * size / seconds
     p = max(int(ranks), 1)
@@ -81,7 +97,9 @@ def interference(spec: HardwareSpec, compute, network, node: Node, comm: Node) -
     if alone <= 0:
         return 1.0
     priced = _priced(network, comm)
-    held = min(channels(comm, priced[0] if priced else "ring"), int(spec.cores * MAX_SHARE))
+    most = communicator_channels(spec, priced[3]) if priced else NCCL_CHANNELS
+    held = min(channels(comm, priced[0] if priced else "ring", most),
+               int(spec.cores * MAX_SHARE))
     if node.op_class in TENSOR_CLASSES and t_flops > 0:
         # tensor-core CTAs take the SMs left in waves of the tiles chosen for the whole GPU
         beside = compute.compute_time(node, free=int(spec.cores) - held)

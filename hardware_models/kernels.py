@@ -175,13 +175,17 @@ def gemm_time(shape: GemmShape, rate: float, sms: int, persistent: bool = False,
         waves = math.ceil(tiles / over)
         return waves * main + PIPELINE_STEPS if persistent else waves * (main + PIPELINE_STEPS)
 
-    best, chosen = math.inf, (0, 0.0)
+    # the tile whose waves' main loops take least; where two tie (twice the tiles in
+    # twice the waves of half the work), the larger one: the pipeline's fill is one
+    # DRAM round trip whichever the tile, so only the model's fill, counted in steps of
+    # each tile's own size, would tell them apart
+    best, chosen, rank = math.inf, (0, 0.0), (math.inf, 0)
     for rows, cols, tile_eff in TILES:
         tiles = shape.batch * math.ceil(shape.m / rows) * math.ceil(shape.n / cols)
         step = 2.0 * rows * cols * tile_k / (per_sm * tile_eff)
-        t = steps(tiles, sms) * step
-        if t < best:
-            best, chosen = t, (tiles, step)
+        loops = round(math.ceil(tiles / sms) * main * step, 15)
+        if (loops, tiles) < rank:
+            best, chosen, rank = steps(tiles, sms) * step, (tiles, step), (loops, tiles)
     if free is None or free >= sms:
         return best
     return steps(chosen[0], max(int(free), 1)) * chosen[1]

@@ -146,7 +146,9 @@ class NetworkModel:
             return 0.0
         chosen = (self.algorithm if self.algorithm in options
                   else min(sorted(options), key=options.get))
-        self.priced[priced_key(node)] = (chosen, options[chosen], self.placement(comm).size)
+        place = self.placement(comm)
+        # (algorithm, seconds, ranks, scale-up domains spanned): interference.py
+        self.priced[priced_key(node)] = (chosen, options[chosen], place.size, place.domains)
         return options[chosen]
 
     def _options(self, kind: str, s: float, pl: Placement, top_k: int = 0,

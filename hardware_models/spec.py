@@ -34,6 +34,7 @@ FIELDS = {
     "hbm_fraction": ("ratio", ("memory", "hbm_fraction")),
     "scale_up_bandwidth": ("bandwidth", ("interconnect", "scale_up", "bandwidth_per_direction")),
     "scale_up_latency": ("time", ("interconnect", "scale_up", "latency")),
+    "scale_up_links": ("count", ("interconnect", "scale_up", "links")),
     "nic_bandwidth": ("bandwidth", ("interconnect", "scale_out", "bandwidth_per_direction")),
     "nic_latency": ("time", ("interconnect", "scale_out", "latency")),
     "devices_per_node": ("count", ("system", "devices_per_node")),
@@ -77,6 +78,7 @@ class HardwareSpec:
     hbm_fraction: float = 0.0
     scale_up_bandwidth: float = 0.0  # bytes/s per device, one direction
     scale_up_latency: float = DEFAULT_LATENCY_S["scale_up_latency"]
+    scale_up_links: int = 0          # NVLinks per device; 0 = not given (interference.py)
     nic_bandwidth: float = 0.0       # bytes/s per device, one direction
     nic_latency: float = DEFAULT_LATENCY_S["nic_latency"]
     devices_per_node: int = 8

@@ -69,6 +69,8 @@ LAYOUT: dict[str, Any] = {
     "interconnect": {
         level: {"name": TEXT, "bandwidth_per_direction": Figure("bandwidth"),
                 "latency": Figure("time", positive=False), "link": TEXT,
+                # links per device into the scale-up fabric (NVLinks): NCCL's channels
+                "links": Figure("count", integer=True, maximum=1024),
                 # in-switch reduction the scale-up fabric offers (NCCL's NVLS): "nvls"
                 "switch_reduction": TEXT}
         for level in ("scale_up", "scale_out")

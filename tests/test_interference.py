@@ -31,11 +31,12 @@ def test_overlap_slows_compute_on_gpus():
     ag = Node(2, "ag", NodeKind.COLLECTIVE, "all-gather", "collective",
               collective=Collective("all-gather", 0, 1e8, 8e8, "bf16"))
     # a GEMM's tiles (chosen for all 132 SMs) run in waves over the 116 NCCL leaves free:
-    # 4096 tiles of 128x128 take 32 waves alone, 36 beside a 16-channel collective
+    # 2048 tiles of 128x256 (128x128's 4096 in twice the waves tie: the larger tile) take
+    # 16 waves alone, 18 beside a 16-channel collective
     c = model.compute
     floor = c.launch_overhead()
     assert c.compute_time(gemm, free=116) / c.compute_time(gemm) == pytest.approx(
-        (36 * 128 + 2) / (32 * 128 + 2))
+        (18 * 128 + 2) / (16 * 128 + 2))
     assert model.overlap_slowdown(gemm, ag) == pytest.approx(
         (floor + c.compute_time(gemm, free=116)) / (floor + c.compute_time(gemm)))
     # a one-wave grid (132 tiles of 128x128) needs a second wave: about twice as long
@@ -106,3 +107,34 @@ def test_a_block_and_a_collective_slow_each_other_as_its_own_kernels_would():
     assert mixed(stream, ag) == slow(stream, ag)     # plain nodes as before
     beside = composite_comm_slowdown(prices, comm)
     assert beside(ag, block) == pytest.approx(0.6 + 0.2 + 0.15 * comm(ag, stream) + 0.05)
+
+
+def test_nccl_channels_two_per_nvlink_inside_a_domain_and_16_across_nodes():
+    """A communicator inside one NVLink domain runs two channels per NVLink, up to NCCL's
+    32 (24 on A100, 32 on H100 and Blackwell); one across nodes runs 16; a spec without
+    a link count keeps 16. A large collective holds them all, a small one one per 32 KiB."""
+    from flint.hardware_models.interference import channels, communicator_channels
+
+    assert communicator_channels(load_spec("a100-80gb-sxm"), 1) == 24
+    assert communicator_channels(load_spec("h100-sxm"), 1) == 32
+    assert communicator_channels(load_spec("gb200-nvl72"), 1) == 32
+    assert communicator_channels(load_spec("h100-sxm"), 4) == 16
+    assert communicator_channels(load_spec("mi300x"), 1) == 16
+    big = Node(0, "ag", NodeKind.COLLECTIVE, "all-gather", "collective",
+               collective=Collective("all-gather", 0, 1e8, 8e8, "bf16"))
+    small = Node(1, "ar", NodeKind.COLLECTIVE, "all-reduce", "collective",
+                 collective=Collective("all-reduce", 0, 96 * 1024, 96 * 1024, "bf16"))
+    assert channels(big, "ring", 32) == 32 and channels(small, "ring", 32) == 3
+    assert channels(big, "nvls", 32) == 16
+    # priced by the network inside one node, an H100 all-gather leaves 100 SMs to a GEMM:
+    # 2048 tiles of 128x256 in 16 waves alone take 21 beside it
+    model = default_cost_model(WorkloadGraph(cluster=Cluster(8, (("data", 8),))), "h100-sxm")
+    model.network.time(big, _comm("[1,8]<=[8]", 8))
+    gemm = Node(2, "g", NodeKind.COMPUTE, "dot", "gemm", flops=2.0 * 8192 ** 3,
+                operands=["bf16[8192,8192]"], outputs=["bf16[8192,8192]"])
+    c = model.compute
+    assert model.overlap_slowdown(gemm, big) == pytest.approx(
+        (c.launch_overhead() + c.compute_time(gemm, free=100))
+        / (c.launch_overhead() + c.compute_time(gemm)))
+    assert c.compute_time(gemm, free=100) / c.compute_time(gemm) == pytest.approx(
+        (21 * 128 + 2) / (16 * 128 + 2))

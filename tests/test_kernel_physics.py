@@ -30,6 +30,15 @@ def test_gemm_tiles_and_waves():
     one_wave = kernels.GemmShape(1, 128 * 12, 256 * 11, 4096)
     assert kernels.gemm_time(one_wave, rate, 132) == pytest.approx(
         2.0 * 128 * 12 * 256 * 11 * 4096 / rate * (4096 / 64 + 2) / (4096 / 64), rel=1e-6)
+    # 4096 x 1024 x 2560 (MaxText's query projection): 128 tiles of 128x256 in one wave
+    # and 256 of 128x128 in two run the same main loops; the larger tile is the one, so
+    # beside a collective that holds 16 SMs the grid needs a second wave: twice as long
+    # (the shared MaxText H100 trace: the GEMMs under 50 us ran 2.0x their time alone)
+    tie = kernels.GemmShape(1, 4096, 1024, 2560)
+    alone = kernels.gemm_time(tie, rate, 132, persistent=True)
+    assert alone == pytest.approx(2.0 * 4096 * 1024 * 2560 / rate * (40 + 2) / 40 * 132 / 128)
+    beside = kernels.gemm_time(tie, rate, 132, persistent=True, free=116)
+    assert beside / alone == pytest.approx((2 * 40 + 2) / (40 + 2))
     # a small GEMM cannot fill the machine: far below the large-GEMM share
     small = gemm(256, 256, 256)
     assert small.flops / roof.compute_time(small) < 0.1 * rate
