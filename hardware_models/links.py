@@ -59,40 +59,86 @@ DCN = "dcn"
 
 
 def torus_links(topology):
-    """`f(communicator) -> frozenset` of the link directions (`ici<dim><+|->`, `dcn`) a
-    TPU collective's transfers use on `topology` (a torus with slices of
-    `scale_up_domain` chips, x fastest within a slice)."""
-    shape, chips = tuple(topology.torus), topology.scale_up_domain
-    every = frozenset({f"ici{d}{s}" for d in range(len(shape)) for s in "+-"} | {DCN})
+    """`f(communicator) -> frozenset` of the physical link directions a TPU collective's
+    transfers use at the template's rank (rank 0, or the first rank of a communicator that
+    leaves it out) on `topology`, named `ici<dim><+|->@<chip>` for the link that leaves
+    that chip of the slice that way, and `dcn` for the network between slices.
 
-    def coords(ranks: np.ndarray) -> np.ndarray:
-        return np.stack(np.unravel_index(ranks % chips, shape[::-1]))[::-1]
+    Every rank runs the same program, so one rank's links stand for all: a ring collective
+    uses both directions of the links between it and its group's neighbours in each
+    dimension the group spans, out and in; a collective-permute the links its send and its
+    receive cross, routed one dimension after another (x first, the short way round a
+    wrapping dimension). Naming the links themselves rather than their dimension and sign
+    keeps apart what is apart on the chips: the two rings of a bidirectional windowed
+    einsum over a model axis of 16 on an 8x2 plane each cross a y link only on their wrap
+    hop, and not the same one."""
+    shape, chips = tuple(topology.torus), topology.scale_up_domain
+    wraps = tuple(topology.wraps) or (True,) * len(shape)
+
+    def coords(rank: int) -> list[int]:
+        return [int(c) for c in np.unravel_index(rank % chips, shape[::-1])[::-1]]
+
+    def chip(c) -> int:
+        return int(np.ravel_multi_index(tuple(c[::-1]), shape[::-1]))
+
+    def step(c, d: int, sign: int):
+        n = list(c)
+        n[d] = (n[d] + sign) % shape[d]
+        return n
+
+    def name(c, d: int, sign: int) -> str:
+        return f"ici{d}{'+' if sign > 0 else '-'}@{chip(c)}"
+
+    def route(src: int, dst: int) -> set[str]:
+        if src // chips != dst // chips:
+            return {DCN}
+        at, to, used = coords(src), coords(dst), set()
+        for d, size in enumerate(shape):
+            delta = (to[d] - at[d]) % size
+            if not delta:
+                continue
+            forward = delta <= size // 2 if wraps[d] else to[d] > at[d]
+            sign = 1 if forward else -1
+            for _ in range(delta if forward else size - delta):
+                used.add(name(at, d, sign))
+                at = step(at, d, sign)
+        return used
+
+    def around(rank: int, d: int, members=None) -> set[str]:
+        """Both directions of `rank`'s links in dimension d to its neighbours among
+        `members` (a ring's next and previous rank), out and in; of both its links where
+        no neighbour is a member (a group scattered over the dimension)."""
+        c, used = coords(rank), set()
+        for sign in (1, -1):
+            n = step(c, d, sign)
+            if members is None or chip(n) in members:
+                used |= {name(c, d, sign), name(n, d, -sign)}
+        return used or around(rank, d)
 
     def of(comm) -> frozenset:
         groups = comm.groups()
         if groups.size == 0:
-            return every
-        used: set[str] = set()
+            return frozenset({DCN}.union(*(around(0, d) for d in range(len(shape)))))
         if comm.kind == "pairs":
-            src, dst = groups[:, 0], groups[:, 1]
-            if (src // chips != dst // chips).any():
-                used.add(DCN)
-            step = coords(dst) - coords(src)
-            for d, size in enumerate(shape):
-                moved = step[d][(src // chips == dst // chips) & (step[d] != 0)] % size
-                used |= {f"ici{d}+" for m in moved if m <= size // 2}
-                used |= {f"ici{d}-" for m in moved if m > size // 2}
-        else:
-            first = np.asarray(groups[0], dtype=np.int64)
-            if len(np.unique(first // chips)) > 1:
-                used.add(DCN)
-            spread = coords(first)
-            for d in range(len(shape)):
-                if len(np.unique(spread[d])) > 1:
-                    used |= {f"ici{d}+", f"ici{d}-"}
-        return frozenset(used) or every
+            me = 0 if (groups == 0).any() else int(groups[0, 0])
+            used: set[str] = set()
+            for src, dst in groups[(groups[:, 0] == me) | (groups[:, 1] == me)]:
+                used |= route(int(src), int(dst))
+            return frozenset(used)
+        hit = np.nonzero((groups == 0).any(axis=1))[0]
+        members = [int(r) for r in groups[hit[0] if len(hit) else 0]]
+        me = 0 if len(hit) else members[0]
+        used = set()
+        if len({r // chips for r in members}) > 1:
+            used.add(DCN)
+        local = [r for r in members if r // chips == me // chips]
+        spread, on_chips = np.array([coords(r) for r in local]), {r % chips for r in local}
+        for d in range(len(shape)):
+            if len(np.unique(spread[:, d])) > 1:
+                used |= around(me, d, on_chips)
+        return frozenset(used)
 
-    return of, every
+    return of
 
 
 def links_of(graph: WorkloadGraph, model):
@@ -103,8 +149,7 @@ def links_of(graph: WorkloadGraph, model):
     topology = getattr(network, "topology", None)
     spec = getattr(model, "spec", None)
     if getattr(topology, "torus", ()) and spec is not None and spec.kind == "tpu":
-        by_comm, every = torus_links(topology)
-        return _per_communicator(graph, by_comm, every)
+        return _per_communicator(graph, torus_links(topology), frozenset())
     if place is None or spec is None or spec.kind != "gpu" or getattr(topology, "torus", ()):
         return None
 

@@ -25,8 +25,18 @@ NCCL communicators do. A pipeline's point-to-point sends
 runs send/recv on its own point-to-point channels, and a stage-boundary activation is
 small beside a data-parallel reduction, which would otherwise hold the pipeline's
 critical path for its whole length where the real transfer only shares bandwidth with
-it. (Where one stream issues every collective, as in XLA's programs, its own order
+it. (Where one stream issues every collective, as in XLA's GPU programs, its own order
 already does this.)
+
+A TPU has no collective stream: libtpu's async collectives are DMAs over the ICI that the
+TensorCore issues at their start and waits for at their done (Cloud TPU system
+architecture), and XLA's scheduler keeps several in flight at once on purpose (its
+latency-hiding scheduler bounds them per kind, e.g. up to 5 collective-permutes in its
+tests, latency_hiding_scheduler_test.cc kMaxConcurrentAsyncCollectivePermutes; the
+bidirectional windowed einsum starts its forward and backward permute together, Wang et
+al., ASPLOS 2023). On a TPU graph those in flight together run at once where their link
+directions are disjoint (links.torus_links) and in turn where they share one, rather than
+one after another in issue order.
 
 PyTorch eager and Inductor kernels are launched by the host one at a time (populations.py:
 LAUNCH_S of host time each); the host runs ahead of the GPU while kernels are long, and a
@@ -112,6 +122,8 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
     n = len(graph.nodes)
     start, finish = [0.0] * n, [0.0] * n
     streams = [stream_of(node, duplex) for node in graph.nodes]
+    # streams whose work runs in issue order; a TPU's collectives queue on their links only
+    serial = [not (s == "collectives" and graph.cluster.platform == "tpu") for s in streams]
     devices = [node.device_or_0 for node in graph.nodes]
     free: dict[tuple, float] = defaultdict(float)
     last_on: dict[tuple, int] = {}
@@ -141,8 +153,9 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
         # Work on a framework's own stream is issued by the host ahead of the compute
         # stream (FSDP2 prefetch): only its inputs and control edges gate it.
         issue = 0.0 if own_stream[i] else free[(dev, "compute")]
-        start_at = max(ready, issue, free[s])
-        if start_at == free[s] and s in last_on and free[s] > ready:
+        queued = free[s] if serial[i] else 0.0
+        start_at = max(ready, issue, queued)
+        if start_at == queued and s in last_on and queued > ready:
             because = last_on[s]
         elif start_at == issue and issue > ready and dev in last_compute:
             because = last_compute[dev]

@@ -133,26 +133,69 @@ def test_a_group_that_spans_nodes_queues_on_the_nic_only_where_nvlink_is_far_fas
 
 
 def test_tpu_collectives_queue_only_on_the_torus_links_they_use():
-    """A TPU chip's links are two per torus dimension, full duplex: the two halves of a
-    bidirectional windowed einsum (a permute forward, one back) and collectives over
-    different dimensions use disjoint link directions; crossing slices is the DCN."""
+    """A TPU chip's links are two per torus dimension, full duplex, and named per chip:
+    the two halves of a bidirectional windowed einsum (a permute forward, one back) and
+    collectives over different dimensions use disjoint links; crossing slices is the DCN."""
     from flint.hardware_models.links import torus_links
     from flint.hardware_models.topology import topology_for
 
     topo = topology_for(load_spec("tpu-v5p", ["torus=4x4x4"]), 128)     # 2 slices of 64
-    of, every = torus_links(topo)
+    of = torus_links(topo)
 
     def pairs(step):
         spec = "{" + ",".join(f"{{{i},{(i // 4) * 4 + (i + step) % 4}}}" for i in range(64)) + "}"
         return Communicator(0, "pairs", spec, 128, 2, 64, ("model",))
 
-    assert of(pairs(1)) == {"ici0+"} and of(pairs(-1)) == {"ici0-"}     # x ring, each way
+    # rank 0 sends to 1 over its x+ link and hears from 3 over 3's (the wraparound)
+    assert of(pairs(1)) == {"ici0+@0", "ici0+@3"}
+    assert of(pairs(-1)) == {"ici0-@0", "ici0-@1"}
     x_ring = Communicator(1, "groups", "[32,4]<=[128]", 128, 4, 32, ("model",))
     yz = Communicator(2, "groups", "[8,16]<=[2,4,4,4]T(0,3,1,2)", 128, 16, 8, ("fsdp",))
     across = Communicator(3, "groups", "[64,2]<=[2,64]T(1,0)", 128, 2, 64, ("data",))
-    assert of(x_ring) == {"ici0+", "ici0-"}
-    assert of(yz) == {"ici1+", "ici1-", "ici2+", "ici2-"}
-    assert of(across) == {"dcn"} and every >= of(x_ring) | of(yz) | of(across)
+    assert of(x_ring) == of(pairs(1)) | of(pairs(-1))
+    assert {n.split("@")[0] for n in of(yz)} == {"ici1+", "ici1-", "ici2+", "ici2-"}
+    assert not of(yz) & of(x_ring)
+    assert of(across) == {"dcn"}
+
+
+def test_opposite_rings_over_a_plane_share_no_link():
+    """A model axis of 16 on an 8x2 plane of an 8x8x8 slice: each ring of a
+    bidirectional permute crosses a y link only on its wrap hop, each a different one,
+    while the group's all-gather uses the links both rings use."""
+    from flint.hardware_models.links import torus_links
+    from flint.hardware_models.topology import topology_for
+
+    of = torus_links(topology_for(load_spec("tpu-v5p"), 512))
+
+    def ring(step):
+        spec = "{" + ",".join(f"{{{i},{(i // 16) * 16 + (i + step) % 16}}}"
+                              for i in range(512)) + "}"
+        return Communicator(0, "pairs", spec, 512, 2, 512, ("model",))
+
+    forward, back = of(ring(1)), of(ring(-1))
+    assert not forward & back
+    assert {n.split("@")[0] for n in forward} == {"ici0+", "ici1-"}   # 15 -> 0 goes y-
+    gather = of(Communicator(1, "groups", "[32,16]<=[512]", 512, 16, 32, ("model",)))
+    assert forward & gather and back & gather
+    assert "ici1-@0" not in gather        # (0, 7) is no member: the folded ring's y link
+
+
+def test_tpu_collectives_in_flight_together_run_at_once_on_disjoint_links():
+    """libtpu's async collectives are DMAs, not one stream's queue: two the program has in
+    flight together run at once where their links are disjoint, in turn where they share
+    one; a GPU program's XLA collectives keep their one stream's order."""
+    def graph(platform):
+        cluster = Cluster(4, (("model", 4),), "tpu-v5p", platform)
+        comms = [Communicator(0, "pairs", "{{0,1},{1,2},{2,3},{3,0}}", 4, 2, 4, ("model",))]
+        nodes = [Node(i, f"collective-permute.{i}", NodeKind.COLLECTIVE, "collective-permute",
+                      "collective", collective=Collective("collective-permute", 0, 1 << 20,
+                                                          1 << 20, "bf16", None, True))
+                 for i in range(3)]
+        return WorkloadGraph(cluster, nodes, comms, [], {})
+
+    links = [frozenset({"ici0+@0"}), frozenset({"ici0-@0"}), frozenset({"ici0+@0"})]
+    assert simulate(graph("tpu"), [1.0, 1.0, 1.0], links=links).start == [0.0, 0.0, 1.0]
+    assert simulate(graph("gpu"), [1.0, 1.0, 1.0], links=links).start == [0.0, 1.0, 2.0]
 
 
 def test_tpu_torus_slices_and_dimension_wise_collectives():
