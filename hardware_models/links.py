@@ -23,11 +23,12 @@ CPUs and cost models without a placement keep one queue for everything (BOTH).
 
 A TPU's links are its torus's: two per dimension (to the chip before and the one after),
 each full duplex (Cloud TPU system architecture: 4 ICI links per v5e chip in a 2D torus, 6
-per v4/v5p chip in a 3D torus), and the DCN between slices. A collective uses the link
-directions its transfers take: a collective-permute the direction each pair moves in (one
-of the two halves of XLA's bidirectional windowed einsum sends forward, the other back,
-each on its own links), a ring collective both directions of every dimension its group
-spans. Collectives on disjoint link directions run at once (torus_links).
+per v4/v5p chip in a 3D torus), and the DCN between slices. A collective uses the links
+its transfers cross, named per chip and direction (torus_links): a collective-permute
+those of its route (one of the two halves of XLA's bidirectional windowed einsum sends
+forward, the other back, each on its own links), a ring collective both directions of
+the links to its neighbours in every dimension its group spans. Collectives that share no
+link run at once (schedule.py: a TPU's async collectives are DMAs, not one stream's queue).
 """
 from __future__ import annotations
 
