@@ -77,7 +77,7 @@ def torus_links(topology):
     wraps = tuple(topology.wraps) or (True,) * len(shape)
 
     def coords(rank: int) -> list[int]:
-        return [int(c) for c in np.unravel_index(rank % chips, shape[::-1])[::-1]]
+        return [int(c) for c in topology.coords(rank)]
 
     def chip(c) -> int:
         return int(np.ravel_multi_index(tuple(c[::-1]), shape[::-1]))

@@ -123,7 +123,8 @@ def simulate(graph: WorkloadGraph, durations: list[float], slowdown=None,
     start, finish = [0.0] * n, [0.0] * n
     streams = [stream_of(node, duplex) for node in graph.nodes]
     # streams whose work runs in issue order; a TPU's collectives queue on their links only
-    serial = [not (s == "collectives" and graph.cluster.platform == "tpu") for s in streams]
+    tpu = graph.cluster.platform == "tpu"
+    serial = [not (tpu and s == "collectives") for s in streams]
     devices = [node.device_or_0 for node in graph.nodes]
     free: dict[tuple, float] = defaultdict(float)
     last_on: dict[tuple, int] = {}

@@ -42,6 +42,12 @@ class Topology:
     def is_torus(self) -> bool:
         return bool(self.torus)
 
+    def coords(self, ranks) -> np.ndarray:
+        """Torus coordinates of ranks in their slice, one row per dimension (x fastest,
+        the order ranks fill a slice in)."""
+        local = np.asarray(ranks) % self.scale_up_domain
+        return np.stack(np.unravel_index(local, self.torus[::-1]))[::-1]
+
     def describe(self) -> str:
         if self.is_torus:
             slices = self.devices // self.scale_up_domain
@@ -162,9 +168,8 @@ def place(comm: Communicator, topo: Topology) -> Placement:
 def _grid(members: np.ndarray, topo: Topology) -> tuple[tuple[int, bool], ...]:
     """Extents of the sub-grid the group's members in one slice form, per torus dimension;
     () when they do not form a contiguous sub-grid (the network then uses one link)."""
-    coords = np.stack(np.unravel_index(np.unique(members), topo.torus[::-1]))[::-1]
     extents = []
-    for dim, values in enumerate(coords):
+    for dim, values in enumerate(topo.coords(np.unique(members))):
         distinct = np.unique(values)
         if distinct[-1] - distinct[0] + 1 != len(distinct):
             return ()
