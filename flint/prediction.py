@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from flint.framework_rules import (amax_local_to_tp, parameter_gather,
                                    weight_casts_held_for_step)
+from flint.models import OFFLOADED_NAMES
 from flint.run import TrainingRun
 
 
@@ -88,6 +89,11 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
             "core keeps its output)" if run.framework.startswith("torch") else
             "selective: the attention core re-runs in the backward (Megatron-Core's "
             "selective recompute, Korthikanti et al. 2022)")
+    if run.remat in OFFLOADED_NAMES:
+        out["recompute"] = (
+            f"{run.remat}: MaxText's host offload; the offloaded tensors' copies to and from "
+            "pinned host memory are priced as the device-memory copies XLA emits for them "
+            "(the host link, PCIe, is not modelled), the rest of each layer re-runs")
     if run.precision == "fp8":
         out["fp8_scaling"] = (
             "delayed: per-tensor scales from earlier steps' amax history, the cast the only "

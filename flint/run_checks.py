@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from flint.errors import FlintError
 from flint.hardware_models.attention_kernels import SDPA_KERNELS
+from flint.models import OFFLOADED_NAMES
 
 
 # What a torch run's attention may say: flash (SDPA's default kernel) or one of the fused
@@ -68,6 +69,9 @@ def _framework(run) -> None:
     _grad_sync(run)
     _zero_sync(run)
     _launch_blocking(run)
+    if run.remat in OFFLOADED_NAMES and run.framework != "xla":
+        raise FlintError(f"remat: {run.remat} is MaxText's host offload (XLA's async copies "
+                         f"to pinned host memory): framework xla, not {run.framework}")
     if run.xla_emitters != "mlir" and run.framework != "xla":
         raise FlintError(f"xla_emitters: {run.framework} does not run XLA's fusion emitters "
                          f"(the choice is for framework xla)")

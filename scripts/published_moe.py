@@ -107,7 +107,8 @@ def _build(row: MoeRow, section: str, r: dict, name: str) -> str:
     if section.startswith("1g"):
         return "TFLOP/s under the write-up's own FLOP count, no tokens/s or step time"
     if section.startswith("2"):
-        return "TPU row: v6e has no compile-only target; v5p needs libtpu (not installed)"
+        return ("TPU row: this script rebuilds the GPU rows' Megatron-Core MoE recipes; "
+                "MaxText's TPU MoE configurations are not rebuilt")
     preset = next((p for rx, p in MODELS if re.search(rx, name, re.I)), "")
     if not preset:
         return f"no public MoE shape for {name!r} in flint.models.describe"

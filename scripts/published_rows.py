@@ -33,7 +33,7 @@ MODELS = [  # (regex on the row's model name, preset)
 SYSTEMS = {  # published system -> hardware spec (each spec names its compile target)
     "dgx-h100": "h100-sxm", "h100": "h100-sxm", "dgx-b200": "b200", "dgx-b300": "b300",
     "dgx-gb200": "gb200-nvl72", "dgx-gb300": "gb300-nvl72", "a100": "a100-80gb-sxm",
-    "v5p": "tpu-v5p", "v5e": "tpu-v5e", "v4": "tpu-v4",
+    "v5p": "tpu-v5p", "v5e": "tpu-v5e", "v4": "tpu-v4", "v6e": "tpu-v6e",
 }
 # a system named otherwise ("DGX A100 80GB", "8x H200 SXM", "MI300X"): the first of these
 # tokens it contains; a PCIe card or a 40 GB A100 is another part, not these specs
@@ -151,8 +151,6 @@ def _not_rebuildable(section: str, r: dict, name: str) -> str:
     if "int8" in str(r.get("config_name", "")).lower():
         return "int8-quantized training is not modelled"
     if section == "2d":
-        if hw == "v6e":
-            return "no compile-only TPU v6e target (libtpu topology) in Flint"
         if (first_number(r.get("slices")) or 1) > 1:
             return "multi-slice (DCN) job"
     if section != "2a" and not _preset(name, section) and not stated_shape(r, 2048):
@@ -266,6 +264,7 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
     if section == "2d":
         row.gbs = int(num("gbs_seqs"))
         row.fsdp = True
+        row.remat = _maxtext_offload(stated) or row.remat
     if section == "2a":
         _maxtext_2023(row, r)
     row.published_step_s = published_step(r, row)
@@ -313,6 +312,24 @@ def _maxtext_2023(row: Row, r: dict) -> None:
         row.what_if = (f"torus={most_cubic_slice(spec, per_slice)}",)
     stated = str(r.get("remat", "")).strip().lower()
     row.remat = {"minimal": "dots", "full": "full"}.get(stated, row.remat)
+
+
+def _maxtext_offload(stated: str) -> str:
+    """The offload remat policy (flint.models.OFFLOADED_NAMES) a tpu-recipes row's remat
+    column names: "custom (offload decoder_input,q,k,v,out proj)" sends the layer input
+    and the four projections' outputs to host; "custom (offload decoder_input,q,k,v)" and
+    MaxText's `qkv_proj_offloaded` the query, key and value projections' (the latter keeps
+    the layer input on device: a memory difference of one [batch, seq, hidden] tensor per
+    layer, no time difference). "" for any other policy."""
+    if "qkv_proj_offloaded" in stated:
+        return "offload-qkv"
+    m = re.search(r"offload ([a-z_, ]+)", stated)
+    if not m:
+        return ""
+    names = {n.strip() for n in m.group(1).split(",")}
+    if names == {"decoder_input", "q", "k", "v", "out proj"}:
+        return "offload-qkvo"
+    return "offload-qkv" if names == {"decoder_input", "q", "k", "v"} else ""
 
 
 def _mesh_option(text: str, key: str) -> int:

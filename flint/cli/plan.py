@@ -164,7 +164,11 @@ def plan(
                 raise FlintError(f"--global-batch-tokens {global_batch_tokens}: {tokens} "
                                  f"tokens are not whole sequences of {seq_len}")
             gbs = tokens // seq_len
-        from flint.models import REMAT_POLICIES
+        from flint.models import OFFLOADED_NAMES, REMAT_POLICIES
+
+        # the planner's analytic model keeps activations on the device: a host-offload
+        # policy is priced by `flint predict`, not planned
+        planned_remats = tuple(r for r in REMAT_POLICIES if r not in OFFLOADED_NAMES)
         from flint.run_schema import PRECISIONS
 
         request = PlanRequest(
@@ -173,7 +177,7 @@ def plan(
             what_if=tuple(set_), tp=_ints(tp, "tp"), cp=_ints(cp, "cp"), pp=_ints(pp, "pp"),
             vp=_ints(vp, "vp"), ep=_ints(ep, "ep"), zero=_ints(zero, "zero"),
             hsdp=_ints(hsdp, "hsdp"), micro_batch=_ints(micro_batch, "micro-batch"),
-            remat=_words(remat, "remat", REMAT_POLICIES),
+            remat=_words(remat, "remat", planned_remats),
             precision=_words(precision, "precision", PRECISIONS) or ("bf16",))
         _check_run_fields(request)
         n, seconds = parse_budget(budget)

@@ -14,7 +14,7 @@ config.json without a sequence length is refused with the flag that sets it.
 from __future__ import annotations
 
 from flint.errors import FlintError
-from flint.models import ZOO_ATTENTION
+from flint.models import OFFLOADED_NAMES, ZOO_ATTENTION
 
 # GEMM precisions the torch twin runs (bf16 under autocast); FP8 recipes are JAX-only.
 TORCH_GEMM_PRECISIONS = ("bf16",)
@@ -79,11 +79,11 @@ def check_options(request) -> None:
         if request.scan:
             raise FlintError("--scan: the torch twin's layers are Python modules, traced "
                              "unrolled (torch has no lax.scan); drop --scan")
-        if request.remat == "dots":
-            raise FlintError("--remat dots: the torch twin runs none | full | selective "
-                             "(selective: torchtitan's op-level selective activation "
-                             "checkpointing); dots is the JAX twin's policy "
-                             "(--framework jax)")
+        if request.remat == "dots" or request.remat in OFFLOADED_NAMES:
+            raise FlintError(f"--remat {request.remat}: the torch twin runs none | full | "
+                             "selective (selective: torchtitan's op-level selective "
+                             "activation checkpointing); the others are the JAX twin's "
+                             "policies (--framework jax)")
     check_sequence_length(request.model, request.seq_len, request.dims)
 
 

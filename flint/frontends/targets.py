@@ -19,10 +19,10 @@ from flint.errors import FlintError
 GPU_TARGETS_DIR = Path(__file__).parent / "gpu_targets"
 # generation, torus dims, devices per chip in libtpu's compile-only topology (v4 exposes both
 # TensorCores; it has no megacore option), most chips in one slice: the spec's largest slice
-# (its `torus`: v4 16x16x16, v5e 16x16 (larger v5e aborts in compile), v5p 16x16x24 = 6144
-# chips, though its Pod has 8960: Cloud TPU's 'TPU v5p' page)
+# (its `torus`: v4 16x16x16, v5e and v6e 16x16 (larger v5e aborts in compile), v5p 16x16x24
+# = 6144 chips, though its Pod has 8960: Cloud TPU's 'TPU v5p' page)
 TPU_TARGETS = {"tpu-v4": ("v4", 3, 2, 4096), "tpu-v5e": ("v5e", 2, 1, 256),
-               "tpu-v5p": ("v5p", 3, 1, 6144)}
+               "tpu-v5p": ("v5p", 3, 1, 6144), "tpu-v6e": ("v6e", 2, 1, 256)}
 # The collective flags MaxText's TPU training scripts export (LIBTPU_INIT_ARGS in
 # MaxText/configs/v5p/*.sh and v5e/*.sh; the tpu-recipes set the same): FSDP's all-gathers
 # become async collective fusions the TensorCore carries beside its compute (start,

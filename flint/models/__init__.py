@@ -2,7 +2,15 @@
 is configured for compile-only devices)."""
 
 # Activation recompute policies of the zoo decoders (flint.models.decoder applies them).
-REMAT_POLICIES = ("none", "full", "dots", "selective")
+# The offload-* policies are MaxText's host-offload remat (tpu-recipes' `remat_policy:
+# custom` with tensors set to `offload`): the named tensors go to host memory in the
+# forward and come back for the backward, everything else is recomputed.
+REMAT_POLICIES = ("none", "full", "dots", "selective", "offload-qkvo", "offload-qkv")
+# the checkpoint names (MaxText's) each offload policy sends to host memory
+OFFLOADED_NAMES = {
+    "offload-qkvo": ("decoder_layer_input", "query_proj", "key_proj", "value_proj",
+                     "out_proj"),
+    "offload-qkv": ("decoder_layer_input", "query_proj", "key_proj", "value_proj")}
 # ... and one more the engine compiles for frameworks whose checkpoint function re-runs a
 # layer whole (flint.models.recompute); a run says `full` and its framework
 REMAT_RERUN = "full-rerun"

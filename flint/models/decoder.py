@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
+from flint.models import OFFLOADED_NAMES
 from flint.models.layers import matmul as _mm
 from flint.models.layers import norm as _norm
 from flint.models.layers import rope as _rope
@@ -95,7 +96,10 @@ ZOO = {
 #   dots: save matmul outputs (XLA recomputes the elementwise work);
 #   selective: save everything but the attention core's output, which the backward
 #   recomputes (Korthikanti et al. 2022 "selective": with a flash kernel the S x S
-#   probabilities are never stored anyway, so only the core's forward is re-run).
+#   probabilities are never stored anyway, so only the core's forward is re-run);
+#   offload-qkvo / offload-qkv: MaxText's host offload (flint.models.OFFLOADED_NAMES): the
+#   layer input and the named projections' outputs are copied to pinned host memory and
+#   back (XLA's async host DMAs), the rest (attention core, MLP) recomputed.
 GEMM_PRECISIONS = ("bf16", "fp8", "fp8-delayed", "mxfp8")
 
 
@@ -176,9 +180,10 @@ def _attention(x, p, cfg: DecoderConfig, attn_spec=None, kv_spec=None):
     b, s, _ = x.shape
     h, kv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     cd = x.dtype
-    q = _mm(x, p["wq"], cfg).reshape(b, s, kv, h // kv, hd)
-    k = _mm(x, p["wk"], cfg).reshape(b, s, kv, hd)
-    v = _mm(x, p["wv"], cfg).reshape(b, s, kv, hd)
+    # checkpoint names as MaxText's attention gives them (the offload policies read them)
+    q = checkpoint_name(_mm(x, p["wq"], cfg), "query_proj").reshape(b, s, kv, h // kv, hd)
+    k = checkpoint_name(_mm(x, p["wk"], cfg), "key_proj").reshape(b, s, kv, hd)
+    v = checkpoint_name(_mm(x, p["wv"], cfg), "value_proj").reshape(b, s, kv, hd)
     if cfg.pos == "rope":
         pos = jnp.arange(s)
         q = _rope(q.reshape(b, s, h, hd), pos).reshape(b, s, kv, h // kv, hd)
@@ -190,7 +195,7 @@ def _attention(x, p, cfg: DecoderConfig, attn_spec=None, kv_spec=None):
 
         out = attention(q.reshape(b, s, h, hd), k, v, causal=True, spec=attn_spec)
         out = checkpoint_name(out, "attention_core")
-        return _mm(out.reshape(b, s, h * hd), p["wo"], cfg)
+        return checkpoint_name(_mm(out.reshape(b, s, h * hd), p["wo"], cfg), "out_proj")
     # Megatron's unfused core keeps each rank's heads whole (all of the sequence). Without
     # pinning the heads to the tensor-parallel axis, XLA may shard the S x S scores over
     # the sequence instead under sequence parallelism (all-to-alls of the scores and
@@ -284,6 +289,7 @@ def forward(params, tokens, cfg: DecoderConfig, act_spec=None, attn_spec=None, k
         x = constrain(x)
 
     def layer(x, p):
+        x = checkpoint_name(x, "decoder_layer_input")
         attend = _attention
         if cfg.kv_lora:
             from flint.models.moe import mla_attention as attend
@@ -311,6 +317,12 @@ def forward(params, tokens, cfg: DecoderConfig, act_spec=None, attn_spec=None, k
     elif cfg.remat == "selective":
         layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.
                                save_anything_except_these_names("attention_core"))
+    elif cfg.remat in OFFLOADED_NAMES:
+        layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.
+                               save_and_offload_only_these_names(
+                                   names_which_can_be_saved=[],
+                                   names_which_can_be_offloaded=OFFLOADED_NAMES[cfg.remat],
+                                   offload_src="device", offload_dst="pinned_host"))
     if cfg.scan:
         def body(x, p):
             with jax.named_scope("layers"):
