@@ -69,4 +69,6 @@ def test_v6e_spec_is_a_compile_target_with_its_256_wide_matrix_units():
 
     spec = load_spec("tpu-v6e")
     assert (spec.compile_target, spec.matrix_unit, spec.cores) == ("tpu-v6e", 256, 1)
+    # 4 x 200 Gb/s NICs per 8-chip host: 100 Gb/s of data-center network per chip
+    assert spec.nic_bandwidth == pytest.approx(100e9 / 8)
     assert TPU_TARGETS["tpu-v6e"] == ("v6e", 2, 1, 256)
