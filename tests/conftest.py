@@ -24,6 +24,19 @@ SHARED_TRACES = REPO.parent / "shared" / "traces"
 LLAMA6 = {"base": "llama3-8b", "layers": 6, "seq": 2048, "vocab": 32000}
 
 
+def run_libtpu_process(args: list, timeout: int):
+    """subprocess.run of a Python process that compiles for a TPU target, one at a time
+    across the test workers: libtpu holds a lock per process (/tmp/libtpu_lockfile), so two
+    such processes at once fail."""
+    import fcntl
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / "flint-tests-libtpu.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                              timeout=timeout)
+
+
 def prediction_text(p) -> str:
     """What `flint predict` prints for prediction `p`, as text."""
     import io

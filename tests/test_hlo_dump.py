@@ -1,13 +1,11 @@
 """`flint extract DUMP`: an XLA dump (directory or file) read as the direct path reads the
 compile, with its device count, mesh and target recovered from the dump."""
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_libtpu_process
 from flint.errors import FlintError
 from flint.frontends.hlo_dump import load_dump
 from flint.graph import WorkloadGraph
@@ -28,8 +26,8 @@ def dumped(request, tmp_path_factory):
         pytest.importorskip("libtpu")
     root = tmp_path_factory.mktemp(f"dump-{request.param}")
     out = root / "direct.json"
-    done = subprocess.run([sys.executable, str(STEP), str(root / "dump"), request.param,
-                           str(out)], capture_output=True, text=True, timeout=300)
+    done = run_libtpu_process([str(STEP), str(root / "dump"), request.param, str(out)],
+                              timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return root / "dump", WorkloadGraph.load(out), request.param
 

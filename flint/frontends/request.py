@@ -185,7 +185,12 @@ def _jax_graph(request: ExtractRequest, stage):
     stage(f"tracing and lowering {label} for {devices} devices")
     lowered = step.lower(*args)
     stage(f"compiling with XLA for {devices} x {step.cfg.hardware} (no hardware runs)")
-    compiled = lowered.compile()
+    try:
+        compiled = lowered.compile()
+    except FlintError as err:
+        if request.target is not None or "RESOURCE_EXHAUSTED" not in str(err):
+            raise
+        compiled = _compile_with_tiled_scores(request, stage, step.cfg.hardware)
     stage("lowering optimized HLO into the workload graph")
     graph = compiled.workload()
     graph.meta["model"] = label
@@ -200,6 +205,33 @@ def _jax_graph(request: ExtractRequest, stage):
     if info.get("experts"):
         graph.meta["moe"] = {k: info[k] for k in ("experts", "top_k", "ep", "capacity_factor")}
     return graph, compiled.timings
+
+
+def _compile_with_tiled_scores(request: ExtractRequest, stage, hardware: str):
+    """A zoo program XLA refused for the target's memory, traced again with its attention
+    core over query tiles (flint.models.attention.tiled_scores): the twin's fp32 S x S
+    scores, which no flash kernel stores, are what a long sequence overflows. Each tile's
+    scores take at most 1/64 of the device memory, an on-chip-sized share; the tiles
+    collapse into the same attention call, so the price is the untiled program's."""
+    from flint.frontends.steps import captured_step
+    from flint.hardware_models.spec import load_spec
+    from flint.models.attention import tiled_scores
+
+    budget = max(1, int(load_spec(hardware).hbm_capacity / SCORE_SHARE))
+    with tiled_scores(budget):
+        step, args, label, _ = captured_step(request)   # a fresh trace under the budget
+        stage(f"compiling {label} again, its attention core over query tiles")
+        lowered = step.lower(*args)
+    compiled = lowered.compile()
+    compiled.notes.append(
+        f"XLA refused the program for the memory of {hardware}: recompiled with the "
+        f"attention core's scores over query tiles of at most {budget / 2**20:.0f} MiB "
+        f"each (the twin's S x S scores, which a flash kernel never stores)")
+    return compiled
+
+
+# the share of a device's memory one query tile's fp32 scores may take on the retry
+SCORE_SHARE = 64
 
 
 def _dump_graph(request: ExtractRequest, stage):

@@ -18,6 +18,8 @@ in the name are what one device computes.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from functools import partial
 
@@ -26,6 +28,36 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from flint.passes.attention import scope_name
+
+
+# The core below holds each call's S x S scores in fp32, as no flash kernel does. That is only
+# a compile device (the collapse pass prices the call from its scope's shapes), but a compile
+# target checks the program against its memory: a long sequence on a small-HBM chip (seq 8192,
+# 3 sequences and 32 heads per chip: 25.8 GB of scores per call on a 32 GB TPU v6e) fails
+# XLA's check. Under `tiled_scores(budget)` the core runs over query tiles (a Python loop in
+# the same scope, so the pass still sees one call) whose fp32 scores take at most `budget`
+# bytes each; the request's extraction retries a program XLA refused for memory so.
+_SCORE_BUDGET: contextvars.ContextVar[int] = contextvars.ContextVar("score_budget", default=0)
+MIN_QUERY_TILE = 128     # rows per tile at least: a full MXU / tensor-core edge
+
+
+@contextlib.contextmanager
+def tiled_scores(budget: int):
+    token = _SCORE_BUDGET.set(budget)
+    try:
+        yield
+    finally:
+        _SCORE_BUDGET.reset(token)
+
+
+def query_tiles(b: int, h: int, s: int, t: int) -> int:
+    """How many query tiles the core runs in: the fewest (a power of two dividing `s`, tiles
+    of MIN_QUERY_TILE rows at least) whose fp32 scores fit the budget; 1 without one."""
+    budget, tiles = _SCORE_BUDGET.get(), 1
+    while (budget and 4 * b * h * (s // tiles) * t > budget and s % (2 * tiles) == 0
+           and s // (2 * tiles) >= MIN_QUERY_TILE):
+        tiles *= 2
+    return tiles
 
 
 def attention(q, k, v, causal: bool = True, spec: P | None = None):
@@ -85,8 +117,10 @@ def _core(q, k, v, causal: bool):
     return flash(q, k, v)
 
 
-def _scores(q, k, causal):
+def _scores(q, k, causal, offset: int = 0, total: int | None = None):
+    """Scores of queries `offset` to `offset + q.shape[1]` of the `total` this rank holds."""
     b, s, h, d = q.shape
+    total = total or s
     kv = k.shape[2]
     qg = q.reshape(b, s, kv, h // kv, d)
     sc = jnp.einsum("bqkgd,bskd->bkgqs", qg, k, preferred_element_type=jnp.float32)
@@ -97,14 +131,31 @@ def _scores(q, k, causal):
         # t / s, about half of its s x t scores, as passes.attention counts them.
         t = k.shape[1]
         rows, cols = jnp.arange(s)[:, None], jnp.arange(t)[None, :]
-        mask = cols * s < (rows + 1) * t
+        rows = rows + offset if offset else rows
+        mask = cols * total < (rows + 1) * t
         sc = jnp.where(mask, sc, jnp.finfo(jnp.float32).min)
     return sc
 
 
 def _forward(q, k, v, causal):
+    b, s, h, _ = q.shape
+    tiles = query_tiles(b, h, s, k.shape[1])
+    if tiles == 1:
+        return _forward_tile(q, k, v, causal, 0, s)
+    n = s // tiles
+    # barriers keep XLA from sinking the tiles' row slices into the projection GEMMs that
+    # make q (and the joins into the ones that read o): a GEMM between pieces of the call
+    # would leave it uncollapsed (passes/attention.py takes no projection into a call)
+    q, k, v = jax.lax.optimization_barrier((q, k, v))
+    parts = [_forward_tile(q[:, i * n:(i + 1) * n], k, v, causal, i * n, s)
+             for i in range(tiles)]
+    return jax.lax.optimization_barrier((jnp.concatenate([o for o, _ in parts], axis=1),
+                                         jnp.concatenate([lse for _, lse in parts], axis=-1)))
+
+
+def _forward_tile(q, k, v, causal, offset, total):
     b, s, h, d = q.shape
-    sc = _scores(q, k, causal)
+    sc = _scores(q, k, causal, offset, total)
     lse = jax.nn.logsumexp(sc, axis=-1)                       # [b, kv, g, s]
     p = jnp.exp(sc - lse[..., None]).astype(q.dtype)
     o = jnp.einsum("bkgqs,bskd->bqkgd", p, v, preferred_element_type=jnp.float32)
@@ -112,9 +163,26 @@ def _forward(q, k, v, causal):
 
 
 def _backward(q, k, v, o, lse, do, causal):
+    b, s, h, _ = q.shape
+    tiles = query_tiles(b, h, s, k.shape[1])
+    if tiles == 1:
+        return _backward_tile(q, k, v, o, lse, do, causal, 0, s)
+    n = s // tiles
+    rows = lambda t, i: t[:, i * n:(i + 1) * n]              # noqa: E731  query rows
+    q, k, v, o, lse, do = jax.lax.optimization_barrier((q, k, v, o, lse, do))  # as forward
+    parts = [_backward_tile(rows(q, i), k, v, rows(o, i), lse[..., i * n:(i + 1) * n],
+                            rows(do, i), causal, i * n, s) for i in range(tiles)]
+    dk = sum(p[1].astype(jnp.float32) for p in parts).astype(k.dtype)
+    dv = sum(p[2].astype(jnp.float32) for p in parts).astype(v.dtype)
+    return jax.lax.optimization_barrier(
+        (jnp.concatenate([p[0] for p in parts], axis=1), dk, dv))
+
+
+def _backward_tile(q, k, v, o, lse, do, causal, offset, total):
     b, s, h, d = q.shape
     kv = k.shape[2]
-    p = jnp.exp(_scores(q, k, causal) - lse[..., None])       # recomputed, as flash does
+    # recomputed, as flash does
+    p = jnp.exp(_scores(q, k, causal, offset, total) - lse[..., None])
     dv = v.shape[-1]
     dog = do.reshape(b, s, kv, h // kv, dv)
     og = o.reshape(b, s, kv, h // kv, dv)
