@@ -49,9 +49,10 @@ def test_offload_policies_name_what_maxtext_offloads_and_belong_to_xla_runs():
 
 def test_tpu_recipes_remat_columns_map_to_the_offload_policies():
     import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "scripts"))
     from published_rows import _maxtext_offload
 
     assert _maxtext_offload("custom (offload decoder_input,q,k,v,out proj)") == \

@@ -117,10 +117,9 @@ def _core(q, k, v, causal: bool):
     return flash(q, k, v)
 
 
-def _scores(q, k, causal, offset: int = 0, total: int | None = None):
+def _scores(q, k, causal, offset: int, total: int):
     """Scores of queries `offset` to `offset + q.shape[1]` of the `total` this rank holds."""
     b, s, h, d = q.shape
-    total = total or s
     kv = k.shape[2]
     qg = q.reshape(b, s, kv, h // kv, d)
     sc = jnp.einsum("bqkgd,bskd->bkgqs", qg, k, preferred_element_type=jnp.float32)
