@@ -21,7 +21,7 @@ from flint.passes.hlo_cost import COLLECTIVES, read_through
 from flint.passes.lower_collectives import fused_collective
 
 # how the lowering reads libtpu's programs: part of a TPU stage program's cache key
-TPU_LOWERING_VERSION = 6
+TPU_LOWERING_VERSION = 7
 
 
 def tpu_async_role(module: HloModule, ins: HloInstruction) -> tuple | None:
@@ -53,18 +53,36 @@ def own_outputs(ins: HloInstruction) -> list:
     return leaves[first:last + 1] or leaves[:1]
 
 
+def compute_operands(module: HloModule, ins: HloInstruction) -> set[int]:
+    """Operand positions of a continuation that its compute reads. The others are the
+    carried collective's state, handed from the start or the previous continuation of the
+    channel: an edge from them would chain every compute kernel that carries one gather
+    (an attention call's tiles and the weight-gradient GEMM XLA put between them) as if
+    each read the last one's output."""
+    body, compute_users = _compute_users(module, ins)
+    return {k for k, param in body.parameters.items() if compute_users(param)}
+
+
 def compute_reads(module: HloModule, ins: HloInstruction) -> int:
     """Bytes a continuation's compute reads: of each parameter, what the instructions other
     than the carried collective and the root tuple read of it (the slices they take, as
     for any fusion); what only passes through is not read."""
-    body = module.computations[ins.called("calls")[0]]
-    skip = {i.name for i in body.instructions if i.opcode in COLLECTIVES} | {body.root.name}
+    body, compute_users = _compute_users(module, ins)
     total = 0
     for param in body.parameters.values():
-        users = [(u, pos) for u, pos in body.users.get(param.name, []) if u.name not in skip]
+        users = compute_users(param)
         if users:
             total += read_through(body, users, param.shape, module.computations)
     return total
+
+
+def _compute_users(module: HloModule, ins: HloInstruction):
+    """(a continuation's fused body, parameter -> its (user, operand position) pairs other
+    than the carried collective and the root tuple that hands the state on)."""
+    body = module.computations[ins.called("calls")[0]]
+    skip = {i.name for i in body.instructions if i.opcode in COLLECTIVES} | {body.root.name}
+    return body, lambda param: [(u, pos) for u, pos in body.users.get(param.name, [])
+                                if u.name not in skip]
 
 
 def mark_async(node: Node) -> None:
@@ -89,7 +107,11 @@ def lower_fusion(lowering, ins: HloInstruction, comp: HloComputation, env: dict,
         node = lowering.nodes[starts.pop(key)]
         lowering.close_async(node, ins)
         return node.id
-    node = lowering.make_node(ins, comp, ins, [env.get(o, ()) for o in ins.operands], repeat,
+    operands = [env.get(o, ()) for o in ins.operands]
+    if kind == "continuation":
+        reads = compute_operands(lowering.module, ins)
+        operands = [v if k in reads else () for k, v in enumerate(operands)]
+    node = lowering.make_node(ins, comp, ins, operands, repeat,
                               carried_collective=kind == "continuation")
     if kind == "continuation":
         own = own_outputs(ins)

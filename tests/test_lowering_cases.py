@@ -254,6 +254,33 @@ def test_tpu_async_collective_fusions_are_one_async_gather_beside_compute():
     assert not {n.name: n for n in gpu.nodes}["collective-permute.1"].collective.is_async
 
 
+
+def test_a_tpu_continuation_does_not_wait_for_the_last_one_carrying_its_gather():
+    """Two compute kernels carry one gather's state, the second from the first: the state
+    passing through is no data edge, so the second (reading only x and w) does not wait
+    for the first; a chain through every kernel carrying a gather would put a weight-
+    gradient GEMM between an attention call's tiles (passes/attention.py keeps no GEMM
+    inside a call)."""
+    second = TPU_ASYNC_FUSIONS.replace("%carrier (", "%carrier2 (").replace(
+        "%fusion.cont = ", "%fusion.cont2 = ")
+    carrier = second[second.index("%carrier2 ("):second.index("ENTRY")]
+    text = TPU_ASYNC_FUSIONS.replace("ENTRY", carrier + "ENTRY").replace(
+        "  %async-collective-done = bf16[64,128]{1,0} fusion(%k1, %k2, %k3)",
+        "  %again = (bf16[256,512]{1,0}, bf16[64,32]{1,0}, bf16[64,128]{1,0}, u32[]) "
+        "call(%k1, %k2, %k3, %x, %w), to_apply=%carrier2\n"
+        "  %m1 = bf16[64,32]{1,0} get-tuple-element(%again), index=1\n"
+        "  %m2 = bf16[64,128]{1,0} get-tuple-element(%again), index=2\n"
+        "  %m3 = u32[] get-tuple-element(%again), index=3\n"
+        "  %async-collective-done = bf16[64,128]{1,0} fusion(%m1, %m2, %m3)")
+    graph = lower_hlo(parse_module(text), Cluster(4, (("fsdp", 4),), "tpu-v5p", "tpu"))
+    by_name = {n.name: n for n in graph.nodes}
+    first, then = by_name["fusion.cont"], by_name["fusion.cont2"]
+    assert then.collective is None and then.flops == first.flops
+    assert first.id not in then.inputs and then.inputs == first.inputs
+    gather = by_name["async-collective-start"]
+    assert gather.collective.window == (first.id, then.id)
+
+
 PADDED_WINDOW = """HloModule padded_window, num_partitions=1
 
 %window (p: bf16[8,1,1024], i: s32[]) -> bf16[8,2,128] {
