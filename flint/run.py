@@ -105,6 +105,12 @@ class TrainingRun:
     # Megatron-Core and Transformer Engine). None: on for megatron with tp > 1, off for
     # the other frameworks (XLA's schedule and the torch twin's own order stand)
     tp_grad_overlap: Optional[bool] = None
+    # framework xla on a TPU: XLA's collective matmul (SPMD windowed einsum: an all-gather
+    # or reduce-scatter feeding a dot becomes a loop of collective-permutes and partial
+    # dots). auto: libtpu decides where, as it ships (its size threshold and its own
+    # heuristics); off: nowhere (MaxText's DISABLE_COLLECTIVE_MATMUL, the tpu-recipes'
+    # *_no_collective_matmul configs). A compile option: the program changes with it
+    collective_matmul: str = "auto"
     # CUDA_LAUNCH_BLOCKING=1: every kernel launch returns only when the kernel has run, so
     # the host never runs ahead and nothing overlaps (BigScience's tr11 launched so, "do
     # not remove or the training will hang": tr11-176B-ml.slurm); each kernel then waits

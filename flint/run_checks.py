@@ -225,6 +225,10 @@ def _hardware(run) -> None:
         raise FlintError(f"framework: {run.framework} kernels do not run on "
                          f"{run.hardware} (a TPU runs XLA's: framework xla)")
     _attention_kernel(run, target.platform, spec)
+    if run.collective_matmul != "auto" and (target.platform, run.framework) != ("tpu", "xla"):
+        raise FlintError(f"collective_matmul: {run.collective_matmul} sets libtpu's "
+                         f"windowed-einsum threshold, for framework xla on a TPU (not "
+                         f"{run.framework} on {run.hardware}); leave it out")
     if run.cuda_graphs and target.platform != "gpu":
         raise FlintError(f"cuda_graphs: {run.hardware} is not a GPU (a TPU runs the step as "
                          f"one program; leave cuda_graphs out)")

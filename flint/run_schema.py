@@ -35,6 +35,8 @@ FRAMEWORKS = ("megatron", "xla", "torch-eager", "torch-compile")
 # (hardware_models.populations.XLA_EMITTERS): the MLIR emitters XLA has run on CUDA since
 # 2024, or the LLVM ("legacy") emitters before them.
 XLA_EMITTERS = ("mlir", "legacy")
+# XLA's collective matmul on a TPU (flint.frontends.targets.collective_matmul_options)
+COLLECTIVE_MATMUL = ("auto", "off")
 # The attention core: one fused kernel (`flash`: the kernel the run's framework runs on the
 # spec's GPU generation, passes.kernel_population), a named fused kernel where the run
 # pins one (flash1: FlashAttention v1, 2022-05 to 2023-07, about half FlashAttention-2's
@@ -102,6 +104,7 @@ class RunSchema(Strict):
     grad_reduce_dtype: Literal[GRAD_REDUCE_DTYPES] = "fp32"
     tp_comm_overlap: Optional[Bool] = None
     tp_grad_overlap: Optional[Bool] = None
+    collective_matmul: Literal[COLLECTIVE_MATMUL] = "auto"
     launch_blocking: Bool = False
     cuda_graphs: Optional[Bool] = None
     xla_emitters: Literal[XLA_EMITTERS] = "mlir"

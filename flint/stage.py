@@ -69,6 +69,10 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
                "devices_per_host": min(devices_per_host(run), devices),
                "workload_version": WORKLOAD_VERSION}
     program.update(tpu_program_keys(program["hardware"]))
+    if run.collective_matmul != "auto":         # only then: other programs keep their keys
+        from flint.frontends.targets import collective_matmul_options
+
+        program["compiler_options"] = collective_matmul_options(run.collective_matmul)
     if run.precision != "bf16":
         program["gemm_precision"] = "fp8-delayed" if (
             run.precision, run.fp8_recipe) == ("fp8", "delayed") else run.precision

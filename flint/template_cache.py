@@ -43,7 +43,8 @@ def extract_program(program: dict) -> WorkloadGraph:
         batch_per_replica=program["batch_per_replica"], remat=program["remat"],
         sequence_parallel=program["sequence_parallel"],
         gemm_precision=program.get("gemm_precision"), attention=program.get("attention"),
-        devices_per_host=program.get("devices_per_host"))
+        devices_per_host=program.get("devices_per_host"),
+        compiler_options=tuple(sorted(program.get("compiler_options", {}).items())))
     # the engine chose every sharding: the argument-sharding notes `flint extract` prints
     # for a user's own step (replicated embeddings under pure data parallelism) are noise
     import contextlib

@@ -86,6 +86,8 @@ def training_run(row: Row):
                       framework="xla" if spec.startswith("tpu") else "megatron")
     if row.overlap_grad_reduce is not None:
         run = replace(run, overlap_grad_reduce=row.overlap_grad_reduce)
+    if row.collective_matmul != "auto":
+        run = replace(run, collective_matmul=row.collective_matmul)
     # HYBRID_SHARD: one shard group per host (the GPUs a host holds on its NVLink)
     if row.hsdp:
         return replace(run, hsdp=row.hsdp)

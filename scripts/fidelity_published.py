@@ -61,6 +61,8 @@ def published_cases(path: Path = TABLE) -> list[Case]:
                         case.fields["fp8_recipe"] = row.fp8_recipe
                     if row.overlap_grad_reduce is not None:     # the DDP wrapper stated
                         case.fields["overlap_grad_reduce"] = row.overlap_grad_reduce
+                    if row.collective_matmul != "auto":     # the config's XLA flags
+                        case.fields["collective_matmul"] = row.collective_matmul
                     if not row.reshard_after_forward:   # SHARD_GRAD_OP: FSDP's option,
                         case.fields["reshard_after_forward"] = False   # checked per era
                     if era in TORCH_ERAS and not row.fsdp and row.zero is None:

@@ -107,6 +107,8 @@ class Row:
     remat: str = "selective"
     fp8_recipe: str = ""              # the FP8 scaling the table states ("": not stated)
     what_if: tuple = ()               # spec overrides the row's cluster states (TPU slices)
+    # XLA's collective matmul as the row's config sets it (TrainingRun.collective_matmul)
+    collective_matmul: str = "auto"
     published_step_s: float = 0.0
     result: dict = field(default_factory=dict)
 
@@ -265,6 +267,8 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
         row.gbs = int(num("gbs_seqs"))
         row.fsdp = True
         row.remat = _maxtext_offload(stated) or row.remat
+        if _no_collective_matmul(str(r.get("config_name", ""))):
+            row.collective_matmul = "off"
     if section == "2a":
         _maxtext_2023(row, r)
     row.published_step_s = published_step(r, row)
@@ -312,6 +316,18 @@ def _maxtext_2023(row: Row, r: dict) -> None:
         row.what_if = (f"torus={most_cubic_slice(spec, per_slice)}",)
     stated = str(r.get("remat", "")).strip().lower()
     row.remat = {"minimal": "dots", "full": "full"}.get(stated, row.remat)
+
+
+# MaxText configs whose xla_flags add DISABLE_COLLECTIVE_MATMUL (benchmarks/
+# maxtext_trillium_model_configs.py at the rows' tags, as each tpu-recipes README quotes
+# the config): the *_no_collective_matmul ones, and mistral_7b (tpu-recipes-v0.1.2) though
+# its name does not say so. The others (llama3_1_8b_8192, llama3_1_70b_8192*,
+# llama2_70b_4096_sc, gpt_3_175b_bf16) leave libtpu's own choice.
+NO_COLLECTIVE_MATMUL_CONFIGS = ("mistral_7b",)
+
+
+def _no_collective_matmul(config: str) -> bool:
+    return config.endswith("_no_collective_matmul") or config in NO_COLLECTIVE_MATMUL_CONFIGS
 
 
 def _maxtext_offload(stated: str) -> str:

@@ -80,6 +80,9 @@ def predict(
         None, "--tp-grad-overlap/--no-tp-grad-overlap",
         help="the backward's TP input-gradient reduction run beside the weight-gradient GEMM "
              "(default: on for megatron with TP)"),
+    collective_matmul: Optional[str] = typer.Option(
+        None, help="framework xla on a TPU: XLA's collective matmul (windowed einsum) where "
+                   "libtpu chooses, auto (default) | off (MaxText's DISABLE_COLLECTIVE_MATMUL)"),
     launch_blocking: Optional[bool] = typer.Option(
         None, "--launch-blocking/--no-launch-blocking",
         help="CUDA_LAUNCH_BLOCKING=1: each launch waits for its kernel, nothing overlaps "
@@ -130,7 +133,7 @@ def predict(
                  precision=precision, fp8_recipe=fp8_recipe,
                  framework=framework, attention=attention,
                  overlap_grad_reduce=overlap_grad_reduce, tp_comm_overlap=tp_comm_overlap,
-                 tp_grad_overlap=tp_grad_overlap,
+                 tp_grad_overlap=tp_grad_overlap, collective_matmul=collective_matmul,
                  launch_blocking=launch_blocking, cuda_graphs=cuda_graphs,
                  xla_emitters=xla_emitters,
                  reshard_after_forward=reshard_after_forward,

@@ -58,6 +58,9 @@ class ExtractRequest:
     reshard_after_forward: bool = True
     # graph passes run after lowering, e.g. "expand-loops"
     passes: str = ""
+    # XLA compile options of the step, as (name, value) pairs (the engine's: a TPU run's
+    # collective-matmul threshold, flint.frontends.targets.collective_matmul_options)
+    compiler_options: tuple = ()
 
     @property
     def device_count(self) -> int:
@@ -89,6 +92,10 @@ class ExtractRequest:
         if self.framework not in FRAMEWORKS:
             raise FlintError(f"unknown --framework {self.framework!r}; use jax or torch")
         check_device_count(self.device_count)
+        if self.compiler_options and (self.framework != "jax" or self.is_stablehlo
+                                      or self.is_hlo_dump):
+            raise FlintError("XLA compile options apply to a JAX step Flint compiles, not to "
+                             "a torch step, a StableHLO file or an XLA dump")
         if self.remat is not None and self.remat not in ZOO_REMAT_POLICIES:
             raise FlintError(f"unknown --remat {self.remat!r}; use "
                              f"{' | '.join(ZOO_REMAT_POLICIES)}")

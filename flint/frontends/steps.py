@@ -84,7 +84,8 @@ def captured_step(request):
                   attention=ZOO_ATTENTION.get(request.attention or "flash"))
         step = capture(w.step, devices=devices, mesh=dict(mesh_t), hardware=hardware,
                        in_specs=w.in_specs, out_specs=w.out_specs,
-                       donate_argnums=w.donate_argnums, devices_per_host=devices_per_host)
+                       donate_argnums=w.donate_argnums, devices_per_host=devices_per_host,
+                       compiler_options=dict(request.compiler_options))
         return step, w.args, w.name, w.info
     module, fn_name, fn = load_step(target)
     decorated = isinstance(fn, Captured)
@@ -104,12 +105,14 @@ def captured_step(request):
                        out_specs=fn.cfg.out_specs, static_argnums=fn.cfg.static_argnums,
                        donate_argnums=fn.cfg.donate_argnums,
                        devices_per_host=devices_per_host,
-                       model_flops=fn.cfg.model_flops or model_flops)
+                       model_flops=fn.cfg.model_flops or model_flops,
+                       compiler_options={**dict(fn.cfg.compiler_options),
+                                         **dict(request.compiler_options)})
     else:
         step = capture(fn, devices=devices, mesh=dict(mesh_t), hardware=hardware,
                        in_specs=getattr(module, "in_specs", None),
                        rules=getattr(module, "rules", None), devices_per_host=devices_per_host,
-                       model_flops=model_flops)
+                       model_flops=model_flops, compiler_options=dict(request.compiler_options))
     return step, args, fn_name, {}
 
 

@@ -46,6 +46,21 @@ def libtpu_flags() -> str:
     return os.environ.get("LIBTPU_INIT_ARGS", TPU_TRAINING_FLAGS)
 
 
+# libtpu's size threshold (MiB) below which SPMD partitioning keeps an all-gather or
+# reduce-scatter feeding a dot as it is rather than a windowed einsum (collective matmul).
+# MaxText's benchmarks/xla_flags_library.py: DISABLE_COLLECTIVE_MATMUL sets it to 1000000.
+# A per-compile option (compiler_options), unlike LIBTPU_INIT_ARGS. Only `off` is offered:
+# a threshold of 0 does not make every such dot one (libtpu 0.0.42 keeps an 8-chip FSDP
+# MLP of 8192 x 2048 x 8192 as it is), so XLA's own choice cannot be overruled that way.
+WINDOWED_EINSUM_THRESHOLD = "xla_jf_spmd_threshold_for_windowed_einsum_mib"
+COLLECTIVE_MATMUL_OFF_MIB = 1_000_000
+
+
+def collective_matmul_options(mode: str) -> dict:
+    """The compile options of a TPU run's collective matmul (auto: none)."""
+    return {WINDOWED_EINSUM_THRESHOLD: COLLECTIVE_MATMUL_OFF_MIB} if mode == "off" else {}
+
+
 def tpu_program_keys(target: str) -> dict:
     """What keys a stage program compiled for `target` besides the model and mesh: on a
     TPU, libtpu's flags in effect and how the lowering reads its programs."""
