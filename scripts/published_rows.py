@@ -13,6 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from published_maxtext import maxtext_2023, maxtext_offload, no_collective_matmul  # noqa: E402
 from table_columns import first_number, published_step  # noqa: E402
 
 TABLE = REPO.parent / "shared" / "tables" / "published.md"
@@ -266,11 +267,11 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
     if section == "2d":
         row.gbs = int(num("gbs_seqs"))
         row.fsdp = True
-        row.remat = _maxtext_offload(stated) or row.remat
-        if _no_collective_matmul(str(r.get("config_name", ""))):
+        row.remat = maxtext_offload(stated) or row.remat
+        if no_collective_matmul(str(r.get("config_name", ""))):
             row.collective_matmul = "off"
     if section == "2a":
-        _maxtext_2023(row, r)
+        maxtext_2023(row, r, system_spec(row.system))
     row.published_step_s = published_step(r, row)
     if not row.published_step_s:
         row.reason = ("no step time, tokens/s or samples/s in the row (a TFLOP/s or MFU "
@@ -281,77 +282,6 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
         row.reason = f"no hardware spec for system {system!r}"
     elif spec.startswith("tpu") and not _have_libtpu():
         row.reason = "TPU target needs libtpu (pip install 'flint[tpu]'), not installed"
-
-
-def _maxtext_2023(row: Row, r: dict) -> None:
-    """MaxText's late-2023 configs (published.md 2a): the `global_parameter_scale` decoder
-    of that base.yml (RMSNorm, RoPE, multi-head attention of head_dim 256, one non-gated
-    ReLU MLP, vocab 32768, logits through the tied embedding), FSDP over each ICI slice
-    (`ici_fsdp_parallelism=-1`, tensor parallelism as the row's `tp=`) and pure data
-    parallelism over DCN between slices (`dcn_data_parallelism`), each slice the row's
-    `1x v5p-128`: a most-cubic torus of chips / slices. Remat `minimal` is MaxText's
-    policy of that time, jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims: the
-    projections' outputs are kept, the rest recomputed; with the fused attention kernel
-    (attention=flash) no batched dot is left, so the zoo's `dots` policy is the same."""
-    from flint.hardware_models.spec import load_spec
-    from flint.hardware_models.topology import most_cubic_slice
-
-    dims = {key: int(first_number(r[col])) for key, col in (
-        ("layers", "layers"), ("hidden", "emb"), ("heads", "heads"), ("head_dim", "head_dim"),
-        ("ffn", "mlp"))}
-    row.model = tuple(sorted({**dims, "kv_heads": dims["heads"], "vocab": 32768,
-                              "norm": "rms", "activation": "relu", "positional": "rope",
-                              "tie_embeddings": True, "seq": row.seq}.items()))
-    sharding = str(r.get("sharding", ""))
-    row.tp, row.zero, row.fsdp = _mesh_option(sharding, "tp"), 3, True
-    # per_device_batch_size counts sequences per chip: a tensor-parallel group of tp chips
-    # runs tp x that many as one batch, and MaxText takes the step without gradient
-    # accumulation (its default), so each data-parallel rank has one micro-batch
-    row.mbs = row.gbs * row.tp // row.gpus
-    slices = _mesh_option(sharding, "dcn_dp")
-    if slices > 1:
-        per_slice = row.gpus // slices
-        row.hsdp = per_slice // row.tp      # FSDP within a slice, replicas across
-        spec = load_spec(system_spec(row.system))
-        row.what_if = (f"torus={most_cubic_slice(spec, per_slice)}",)
-    stated = str(r.get("remat", "")).strip().lower()
-    row.remat = {"minimal": "dots", "full": "full"}.get(stated, row.remat)
-
-
-# MaxText configs whose xla_flags add DISABLE_COLLECTIVE_MATMUL (benchmarks/
-# maxtext_trillium_model_configs.py at the rows' tags, as each tpu-recipes README quotes
-# the config): the *_no_collective_matmul ones, and mistral_7b (tpu-recipes-v0.1.2) though
-# its name does not say so. The others (llama3_1_8b_8192, llama3_1_70b_8192*,
-# llama2_70b_4096_sc, gpt_3_175b_bf16) leave libtpu's own choice.
-NO_COLLECTIVE_MATMUL_CONFIGS = ("mistral_7b",)
-
-
-def _no_collective_matmul(config: str) -> bool:
-    return config.endswith("_no_collective_matmul") or config in NO_COLLECTIVE_MATMUL_CONFIGS
-
-
-def _maxtext_offload(stated: str) -> str:
-    """The offload remat policy (flint.models.OFFLOADED_NAMES) a tpu-recipes row's remat
-    column names: "custom (offload decoder_input,q,k,v,out proj)" sends the layer input
-    and the four projections' outputs to host; "custom (offload decoder_input,q,k,v)" and
-    MaxText's `qkv_proj_offloaded` the query, key and value projections' (the latter keeps
-    the layer input on device: a memory difference of one [batch, seq, hidden] tensor per
-    layer, no time difference). "" for any other policy."""
-    if "qkv_proj_offloaded" in stated:
-        return "offload-qkv"
-    m = re.search(r"offload ([a-z_, ]+)", stated)
-    if not m:
-        return ""
-    names = {n.strip() for n in m.group(1).split(",")}
-    if names == {"decoder_input", "q", "k", "v", "out proj"}:
-        return "offload-qkvo"
-    return "offload-qkv" if names == {"decoder_input", "q", "k", "v"} else ""
-
-
-def _mesh_option(text: str, key: str) -> int:
-    """`tp=4` in a sharding column like "fsdp=auto tp=4 dcn_dp=2" (1 when absent)."""
-    m = re.search(rf"(?<![a-z_]){key}=(\d+)", text)
-    return int(m.group(1)) if m else 1
 
 
 # the columns a table states its data-parallel flavour in: "sharding_strategy",

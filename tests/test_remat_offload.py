@@ -53,15 +53,15 @@ def test_tpu_recipes_remat_columns_map_to_the_offload_policies():
     from conftest import REPO
 
     sys.path.insert(0, str(REPO / "scripts"))
-    from published_rows import _maxtext_offload
+    from published_maxtext import maxtext_offload
 
-    assert _maxtext_offload("custom (offload decoder_input,q,k,v,out proj)") == \
+    assert maxtext_offload("custom (offload decoder_input,q,k,v,out proj)") == \
         "offload-qkvo"
-    assert _maxtext_offload("custom (offload decoder_input,q,k,v)") == "offload-qkv"
-    assert _maxtext_offload("qkv_proj_offloaded") == "offload-qkv"
+    assert maxtext_offload("custom (offload decoder_input,q,k,v)") == "offload-qkv"
+    assert maxtext_offload("qkv_proj_offloaded") == "offload-qkv"
     # a policy that offloads other tensors is not one of these: the row keeps its own
-    assert _maxtext_offload("custom (offload context, mlpwo)") == ""
-    assert _maxtext_offload("full") == ""
+    assert maxtext_offload("custom (offload context, mlpwo)") == ""
+    assert maxtext_offload("full") == ""
 
 
 def test_v6e_spec_is_a_compile_target_with_its_256_wide_matrix_units():
