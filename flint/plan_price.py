@@ -72,7 +72,8 @@ def price(job: dict, cache=None, cost_model=None, timeline: bool = False):
         "bubble_fraction": p.bubble_fraction, "by_class_s": dict(p.by_class_s),
         "collectives_s": dict(p.collectives_s), "microbatches": run.microbatches,
         "dp": run.dp, "stages": run.pp,
-        "memory_split": {"parameters": args.get("parameters", 0.0),
+        "memory_split": {"parameters": args.get("parameters", 0.0)
+                         + args.get("frozen_parameters", 0.0),
                          "optimizer_state": args.get("optimizer_state", 0.0),
                          "inputs": args.get("inputs", 0.0),
                          "temporaries": mem.get("temporaries_peak_bytes", 0.0)},

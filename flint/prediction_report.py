@@ -179,4 +179,7 @@ def _layout(run: dict, facts: dict) -> str:
     parts.append(f"dp {dp} {zero}")
     parts.append(f"remat {run['remat']}")
     parts.append(run["precision"])
+    if run.get("lora_rank"):
+        parts.append(f"LoRA rank {run['lora_rank']} on {run['lora_targets']} over a frozen "
+                     f"{run.get('lora_base', 'bf16')} base")
     return ", ".join(parts)

@@ -138,6 +138,16 @@ class TrainingRun:
     # the recipes from NeMo 25.04 on); delayed: from the amax history of earlier steps,
     # the amax taken in the cast's own pass (DelayedScaling, TE 1.x's only recipe)
     fp8_recipe: str = "current"
+    # LoRA fine-tuning (flint.models.lora): the adapters' rank, 0 training every weight
+    # (pre-training, full fine-tuning); the frozen base's linears they adapt, Megatron's
+    # names (qkv, proj, fc1, fc2; NeMo's groups attention, mlp). The default is
+    # Megatron-Bridge's LoRA.target_modules (all four)
+    lora_rank: int = 0
+    lora_targets: str = "qkv,proj,fc1,fc2"
+    # how the frozen base is held: bf16, or fp8 (its layers' linears in FP8: NeMo's
+    # fp8_params, Transformer Engine's fp8_model_init; precision fp8 only), which spares
+    # the per-step cast of every frozen weight
+    lora_base: str = "bf16"
 
     def __post_init__(self):
         if isinstance(self.hardware, str) and not self.hardware.endswith((".yaml", ".yml")):
@@ -151,6 +161,9 @@ class TrainingRun:
         validated(RunSchema, doc, "run")
         if isinstance(self.model, dict):
             object.__setattr__(self, "model", tuple(sorted(self.model.items())))
+        from flint.models.lora import canonical
+
+        object.__setattr__(self, "lora_targets", canonical(self.lora_targets))
         if self.sp is None:
             object.__setattr__(self, "sp", self.tp > 1)
         for name, value in self.derived_defaults().items():
@@ -328,6 +341,8 @@ class TrainingRun:
                   f"mb{self.micro_batch}x{self.microbatches}", f"remat={self.remat}" + (
                       f"/{self.recompute_layers}" if self.recompute_layers else ""),
                   self.precision]
+        if self.lora_rank:
+            parts.append(f"lora{self.lora_rank}:{self.lora_targets}")
         name = self.model if isinstance(self.model, str) else dict(self.model).get(
             "name", dict(self.model).get("base", "custom"))
         return f"{name} seq {self.seq_len} gbs {self.global_batch}: " + " ".join(parts)

@@ -29,6 +29,7 @@ def check_run(run) -> None:
     _framework(run)
     _batch(run)
     cfg = _model(run)
+    _lora(run, cfg)
     _pipeline(run, cfg)
     _parallel_fit(run, cfg)
     _hardware(run)
@@ -235,6 +236,32 @@ def _hardware(run) -> None:
     if run.precision != "bf16" and "fp8" not in spec.peak_flops:
         raise FlintError(f"precision: {run.precision} GEMMs need FP8 tensor cores; "
                          f"{spec.name} lists none")
+
+
+def _lora(run, cfg) -> None:
+    """LoRA runs the JAX twin's adapters on a dense decoder."""
+    from flint.models.lora import DEFAULT_TARGETS, parse_targets
+
+    if not run.lora_rank:
+        if run.lora_targets != DEFAULT_TARGETS or run.lora_base != "bf16":
+            field = "lora_targets" if run.lora_targets != DEFAULT_TARGETS else "lora_base"
+            raise FlintError(f"{field}: a LoRA option needs a lora_rank (0 trains every "
+                             f"weight)")
+        return
+    if run.lora_base == "fp8" and run.precision != "fp8":
+        raise FlintError(f"lora_base: an FP8 base (per-tensor scaled E4M3 weights) is read "
+                         f"by precision fp8's GEMMs, not {run.precision}'s")
+    if run.framework.startswith("torch"):
+        raise FlintError(f"lora_rank: LoRA adapters are modelled in the JAX twin (framework "
+                         f"megatron or xla), not in {run.framework}'s torch twin")
+    if cfg.n_experts or cfg.kv_lora:
+        raise FlintError(f"lora_rank: {cfg.name} is a MoE/MLA model; LoRA is modelled on "
+                         f"dense decoders")
+    column = {"qkv", "fc1"} & set(parse_targets(run.lora_targets))
+    if column and run.lora_rank % run.tp:
+        raise FlintError(f"lora_rank: {run.lora_rank} does not split over tp {run.tp} (a "
+                         f"column-parallel linear's adapter shards its rank over the "
+                         f"tensor-parallel ranks, Megatron's ParallelLinearAdapter)")
 
 
 def _launch_blocking(run) -> None:

@@ -58,6 +58,8 @@ GRAD_SYNC = ("every-microbatch", "last-microbatch")
 # HybridZeroOptimizer), or gradients all-reduced and parameters all-gathered (DeepSpeed's
 # BF16_Optimizer, BLOOM's ZeRO-1).
 ZERO_SYNC = ("reduce-scatter", "broadcast", "all-reduce")
+# How a LoRA step's frozen base is held (flint.models.lora.BASES)
+LORA_BASES = ("bf16", "fp8")
 # The dtype zero 1/2 keep and reduce gradients in: fp32 main gradients (Megatron-LM forces
 # them for bf16 runs; Megatron-Core's default) or bf16 (Megatron-Core's
 # grad_reduce_in_fp32=False, set by NVIDIA's NeMo 2.0 / Megatron-Bridge performance
@@ -111,6 +113,9 @@ class RunSchema(Strict):
     reshard_after_forward: Bool = True
     routing: Str = "balanced"
     fp8_recipe: Literal[FP8_RECIPES] = "current"
+    lora_rank: Annotated[int, Field(ge=0, le=2**16)] = 0
+    lora_targets: Str = "qkv,proj,fc1,fc2"
+    lora_base: Literal[LORA_BASES] = "bf16"
 
 
 def suggest_word(doc: dict, where: str) -> None:

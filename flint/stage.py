@@ -76,6 +76,9 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
     if run.precision != "bf16":
         program["gemm_precision"] = "fp8-delayed" if (
             run.precision, run.fp8_recipe) == ("fp8", "delayed") else run.precision
+    if run.lora_rank:       # only then: full-training programs keep their keys
+        program["lora"] = [run.lora_rank, run.lora_targets] + (
+            [run.lora_base] if run.lora_base != "bf16" else [])
     if compiled_attention(run.attention, run.framework):
         program["attention"] = compiled_attention(run.attention, run.framework)
     if torch:       # torch.compile's Inductor fuses pointwise chains; eager runs each op

@@ -30,7 +30,8 @@ def extract_program(program: dict) -> WorkloadGraph:
     extract` does). Keys: framework, model (a name or a mapping of dims), devices, mesh
     ([[axis, size], ...]), batch_per_replica, remat, sequence_parallel, scan, seq_len,
     layers, hardware (the compile target or a spec naming one); optional
-    gemm_precision, devices_per_host; other keys (workload_version) only key the cache."""
+    gemm_precision, devices_per_host, lora ([rank, targets] or [rank, targets, base]);
+    other keys (workload_version) only key the cache."""
     from flint.frontends.request import ExtractRequest, extract
 
     torch = program["framework"] == "torch"
@@ -44,6 +45,7 @@ def extract_program(program: dict) -> WorkloadGraph:
         sequence_parallel=program["sequence_parallel"],
         gemm_precision=program.get("gemm_precision"), attention=program.get("attention"),
         devices_per_host=program.get("devices_per_host"),
+        lora=tuple(program.get("lora", ())),
         compiler_options=tuple(sorted(program.get("compiler_options", {}).items())))
     # the engine chose every sharding: the argument-sharding notes `flint extract` prints
     # for a user's own step (replicated embeddings under pure data parallelism) are noise

@@ -33,8 +33,11 @@ from flint.graph import WorkloadGraph
 from flint.hardware_models.buffers import last_uses, leaf_bytes  # noqa: F401 (re-exported)
 
 # What an argument is, from the path JAX records as its name: `params['w']`,
-# `opt_state.mu['w']`, `batch['tokens']`. First match wins.
-_CATEGORIES = (("optimizer_state", re.compile(r"opt|adam|momentum|\bmu\b|\bnu\b", re.I)),
+# `opt_state.mu['w']`, `batch['tokens']`. First match wins. A LoRA step's base weights
+# (`params['frozen']...`, flint.models.lora) are frozen parameters: no gradient buffer, no
+# optimizer state, nothing a sharded optimizer re-sizes.
+_CATEGORIES = (("frozen_parameters", re.compile(r"frozen", re.I)),
+               ("optimizer_state", re.compile(r"opt|adam|momentum|\bmu\b|\bnu\b", re.I)),
                ("parameters", re.compile(r"param|weight|model", re.I)),
                ("inputs", re.compile(r"batch|input|token|label|data", re.I)))
 

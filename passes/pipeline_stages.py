@@ -23,12 +23,9 @@ from flint.passes.pipeline_order import SCHEDULES, device_order  # noqa: F401 (r
 from flint.errors import FlintError
 from flint.graph import WorkloadGraph
 from flint.hlo.shapes import shapes_bytes
+from flint.passes.gradient_tasks import DATA_PARALLEL_AXES  # noqa: F401 (re-exported)
+from flint.passes.gradient_tasks import mark_gradient_reduction
 
-# Mesh axes over which gradients are reduced: flint.models.train's batch, FSDP, context
-# and expert axes each hold a different slice of the tokens (dense weights of a MoE reduce
-# over the expert axis too, as over Megatron's whole DP group).
-DATA_PARALLEL_AXES = ("data", "dp", "batch", "replica", "fsdp", "zero", "context", "cp",
-                      "expert", "ep")
 SPLITS = ("layers", "time")
 _LAYER = re.compile(r"(?:^|[^a-z])(?:layers?|blocks?|h)[._\[\]'\"/]*(\d+)", re.IGNORECASE)
 
@@ -91,7 +88,7 @@ def task_of(graph: WorkloadGraph) -> list[str]:
                 t = "B"
             if t != tasks[i]:
                 tasks[i], changed = t, True
-    _mark_gradient_reduction(graph, tasks)
+    mark_gradient_reduction(graph, tasks)
     _hoist_parameter_work(graph, tasks)
     for n in graph.nodes:     # the first micro-batch's own work (a sharded optimizer's
         if n.meta.get("first_microbatch"):      # parameter gathers), wherever it sits
@@ -118,48 +115,6 @@ def _hoist_parameter_work(graph: WorkloadGraph, tasks: list[str]) -> None:
     for n in graph.nodes:
         if tasks[n.id] in ("F", "B") and not batch[n.id]:
             tasks[n.id] = "pre"
-
-
-def _mark_gradient_reduction(graph: WorkloadGraph, tasks: list[str]) -> None:
-    """Backward nodes that only feed the optimizer, starting from a collective (the
-    data-parallel reduction of a gradient, its casts and scaling): frameworks accumulate
-    gradients over microbatches and reduce them once per step (Megatron-LM's
-    --overlap-grad-reduce, torch DDP's no_sync, XLA's gradient accumulation), overlapped
-    with the last microbatch's backward. They become 'R' work, emitted once."""
-    users = graph.users
-    tail = [False] * len(tasks)
-    for i in range(len(tasks) - 1, -1, -1):   # a B value nothing reads is a step output
-        if tasks[i] == "B":
-            tail[i] = all(tasks[u] == "post" or tail[u] for u in users[i])
-    # Only the part at and after a collective over a data-parallel axis is reduction: the
-    # weight-gradient GEMM that feeds it is per-microbatch work (it accumulates into the
-    # gradient buffer), and so is a tensor-parallel all-reduce whose result only the
-    # weight gradients of the first layer read.
-    # ... and only a reduction no matrix multiply reads afterwards: a gradient on its way
-    # to the optimizer is cast and scaled, never multiplied, while an activation's
-    # gradient summed over the context-parallel ranks (dK, dV) feeds the backward GEMMs
-    # of the layers below.
-    multiplied = [False] * len(tasks)
-    for i in range(len(tasks) - 1, -1, -1):
-        multiplied[i] = any(graph.nodes[u].op_class in ("gemm", "conv", "attention")
-                            or multiplied[u] for u in users[i])
-    for n in graph.nodes:
-        i = n.id
-        if tail[i] and (_reduces_over_data(graph, n) and not multiplied[i]
-                        or any(tasks[d] == "R" for d in n.inputs)):
-            tasks[i] = "R"
-
-
-def _reduces_over_data(graph: WorkloadGraph, node) -> bool:
-    c = node.collective
-    if c is None or c.type not in ("all-reduce", "reduce-scatter"):
-        return False
-    # a gradient is summed; a max/min over the data axis is a per-microbatch statistic
-    # (FP8 current scaling's amax of an activation gradient), not a gradient reduction
-    if c.reduction not in (None, "add", "sum"):
-        return False
-    axes = graph.communicators[c.communicator].mesh_axes
-    return any(a in DATA_PARALLEL_AXES for a in axes)
 
 
 def assign_chunks(graph: WorkloadGraph, tasks: list[str], chunks: int, split: str,

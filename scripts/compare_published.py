@@ -88,6 +88,9 @@ def training_run(row: Row):
         run = replace(run, overlap_grad_reduce=row.overlap_grad_reduce)
     if row.collective_matmul != "auto":
         run = replace(run, collective_matmul=row.collective_matmul)
+    if row.lora_rank:
+        run = replace(run, lora_rank=row.lora_rank, lora_targets=row.lora_targets,
+                      lora_base=row.lora_base)
     # HYBRID_SHARD: one shard group per host (the GPUs a host holds on its NVLink)
     if row.hsdp:
         return replace(run, hsdp=row.hsdp)

@@ -63,6 +63,10 @@ def published_cases(path: Path = TABLE) -> list[Case]:
                         case.fields["overlap_grad_reduce"] = row.overlap_grad_reduce
                     if row.collective_matmul != "auto":     # the config's XLA flags
                         case.fields["collective_matmul"] = row.collective_matmul
+                    if row.lora_rank:                   # LoRA fine-tuning's adapters
+                        case.fields.update(lora_rank=row.lora_rank,
+                                           lora_targets=run.lora_targets,
+                                           lora_base=run.lora_base)
                     if not row.reshard_after_forward:   # SHARD_GRAD_OP: FSDP's option,
                         case.fields["reshard_after_forward"] = False   # checked per era
                     if era in TORCH_ERAS and not row.fsdp and row.zero is None:

@@ -110,6 +110,10 @@ class Row:
     what_if: tuple = ()               # spec overrides the row's cluster states (TPU slices)
     # XLA's collective matmul as the row's config sets it (TrainingRun.collective_matmul)
     collective_matmul: str = "auto"
+    # LoRA fine-tuning (TrainingRun.lora_rank / lora_targets): 0 trains every weight
+    lora_rank: int = 0
+    lora_targets: str = ""
+    lora_base: str = "bf16"
     published_step_s: float = 0.0
     result: dict = field(default_factory=dict)
 
@@ -135,10 +139,23 @@ def rows_of(heading: str, records: list[dict]) -> list[Row]:
     return out
 
 
+# The LoRA adapters behind each table's LoRA rows, where the table is silent: the
+# framework's default. Megatron-Bridge (1a): LoRA(dim=32, target_modules=['linear_qkv',
+# 'linear_proj', 'linear_fc1', 'linear_fc2']) (src/megatron/bridge/peft/lora.py), which its
+# llama3_70b_finetune_config(peft="lora") uses; NeMo 24.07 (1b, NeMo 1.x fine-tuning):
+# lora_tuning target_modules ['attention_qkv'], adapter_dim 32
+# (examples/nlp/language_modeling/tuning/conf/megatron_gpt_finetuning_config.yaml); MLPerf
+# Llama 2 70B LoRA (6b): rank 16 on attention, as the section states from its configs,
+# whose FP8 runs hold the frozen base in FP8 (conf/megatron_gpt_peft_tuning_config.yaml:
+# `fp8_params: ${FP8}`, Transformer Engine's fp8_model_init); the others' defaults do not
+LORA = {"1a": (32, "qkv,proj,fc1,fc2", "bf16"), "1b": (32, "qkv", "bf16"),
+        "6b": (16, "attention", "fp8")}
+
+
 def _not_rebuildable(section: str, r: dict, name: str) -> str:
     task = str(r.get("task", "")).lower()
-    if "lora" in task or section == "6b":
-        return "LoRA fine-tuning (frozen base weights, adapters) is not modelled"
+    if ("lora" in task or section == "6b") and section not in LORA:
+        return "LoRA fine-tuning with adapters the table does not state"
     if section in ("1d",):
         return "TFLOP/s only, and the non-CP configurations are not published"
     if section in ("1g", "2b", "2c", "2e"):
@@ -156,7 +173,8 @@ def _not_rebuildable(section: str, r: dict, name: str) -> str:
     if section == "2d":
         if (first_number(r.get("slices")) or 1) > 1:
             return "multi-slice (DCN) job"
-    if section != "2a" and not _preset(name, section) and not stated_shape(r, 2048):
+    if section != "2a" and not _preset(name, section) and not stated_shape(r, 2048) \
+            and section != "6b":
         return f"no public dense shape for {name!r} in flint.models.describe"
     return ""
 
@@ -202,6 +220,8 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
     num = lambda *cols, default=None: next(  # noqa: E731
         (first_number(r[c]) for c in cols if first_number(r.get(c)) is not None), default)
     row.model = _preset(name, section)
+    if section == "6b":      # the section's one model (Llama 2 70B) at seq 8192
+        row.model = "llama2-70b"
     system = str(r.get("system") or r.get("tpu") or r.get("hw") or "").lower()
     if not system:         # 1f: no system column; the README's script is the H100 one
         system = "dgx-h100"
@@ -209,9 +229,10 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
         system = "a100"
         # the source: interleaved pipeline with 3 stages per rank for 175B and 530B
         row.vp = 3 if row.model in ("gpt3-175b", "gpt-530b") else 1
-    if section == "6c":    # "512 GB200 (8x NVL72)" in the accelerators column
+    if section in ("6b", "6c"):    # "512 GB200 (8x NVL72)" in the accelerators column
         acc = str(r.get("accelerators", "")).lower()
-        system = "dgx-gb300" if "gb300" in acc else "dgx-gb200" if "gb200" in acc else system
+        system = next((f"dgx-{gpu}" for gpu in ("gb300", "gb200", "h200", "h100")
+                       if gpu in acc), system)
     row.system = system
     gpus = num("gpus", "chips", "accelerators")
     if gpus is None:
@@ -219,7 +240,7 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
         return
     row.gpus = int(gpus)
     # 6c: "seq 8192" is stated in the section heading, not per row
-    seq = num("seq", "packed_seq", default=8192 if section == "6c" else None)
+    seq = num("seq", "packed_seq", default=8192 if section in ("6b", "6c") else None)
     gbs = num("gbs", "gbs_seqs")
     if seq is None or gbs is None:
         row.reason = "no sequence length or global batch in the row"
@@ -272,6 +293,11 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
             row.collective_matmul = "off"
     if section == "2a":
         maxtext_2023(row, r, system_spec(row.system))
+    if "lora" in str(r.get("task", "")).lower() or section == "6b":
+        row.lora_rank, row.lora_targets, base = LORA[section]
+        row.lora_base = base if row.precision == "fp8" else "bf16"
+    if section == "6b":          # "no activation checkpointing (v4.0 conf)"
+        row.remat, row.remat_stated = "none", True
     row.published_step_s = published_step(r, row)
     if not row.published_step_s:
         row.reason = ("no step time, tokens/s or samples/s in the row (a TFLOP/s or MFU "

@@ -109,6 +109,15 @@ def predict(
         None, help="when gradients are reduced: every-microbatch (PyTorch DDP/FSDP2's "
                    "default, ZeRO-2) | last-microbatch (no_sync, Megatron) (default: "
                    "every-microbatch for torch-* and zero 2, else last-microbatch)"),
+    lora_rank: Optional[int] = typer.Option(
+        None, help="LoRA fine-tuning: the adapters' rank on a frozen base (default 0: every "
+                   "weight trained)"),
+    lora_targets: Optional[str] = typer.Option(
+        None, help="LoRA: the linears adapted, a comma list of qkv | proj | fc1 | fc2 (or "
+                   "attention, mlp) (default: all four, Megatron-Bridge's)"),
+    lora_base: Optional[str] = typer.Option(
+        None, help="LoRA: the frozen base held in bf16 (default) | fp8 (its linears in FP8, "
+                   "NeMo's fp8_params; precision fp8)"),
     routing: Optional[str] = typer.Option(None, help="MoE tokens per expert: balanced | "
                                           "zipf:S | imbalance:F | histogram:..."),
     set_: list[str] = typer.Option([], "--set", help="hardware what-if, e.g. "
@@ -138,7 +147,8 @@ def predict(
                  xla_emitters=xla_emitters,
                  reshard_after_forward=reshard_after_forward,
                  grad_accumulation=grad_accumulation, grad_sync=grad_sync,
-                 routing=routing)
+                 routing=routing, lora_rank=lora_rank, lora_targets=lora_targets,
+                 lora_base=lora_base)
 
     def go():
         from flint.engine import predict as run_predict

@@ -30,6 +30,7 @@ def given_zoo_options(request) -> list[str]:
              ("--attention", request.attention is not None
               and not names_sdpa_kernel(request)),
              ("--sequence-parallel", bool(request.sequence_parallel)),
+             ("--lora-rank", bool(request.lora)),
              ("--scan/--unroll", request.scan is not None)]
     dims = [f"--{_DIM_FLAGS.get(k, k)}" for k in sorted(request.dims or {})]
     return [name for name, given in flags if given] + dims
@@ -76,6 +77,9 @@ def check_options(request) -> None:
             raise FlintError(f"--gemm-precision {precision}: the torch twin runs bf16 GEMMs "
                              f"under autocast only; FP8 recipes are in the JAX zoo "
                              f"(--framework jax)")
+        if request.lora:
+            raise FlintError("--lora-rank: LoRA adapters are in the JAX twin (--framework "
+                             "jax); the torch twin trains every weight")
         if request.scan:
             raise FlintError("--scan: the torch twin's layers are Python modules, traced "
                              "unrolled (torch has no lax.scan); drop --scan")

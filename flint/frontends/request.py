@@ -46,6 +46,9 @@ class ExtractRequest:
     sequence_parallel: bool = False
     dims: dict = field(default_factory=dict)    # model dimension overrides (layers, hidden..)
     gemm_precision: str | None = None
+    # LoRA fine-tuning of the zoo model (flint.models.lora): (rank, "qkv,proj,...") or
+    # (rank, targets, "fp8") for a base held in FP8; (): every weight trained
+    lora: tuple = ()
     # attention core: flash (one fused kernel) | unfused (S x S scores through memory,
     # Megatron-LM's 2021 fused softmax); None: flash. A torch step (the twin or the user's
     # own) may name the kernel SDPA runs instead: flash2 (its default) | cudnn

@@ -81,7 +81,8 @@ def captured_step(request):
         w = build(model, mesh_t, request.batch_per_replica, request.seq_len, scan, remat,
                   sequence_parallel, request.layers, dims=request.dims or None,
                   gemm_precision=request.gemm_precision,
-                  attention=ZOO_ATTENTION.get(request.attention or "flash"))
+                  attention=ZOO_ATTENTION.get(request.attention or "flash"),
+                  lora=tuple(request.lora))
         step = capture(w.step, devices=devices, mesh=dict(mesh_t), hardware=hardware,
                        in_specs=w.in_specs, out_specs=w.out_specs,
                        donate_argnums=w.donate_argnums, devices_per_host=devices_per_host,

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
-from flint.models import OFFLOADED_NAMES
-from flint.models.layers import matmul as _mm
+from flint.models import OFFLOADED_NAMES, lora
+from flint.models.lora import project as _proj
 from flint.models.layers import norm as _norm
 from flint.models.layers import rope as _rope
 
@@ -63,6 +63,10 @@ class DecoderConfig:
     kv_lora: int = 0
     rope_dim: int = 0
     v_head: int = 0
+    # LoRA fine-tuning (flint.models.lora): the adapters' rank (0: every weight trained)
+    # and the zoo weights they adapt; a training choice, not a dimension of the model
+    lora_rank: int = 0
+    lora_weights: tuple = ()
 
     @property
     def head_dim(self) -> int:
@@ -118,6 +122,8 @@ def param_shapes(cfg: DecoderConfig) -> dict:
              "w_up": s(*lead, d, f), "w_down": s(*lead, f, d)}
         if cfg.mlp == "swiglu":
             p["w_gate"] = s(*lead, d, f)
+        if cfg.lora_rank:
+            p.update(lora.adapter_shapes(p, cfg.lora_rank, cfg.lora_weights))
         return p
 
     params = {"embed": s(cfg.vocab, d), "final_norm": s(d)}
@@ -149,6 +155,8 @@ def model_flops(cfg: DecoderConfig, tokens: int) -> float:
         from flint.models import moe
 
         return moe.model_flops(cfg, tokens)
+    if cfg.lora_rank:
+        return lora.model_flops(cfg, tokens, model_flops, param_shapes)
     d_attn = cfg.n_heads * cfg.head_dim
     matmul_params = param_count(cfg) - cfg.vocab * cfg.d_model * (
         0 if cfg.tie_embeddings else 1) - (cfg.seq_len * cfg.d_model if cfg.pos == "learned" else 0)
@@ -167,7 +175,8 @@ def sharding_rules(cfg: DecoderConfig, fsdp: str | None, tp: str | None,
         from flint.models import moe
 
         moe_rules = moe.sharding_rules(cfg, fsdp, tp, expert)
-    return moe_rules + [
+    adapters = lora.sharding_rules(fsdp, tp, lead) if cfg.lora_rank else []
+    return moe_rules + adapters + [
         (r"layers/.*(wq|wk|wv|w_up|w_gate)$", col),
         (r"layers/.*(wo|w_down)$", row),
         (r"embed$", P(tp, fsdp)),
@@ -181,9 +190,9 @@ def _attention(x, p, cfg: DecoderConfig, attn_spec=None, kv_spec=None):
     h, kv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     cd = x.dtype
     # checkpoint names as MaxText's attention gives them (the offload policies read them)
-    q = checkpoint_name(_mm(x, p["wq"], cfg), "query_proj").reshape(b, s, kv, h // kv, hd)
-    k = checkpoint_name(_mm(x, p["wk"], cfg), "key_proj").reshape(b, s, kv, hd)
-    v = checkpoint_name(_mm(x, p["wv"], cfg), "value_proj").reshape(b, s, kv, hd)
+    q = checkpoint_name(_proj(x, p, "wq", cfg), "query_proj").reshape(b, s, kv, h // kv, hd)
+    k = checkpoint_name(_proj(x, p, "wk", cfg), "key_proj").reshape(b, s, kv, hd)
+    v = checkpoint_name(_proj(x, p, "wv", cfg), "value_proj").reshape(b, s, kv, hd)
     if cfg.pos == "rope":
         pos = jnp.arange(s)
         q = _rope(q.reshape(b, s, h, hd), pos).reshape(b, s, kv, h // kv, hd)
@@ -195,7 +204,7 @@ def _attention(x, p, cfg: DecoderConfig, attn_spec=None, kv_spec=None):
 
         out = attention(q.reshape(b, s, h, hd), k, v, causal=True, spec=attn_spec)
         out = checkpoint_name(out, "attention_core")
-        return checkpoint_name(_mm(out.reshape(b, s, h * hd), p["wo"], cfg), "out_proj")
+        return checkpoint_name(_proj(out.reshape(b, s, h * hd), p, "wo", cfg), "out_proj")
     # Megatron's unfused core keeps each rank's heads whole (all of the sequence). Without
     # pinning the heads to the tensor-parallel axis, XLA may shard the S x S scores over
     # the sequence instead under sequence parallelism (all-to-alls of the scores and
@@ -223,7 +232,7 @@ def _attention(x, p, cfg: DecoderConfig, attn_spec=None, kv_spec=None):
     out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
     if heads_spec is not None:
         out = jax.lax.with_sharding_constraint(out, heads_spec)
-    return _mm(out.reshape(b, s, h * hd), p["wo"], cfg)
+    return _proj(out.reshape(b, s, h * hd), p, "wo", cfg)
 
 
 def _axis_size(axes) -> int:
@@ -243,16 +252,16 @@ def _mlp(x, p, cfg: DecoderConfig, hidden_spec=None):
     def constrain(t):
         return t if hidden_spec is None else jax.lax.with_sharding_constraint(t, hidden_spec)
 
-    up = constrain(_mm(x, p["w_up"], cfg))
+    up = constrain(_proj(x, p, "w_up", cfg))
     if cfg.mlp == "swiglu":
-        up = jax.nn.silu(constrain(_mm(x, p["w_gate"], cfg))) * up
+        up = jax.nn.silu(constrain(_proj(x, p, "w_gate", cfg))) * up
     elif cfg.mlp == "relu2":       # squared ReLU (So et al. 2021, Primer), as Nemotron-4
         up = jnp.square(jax.nn.relu(up))
     elif cfg.mlp == "relu":        # plain ReLU (the 2023 MaxText default, OPT)
         up = jax.nn.relu(up)
     else:
         up = jax.nn.gelu(up)
-    return _mm(up, p["w_down"], cfg)
+    return _proj(up, p, "w_down", cfg)
 
 
 def forward(params, tokens, cfg: DecoderConfig, act_spec=None, attn_spec=None, kv_spec=None,

@@ -38,6 +38,8 @@ def matmul(x, w, cfg):
     one scale per 1x32 block of the contraction dim (OCP MX spec), whose GEMM runs at the
     FP8 tensor rate on Blackwell."""
     cd = x.dtype
+    if w.dtype == jnp.float8_e4m3fn:    # an FP8 parameter: read as it is, never cast
+        return _fp8_param_matmul(x, w, cfg.gemm_precision)
     w = w.astype(cd)
     if cfg.gemm_precision == "bf16":
         return jnp.matmul(x, w)
@@ -82,6 +84,37 @@ def _fp8_bwd(kind, res, dy):
 
 
 _fp8_matmul.defvjp(_fp8_fwd, _fp8_bwd)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _fp8_param_matmul(x, w, kind):
+    """x @ w for a weight held in FP8 (Transformer Engine's fp8_model_init: a frozen
+    LoRA base, flint.models.lora): the activation is quantized as in _fp8_matmul, the
+    weight is used as stored with its own per-tensor scale (a number, no pass over it)."""
+    return _fp8_param_fwd(x, w, kind)[0]
+
+
+def _fp8_param_fwd(x, w, kind):
+    xq, sx = _quantize_fp8(x, kind, axis=-1)
+    y = jnp.matmul(xq, w, preferred_element_type=x.dtype) * (sx * _HISTORY_SCALE).astype(
+        x.dtype)
+    return y, (w,)
+
+
+def _fp8_param_bwd(kind, res, dy):
+    """The input gradient in FP8 against the stored weight; a frozen weight has no
+    gradient (the zeros are never read: XLA drops them)."""
+    (w,) = res
+    d32 = dy.astype(jnp.float32)
+    sd = (_HISTORY_SCALE if kind == "fp8-delayed"
+          else jnp.max(jnp.abs(d32)) / 57344.0 + 1e-12)
+    dq = (d32 / sd).astype(jnp.float8_e5m2)
+    dx = jnp.matmul(dq, w.T, preferred_element_type=dy.dtype) * (sd * _HISTORY_SCALE).astype(
+        dy.dtype)
+    return dx, jnp.zeros_like(w)
+
+
+_fp8_param_matmul.defvjp(_fp8_param_fwd, _fp8_param_bwd)
 
 
 # delayed scaling's scale: a number from earlier steps (its amax history), no pass over the

@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from flint.errors import FlintError
 from flint.models import ZOO_REMAT_POLICIES, decoder, mlp
+from flint.models import lora as lora_mod
 from flint.models.parallelism import Parallelism, ZooWorkload
 
 
@@ -61,10 +62,12 @@ def build(model, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
           seq_len: int | None = None, scan: bool | None = None, remat: str | None = None,
           sequence_parallel: bool = False, layers: int | None = None,
           dims: dict | None = None, gemm_precision: str | None = None,
-          attention: str | None = None) -> ZooWorkload:
+          attention: str | None = None, lora: tuple = ()) -> ZooWorkload:
     """The model's training step for a mesh (global batch = batch_per_replica x DP).
     `model` is a zoo/preset name, a model YAML or HF config.json path, a mapping of dims
-    or a DecoderConfig (flint.models.describe); `dims` overrides dims by user key."""
+    or a DecoderConfig (flint.models.describe); `dims` overrides dims by user key;
+    `lora` = (rank, targets[, base]): LoRA fine-tuning (flint.models.lora) with the frozen
+    base held in bf16 or (base "fp8") its linears in FP8; () trains every weight."""
     if isinstance(model, str) and model in mlp.ZOO:
         return mlp.build(model, mesh, batch_per_replica, layers)
     from flint.models.describe import resolve_model
@@ -74,6 +77,9 @@ def build(model, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
                                        n_layers=layers, gemm_precision=gemm_precision,
                                        attention=attention).items() if v is not None}
     cfg = cfg.with_(**overrides)
+    if lora:
+        cfg = _with_lora(cfg, *lora[:2])
+    fp8_base = len(lora) > 2 and lora[2] == "fp8"
     if cfg.remat not in ZOO_REMAT_POLICIES:
         raise FlintError(f"unknown remat policy {cfg.remat!r}; use "
                          f"{' | '.join(ZOO_REMAT_POLICIES)}")
@@ -88,13 +94,18 @@ def build(model, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
         dp *= sizes[a]
     batch = batch_per_replica * dp
     params = decoder.param_shapes(cfg)
-    opt = {"mu": params, "nu": params, "count": jax.ShapeDtypeStruct((), jnp.int32)}
+    if cfg.lora_rank:           # frozen base weights beside the trained adapters
+        frozen, adapters = lora_mod.split(params, cfg.compute_dtype, fp8_base)
+        params = {"frozen": frozen, "lora": adapters}
+    trained = params["lora"] if cfg.lora_rank else params
+    opt = {"mu": trained, "nu": trained, "count": jax.ShapeDtypeStruct((), jnp.int32)}
     tokens = jax.ShapeDtypeStruct((batch, cfg.seq_len), jnp.int32)
     data = {"tokens": tokens, "targets": tokens}
     batch_axis = par.axis(par.batch_axes)
     fsdp = par.axis(par.fsdp_axes)
     pspec = spec_tree(params, decoder.sharding_rules(cfg, fsdp, par.tp_axis, par.expert_axis))
-    ospec = {"mu": pspec, "nu": pspec, "count": P()}
+    tspec = pspec["lora"] if cfg.lora_rank else pspec
+    ospec = {"mu": tspec, "nu": tspec, "count": P()}
     cp = par.context_axis
     dspec = {"tokens": P(batch_axis, cp), "targets": P(batch_axis, cp)}
     seq = tuple(a for a in (cp, par.tp_axis if sequence_parallel else None) if a)
@@ -105,25 +116,47 @@ def build(model, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
 
     def train_step(params, opt_state, batch):
         def loss_fn(p):
+            if cfg.lora_rank:       # only the adapters are differentiated
+                p = lora_mod.merged(params["frozen"], p)
             logits = decoder.forward(p, batch["tokens"], cfg, act, attn, kv, experts)
             return cross_entropy(logits, batch["targets"])
 
-        loss, grads = jax.value_and_grad(loss_fn)(params)
+        loss, grads = jax.value_and_grad(loss_fn)(params["lora"] if cfg.lora_rank else params)
         with jax.named_scope("optimizer"):
+            if cfg.lora_rank:
+                adapters, opt_state = adamw_update(params["lora"], grads, opt_state)
+                return {"frozen": params["frozen"], "lora": adapters}, opt_state, loss
             params, opt_state = adamw_update(params, grads, opt_state)
         return params, opt_state, loss
 
     tokens = batch * cfg.seq_len
     model_flops = decoder.model_flops(cfg, tokens)
-    info = {"params": decoder.param_count(cfg), "tokens": tokens, "model_flops": model_flops,
+    base = cfg.with_(lora_rank=0, lora_weights=())
+    info = {"params": decoder.param_count(base), "tokens": tokens, "model_flops": model_flops,
             "global_batch": batch, "seq_len": cfg.seq_len, "layers": cfg.n_layers,
             "scan": cfg.scan, "remat": cfg.remat, "attention": cfg.attention,
             "gemm_precision": cfg.gemm_precision}
+    if cfg.lora_rank:
+        info.update(lora_rank=cfg.lora_rank, lora_weights=list(cfg.lora_weights),
+                    lora_base="fp8" if fp8_base else cfg.compute_dtype,
+                    trained_params=lora_mod.adapter_count(params["lora"]))
     if cfg.is_moe:
         info.update(experts=cfg.n_experts, top_k=cfg.top_k, ep=sizes.get(par.expert_axis, 1),
                     capacity_factor=cfg.capacity_factor)
     return ZooWorkload(cfg.name, train_step, (params, opt, data), (pspec, ospec, dspec),
                        (pspec, ospec, P()), (0, 1), info)
+
+
+def _with_lora(cfg, rank: int, targets):
+    """The decoder with LoRA adapters of `rank` on the `targets` (Megatron linear names)."""
+    if cfg.is_moe or cfg.kv_lora:
+        raise FlintError(f"lora: {cfg.name} is a MoE/MLA model; LoRA is modelled on dense "
+                         f"decoders (their q/k/v/o and MLP projections)")
+    if int(rank) < 1:
+        raise FlintError(f"lora: rank {rank} (a LoRA rank is at least 1)")
+    names = lora_mod.parse_targets(",".join(targets) if not isinstance(targets, str)
+                                   else targets)
+    return cfg.with_(lora_rank=int(rank), lora_weights=lora_mod.adapted_weights(names))
 
 
 def _expert_sharding(cfg, par: Parallelism, sizes: dict):
