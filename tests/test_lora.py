@@ -166,3 +166,22 @@ def test_published_lora_rows_state_their_adapters():
     assert (mlperf["lora_rank"], mlperf["lora_targets"], mlperf["model"], mlperf["seq_len"],
             mlperf["remat"]) == (16, "qkv,proj", "llama2-70b", 8192, "none")
     assert "NVFP4" in cases["6b#5"].reason
+
+
+def test_extract_cli_builds_the_lora_step(tmp_path):
+    """`flint extract --model tiny --lora-rank 4 --lora-targets attention`: the frozen base
+    and the adapters are the step's arguments; a bad rank is one line, exit 2."""
+    out = tmp_path / "g.json"
+    code, stdout, stderr = run_cli(["extract", "--model", "tiny", "--devices", "2",
+                                    "--lora-rank", "4", "--lora-targets", "attention",
+                                    "--out", str(out), "--json"])
+    assert code == 0, stderr
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["lora"]["lora_rank"] == 4 and meta["lora"]["lora_weights"] == [
+        "wq", "wk", "wv", "wo"]
+    names = [name for name, _ in meta["arguments"]]
+    assert any("frozen" in n for n in names) and any("wq_lora_a" in n for n in names)
+    assert not any("lora" in n and "w_up" in n for n in names)
+    code, stdout, stderr = run_cli(["extract", "--model", "tiny", "--devices", "2",
+                                    "--lora-rank", "-1"])
+    assert code == 2 and "a LoRA rank is at least 1" in stderr and not stdout

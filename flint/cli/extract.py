@@ -43,6 +43,10 @@ def extract(
                    "unfused-half (those in the compute dtype, as Megatron); any torch step: "
                    "the kernel SDPA runs, flash2 (default) | cudnn (Hopper/Blackwell builds "
                    "for CUDA 12.9+)"),
+    lora_rank: int = typer.Option(0, help="zoo: LoRA fine-tuning, the adapters' rank on a "
+                                  "frozen base (default 0: every weight trained)"),
+    lora_targets: str = typer.Option("qkv,proj,fc1,fc2", help="zoo: LoRA's linears, a comma "
+                                     "list of qkv | proj | fc1 | fc2 (or attention, mlp)"),
     scan: Optional[bool] = typer.Option(None, "--scan/--unroll", help="zoo: layers in "
                                         "lax.scan or not (default: JAX scans; torch unrolls)"),
     layers: Optional[int] = typer.Option(None, help="zoo: override the layer count"),
@@ -84,7 +88,7 @@ def extract(
         scan=scan, layers=layers, seq_len=seq_len, batch_per_replica=batch_per_replica,
         remat=remat, sequence_parallel=sequence_parallel, dims=dims,
         gemm_precision=gemm_precision, attention=attention, args_fn=args_fn, fuse=fuse,
-        passes=passes)
+        passes=passes, lora=(lora_rank, lora_targets) if lora_rank else ())
     run(lambda: _extract(request, out, as_json, dump_dir, with_estimate, set_, verbose))
 
 

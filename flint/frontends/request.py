@@ -99,6 +99,12 @@ class ExtractRequest:
                                       or self.is_hlo_dump):
             raise FlintError("XLA compile options apply to a JAX step Flint compiles, not to "
                              "a torch step, a StableHLO file or an XLA dump")
+        if self.lora:
+            from flint.models.lora import parse_targets
+
+            if int(self.lora[0]) < 1:
+                raise FlintError(f"--lora-rank {self.lora[0]}: a LoRA rank is at least 1")
+            parse_targets(self.lora[1])
         if self.remat is not None and self.remat not in ZOO_REMAT_POLICIES:
             raise FlintError(f"unknown --remat {self.remat!r}; use "
                              f"{' | '.join(ZOO_REMAT_POLICIES)}")
@@ -214,6 +220,9 @@ def _jax_graph(request: ExtractRequest, stage):
         graph.meta["training"]["gemm_precision"] = request.gemm_precision or "bf16"
     if info.get("experts"):
         graph.meta["moe"] = {k: info[k] for k in ("experts", "top_k", "ep", "capacity_factor")}
+    if info.get("lora_rank"):      # LoRA: what the step trains (flint.models.lora)
+        graph.meta["lora"] = {k: info[k] for k in ("lora_rank", "lora_weights", "lora_base",
+                                                   "trained_params")}
     return graph, compiled.timings
 
 
