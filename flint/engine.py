@@ -287,6 +287,10 @@ def _passes(run: TrainingRun, template):
                                  else "bf16").run(graph)
     # the whole model's flops for one micro-batch of the stage's data-parallel group, per
     # device of the stage (the pipeline pass turns it into per device of the cluster)
+    if run.lora_rank:       # a LoRA step's model flops: forward and input gradients
+        from flint.models.lora import with_lora
+
+        cfg = with_lora(cfg, run.lora_rank, run.lora_targets)
     graph.meta["model_flops_per_device"] = model_flops(
         cfg, run.micro_batch * run.dp * run.seq_len) / run.stage_devices
     return graph

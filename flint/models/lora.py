@@ -68,6 +68,18 @@ def adapted_weights(targets) -> tuple[str, ...]:
     return tuple(w for t in targets for w in TARGETS[t])
 
 
+def with_lora(cfg, rank: int, targets):
+    """The decoder config with LoRA adapters of `rank` on `targets` (Megatron linear names,
+    a comma string or a sequence of them)."""
+    if cfg.is_moe or cfg.kv_lora:
+        raise FlintError(f"lora: {cfg.name} is a MoE/MLA model; LoRA is modelled on dense "
+                         f"decoders (their q/k/v/o and MLP projections)")
+    if int(rank) < 1:
+        raise FlintError(f"lora: rank {rank} (a LoRA rank is at least 1)")
+    names = parse_targets(targets if isinstance(targets, str) else ",".join(targets))
+    return cfg.with_(lora_rank=int(rank), lora_weights=adapted_weights(names))
+
+
 def adapter_shapes(layer: dict, rank: int, weights) -> dict:
     """A and B of each adapted weight in one layer's parameter dict (shapes [..., d_in, d_out],
     a scanned stack's leading layer dim kept): A [..., d_in, r], B [..., r, d_out]."""

@@ -78,7 +78,7 @@ def build(model, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
                                        attention=attention).items() if v is not None}
     cfg = cfg.with_(**overrides)
     if lora:
-        cfg = _with_lora(cfg, *lora[:2])
+        cfg = lora_mod.with_lora(cfg, *lora[:2])
     fp8_base = len(lora) > 2 and lora[2] == "fp8"
     if cfg.remat not in ZOO_REMAT_POLICIES:
         raise FlintError(f"unknown remat policy {cfg.remat!r}; use "
@@ -145,18 +145,6 @@ def build(model, mesh: tuple[tuple[str, int], ...], batch_per_replica: int = 1,
                     capacity_factor=cfg.capacity_factor)
     return ZooWorkload(cfg.name, train_step, (params, opt, data), (pspec, ospec, dspec),
                        (pspec, ospec, P()), (0, 1), info)
-
-
-def _with_lora(cfg, rank: int, targets):
-    """The decoder with LoRA adapters of `rank` on the `targets` (Megatron linear names)."""
-    if cfg.is_moe or cfg.kv_lora:
-        raise FlintError(f"lora: {cfg.name} is a MoE/MLA model; LoRA is modelled on dense "
-                         f"decoders (their q/k/v/o and MLP projections)")
-    if int(rank) < 1:
-        raise FlintError(f"lora: rank {rank} (a LoRA rank is at least 1)")
-    names = lora_mod.parse_targets(",".join(targets) if not isinstance(targets, str)
-                                   else targets)
-    return cfg.with_(lora_rank=int(rank), lora_weights=lora_mod.adapted_weights(names))
 
 
 def _expert_sharding(cfg, par: Parallelism, sizes: dict):
