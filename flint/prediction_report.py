@@ -65,6 +65,10 @@ def render_prediction(p: dict, console: Console) -> None:
         # the convention of the published tables: model flops over the dense BF16 peak
         t.add_row("  MFU / HFU basis", "the dense BF16 peak; FP8 GEMMs run at up to twice "
                   "it, so a share above 100% is possible")
+    if run.get("lora_rank"):
+        # a LoRA step never forms the frozen weights' gradients (flint.models.lora)
+        t.add_row("  LoRA model flops", "4 per frozen weight and token (forward, input "
+                  "gradient), 6 per adapter weight")
     if p["mfu"] > p["hfu"]:
         # model flops follow PaLM (Chowdhery et al. 2022, app. B) and Megatron-LM
         # (Narayanan et al. 2021): the causal S x S product counted whole, as published

@@ -150,6 +150,9 @@ def test_cli_form_matches_the_library(store):
     lib = predict(TrainingRun(model="tiny", seq_len=64, devices=8, tp=2, global_batch=16,
                               lora_rank=8, lora_targets="attention"), cache=store)
     assert doc["step_time_s"] == lib.step_time_s > 0
+    code, stdout, stderr = run_cli(argv[:-1])           # the report says what it priced
+    assert code == 0 and "LoRA rank 8 on qkv,proj over a frozen bf16 base" in " ".join(
+        stdout.split()) and "LoRA model flops" in stdout
     code, stdout, stderr = run_cli(argv[:-1] + ["--framework", "torch-eager", "--zero", "0"])
     assert code == 2 and "lora_rank: LoRA adapters are modelled in the JAX twin" in stderr
     assert len(stderr.strip().splitlines()) == 1 and not stdout
