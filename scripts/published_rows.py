@@ -154,8 +154,10 @@ LORA = {"1a": (32, "qkv,proj,fc1,fc2", "bf16"), "1b": (32, "qkv", "bf16"),
 
 def _not_rebuildable(section: str, r: dict, name: str) -> str:
     task = str(r.get("task", "")).lower()
-    if ("lora" in task or section == "6b") and section not in LORA:
-        return "LoRA fine-tuning with adapters the table does not state"
+    if ("lora" in task or section == "6b") and section not in LORA and not (
+            first_number(r.get("lora_rank")) and r.get("lora_targets")):
+        return ("LoRA fine-tuning with adapters the table does not state (a row states "
+                "them in lora_rank and lora_targets columns)")
     if section in ("1d",):
         return "TFLOP/s only, and the non-CP configurations are not published"
     if section in ("1g", "2b", "2c", "2e"):
@@ -177,6 +179,15 @@ def _not_rebuildable(section: str, r: dict, name: str) -> str:
             and section != "6b":
         return f"no public dense shape for {name!r} in flint.models.describe"
     return ""
+
+
+def _lora_targets(text) -> str:
+    """A row's LoRA targets in Megatron's names ("linear_qkv linear_proj", NeMo's
+    "attention_qkv" or "attention"); the run checks the words."""
+    text = str(text).lower().replace("linear_", "").replace("attention_qkv", "qkv").replace(
+        "attention_dense", "proj").replace("mlp_fc", "fc")
+    words = (w.strip("[]'\" ") for w in re.split(r"[\s,;|/+]+", text))
+    return ",".join(w for w in words if w)
 
 
 def _preset(name: str, section: str) -> str:
@@ -294,7 +305,10 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
     if section == "2a":
         maxtext_2023(row, r, system_spec(row.system))
     if "lora" in str(r.get("task", "")).lower() or section == "6b":
-        row.lora_rank, row.lora_targets, base = LORA[section]
+        stated = first_number(r.get("lora_rank"))
+        row.lora_rank, row.lora_targets, base = (
+            (int(stated), _lora_targets(r["lora_targets"]), "bf16") if stated
+            else LORA[section])
         row.lora_base = base if row.precision == "fp8" else "bf16"
     if section == "6b":          # "no activation checkpointing (v4.0 conf)"
         row.remat, row.remat_stated = "none", True

@@ -33,6 +33,9 @@ COLUMN_ALIASES = {
     "heads": ("attention_heads", "num_attention_heads", "n_heads"),
     "kv_heads": ("num_query_groups", "n_kv_heads"), "ffn": ("ffn_hidden_size", "d_ff"),
     "vocab": ("vocab_size",),
+    # LoRA fine-tuning's adapters, as fine-tuning tables and configs name them
+    "lora_rank": ("lora_dim", "adapter_dim", "lora_r", "peft_dim"),
+    "lora_targets": ("target_modules", "lora_target_modules"),
     # the published figure (STEP_FIGURES) under benchmark tables' names
     "tok_s_gpu": ("throughput_t_s_gpu", "throughput_tokens_s_gpu", "tokens_s_gpu",
                   "tokens_sec_gpu", "tokens_per_sec_per_gpu"),

@@ -192,3 +192,22 @@ def test_extract_cli_builds_the_lora_step(tmp_path):
     code, stdout, stderr = run_cli(["extract", "--model", "tiny", "--devices", "2",
                                     "--lora-rank", "-1"])
     assert code == 2 and "a LoRA rank is at least 1" in stderr and not stdout
+
+
+def test_a_held_out_lora_table_states_its_adapters(tmp_path):
+    """A LoRA table beyond the shared ones is priced from the adapters its rows state
+    (rank and target modules under a fine-tuning config's names); a row that states none
+    is refused, not given some framework's default."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from fidelity_published import published_cases
+
+    path = tmp_path / "held.md"
+    path.write_text(
+        "## 9. NVIDIA NeMo LoRA benchmark\n\n```csv\nmodel,task,system,gpus,precision,gbs,mbs,"
+        "seq,tp,pp,adapter_dim,target_modules,step_time_s\n"
+        "LLAMA2-7B,LoRA,DGX-H100,8,BF16,32,1,4096,1,1,16,\"['linear_qkv', 'linear_proj']\","
+        "0.7\nLLAMA2-7B,LoRA,DGX-H100,8,BF16,32,1,4096,1,1,,,0.7\n```\n")
+    stated, silent = published_cases(path)
+    assert not stated.reason
+    assert (stated.fields["lora_rank"], stated.fields["lora_targets"]) == (16, "qkv,proj")
+    assert "adapters the table does not state" in silent.reason
