@@ -22,8 +22,8 @@ fp32 main parameters, main gradients and Adam moments only for parameters that r
 gradient, and the PEFT freeze clears requires_grad on every base weight. With base `fp8`
 the layers' linears are held in FP8 (NeMo's `fp8_params`, Transformer Engine's
 fp8_model_init; NVIDIA's MLPerf Llama 2 70B LoRA config sets it with FP8): an FP8 GEMM reads
-them as they are, with no per-step cast of the frozen weights (layers.matmul). The alpha / r scale
-is one multiply on the adapter's output, fused into its add; the model leaves it out.
+them as they are, with no per-step cast of the frozen weights (layers.matmul). The alpha / r
+scale is one multiply on the adapter's output, fused into its add; the model leaves it out.
 """
 from __future__ import annotations
 
@@ -101,7 +101,6 @@ def is_adapter(key: str) -> bool:
 # the transformer layers' linears: what Transformer Engine's fp8_model_init holds in FP8
 # (its te.Linear modules; the embedding, the output layer and the norms stay bf16)
 LINEARS = ("wq", "wk", "wv", "wo", "w_up", "w_gate", "w_down")
-BASES = ("bf16", "fp8")
 
 
 def split(params: dict, frozen_dtype, fp8_linears: bool = False) -> tuple[dict, dict]:
@@ -138,7 +137,7 @@ def sharding_rules(fsdp, tp, lead: tuple) -> list:
     A splits its rank over TP and its B the output features; a row-parallel linear's A
     splits its input features (the base weight's TP shard) and its B the output features.
     FSDP shards the d_model side as it does the base weights'."""
-    col = "wq|wk|wv|w_up|w_gate"
+    col = "|".join(COLUMN)
     return [(rf"layers/.*({col}){A}$", P(*lead, fsdp, tp)),
             (rf"layers/.*({col}){B}$", P(*lead, None, tp)),
             (rf"layers/.*(wo|w_down){A}$", P(*lead, tp, None)),
