@@ -161,7 +161,7 @@ class TrainingRun:
         validated(RunSchema, doc, "run")
         if isinstance(self.model, dict):
             object.__setattr__(self, "model", tuple(sorted(self.model.items())))
-        from flint.models.lora import canonical
+        from flint.models.lora_targets import canonical
 
         object.__setattr__(self, "lora_targets", canonical(self.lora_targets))
         if self.sp is None:

@@ -240,7 +240,7 @@ def _hardware(run) -> None:
 
 def _lora(run, cfg) -> None:
     """LoRA runs the JAX twin's adapters on a dense decoder."""
-    from flint.models.lora import DEFAULT_TARGETS, parse_targets
+    from flint.models.lora_targets import DEFAULT_TARGETS, parse_targets
 
     if not run.lora_rank:
         if run.lora_targets != DEFAULT_TARGETS or run.lora_base != "bf16":

@@ -100,7 +100,7 @@ class ExtractRequest:
             raise FlintError("XLA compile options apply to a JAX step Flint compiles, not to "
                              "a torch step, a StableHLO file or an XLA dump")
         if self.lora:
-            from flint.models.lora import parse_targets
+            from flint.models.lora_targets import parse_targets
 
             if int(self.lora[0]) < 1:
                 raise FlintError(f"--lora-rank {self.lora[0]}: a LoRA rank is at least 1")

@@ -73,10 +73,7 @@ def _fp8_bwd(kind, res, dy):
     operands (their block scales, for mxfp8, are folded in per tensor here)."""
     xq, sx, wq, sw = res
     sx, sw = jnp.max(sx), jnp.max(sw)
-    d32 = dy.astype(jnp.float32)
-    sd = (_HISTORY_SCALE if kind == "fp8-delayed"
-          else jnp.max(jnp.abs(d32)) / 57344.0 + 1e-12)   # E5M2 max normal is 57344
-    dq = (d32 / sd).astype(jnp.float8_e5m2)
+    dq, sd = _quantize_grad(dy, kind)
     dx = jnp.matmul(dq, wq.T, preferred_element_type=dy.dtype) * (sd * sw).astype(dy.dtype)
     lead = "".join(chr(ord("a") + i) for i in range(dy.ndim - 1))
     dw = jnp.einsum(f"{lead}k,{lead}n->kn", xq, dq, preferred_element_type=jnp.float32)
@@ -84,6 +81,15 @@ def _fp8_bwd(kind, res, dy):
 
 
 _fp8_matmul.defvjp(_fp8_fwd, _fp8_bwd)
+
+
+def _quantize_grad(dy, kind: str):
+    """(E5M2 output gradient, its per-tensor scale): from the tensor's amax, or with delayed
+    scaling from the amax history (no pass over it)."""
+    d32 = dy.astype(jnp.float32)
+    sd = (_HISTORY_SCALE if kind == "fp8-delayed"
+          else jnp.max(jnp.abs(d32)) / 57344.0 + 1e-12)   # E5M2 max normal is 57344
+    return (d32 / sd).astype(jnp.float8_e5m2), sd
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -105,10 +111,7 @@ def _fp8_param_bwd(kind, res, dy):
     """The input gradient in FP8 against the stored weight; a frozen weight has no
     gradient (the zeros are never read: XLA drops them)."""
     (w,) = res
-    d32 = dy.astype(jnp.float32)
-    sd = (_HISTORY_SCALE if kind == "fp8-delayed"
-          else jnp.max(jnp.abs(d32)) / 57344.0 + 1e-12)
-    dq = (d32 / sd).astype(jnp.float8_e5m2)
+    dq, sd = _quantize_grad(dy, kind)
     dx = jnp.matmul(dq, w.T, preferred_element_type=dy.dtype) * (sd * _HISTORY_SCALE).astype(
         dy.dtype)
     return dx, jnp.zeros_like(w)

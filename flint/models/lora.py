@@ -27,45 +27,20 @@ scale is one multiply on the adapter's output, fused into its add; the model lea
 """
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
+from flint.frontends.targets import import_jax_quietly
 
-from flint.errors import FlintError
-from flint.models.layers import matmul
+import_jax_quietly()
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
-# Megatron's linear names -> the zoo decoder's weights
-TARGETS = {"qkv": ("wq", "wk", "wv"), "proj": ("wo",), "fc1": ("w_up", "w_gate"),
-           "fc2": ("w_down",)}
-GROUPS = {"attention": ("qkv", "proj"), "mlp": ("fc1", "fc2"), "all": tuple(TARGETS)}
-DEFAULT_TARGETS = "qkv,proj,fc1,fc2"      # Megatron-Bridge's LoRA.target_modules
+from flint.errors import FlintError  # noqa: E402
+from flint.models.layers import matmul  # noqa: E402
+from flint.models.lora_targets import adapted_weights, parse_targets  # noqa: E402
+
 A, B = "_lora_a", "_lora_b"
 # column-parallel weights split their output over TP, row-parallel ones their input
 COLUMN = ("wq", "wk", "wv", "w_up", "w_gate")
-
-
-def parse_targets(text: str) -> tuple[str, ...]:
-    """The Megatron linears a `lora_targets` string names, in canonical order."""
-    names: set[str] = set()
-    for word in (w.strip().lower() for w in str(text).split(",")):
-        if word in TARGETS:
-            names.add(word)
-        elif word in GROUPS:
-            names.update(GROUPS[word])
-        else:
-            known = ", ".join((*TARGETS, *GROUPS))
-            raise FlintError(f"lora_targets: unknown linear {word!r} (use a comma list of "
-                             f"{known})")
-    return tuple(t for t in TARGETS if t in names)
-
-
-def canonical(text: str) -> str:
-    return ",".join(parse_targets(text))
-
-
-def adapted_weights(targets) -> tuple[str, ...]:
-    """The zoo weights the targets adapt."""
-    return tuple(w for t in targets for w in TARGETS[t])
 
 
 def with_lora(cfg, rank: int, targets):
