@@ -56,12 +56,16 @@ class Prediction:
 
 def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
     """The facts a prediction rests on, stated with it (flint predict prints them)."""
-    from flint.hardware_models.attention_kernels import FAMILY_NAMES
+    from flint.hardware_models.attention_kernels import family_name
     from flint.hardware_models.compute import attention_family
     from flint.hardware_models.composite import template_of
+    from flint.hardware_models.nccl import generation
+    from flint.hardware_models.spec import load_spec
 
     # the work of one micro-batch: the template's nodes for a layered graph
     source = template_of(graph) or graph
+    spec = load_spec(run.hardware)
+    gpu_generation = generation(spec.name, spec.model) if spec.kind == "gpu" else ""
     dtypes: dict[str, int] = {}
     attention: set = set()
     for n in source.nodes:
@@ -69,7 +73,7 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
             d = n.operands[0].split("[", 1)[0]
             dtypes[d] = dtypes.get(d, 0) + 1
         elif n.op_class == "attention":
-            attention.add(FAMILY_NAMES[attention_family(n)])
+            attention.add(family_name(attention_family(n, gpu_generation), gpu_generation))
     collectives: set = set()
     for g in {id(source): source, id(graph): graph}.values():
         for n in g.nodes:
@@ -108,6 +112,7 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
             if weight_casts_held_for_step(run) else
             "where the program casts them (every micro-batch unless the compiler hoists "
             "the cast)")
+    out.update(hardware_facts(run, spec, dtypes))
     if amax_local_to_tp(run):
         out["fp8_amax"] = ("each rank's own shard, reduced over the tensor-parallel group "
                            "where the tensor is gathered in FP8 (Transformer Engine's "
@@ -129,3 +134,24 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
             "grad_accumulation": run.grad_accumulation, "grad_sync": run.grad_sync,
             "zero": run.zero, "what_if": list(what_if),
             "pipeline_simulated_microbatches": list(points or (run.microbatches,))}
+
+
+def hardware_facts(run: TrainingRun, spec, gemm_dtypes: dict) -> dict:
+    """What a prediction on `spec` rests on besides the spec's figures: the target its
+    program was compiled for where that is another GPU's, and the rate 16-bit GEMMs run at
+    on a GPU without BF16 tensor cores."""
+    from flint.stage import attention_core, compile_target
+
+    out = {}
+    if attention_core(run) != run.attention:
+        out["attention_core"] = (f"{attention_core(run)}: {spec.name} has no fused attention "
+                                 "kernel (FlashAttention and cuDNN's need sm80 or later)")
+    target = compile_target(run)
+    if target != spec.name and spec.kind == "gpu":
+        out["compiled_for"] = f"compiled for {target}, priced on {spec.name}"
+        if spec.sources.get("compile_target"):
+            out["compiled_for_why"] = spec.sources["compile_target"]
+    if "bf16" in gemm_dtypes and "bf16" not in spec.peak_flops and "fp16" in spec.peak_flops:
+        out["sixteen_bit"] = (f"at the FP16 tensor rate: {spec.name} has no BF16 tensor cores "
+                              "(a 16-bit run there is FP16 mixed precision)")
+    return out

@@ -100,9 +100,15 @@ def render_prediction(p: dict, console: Console) -> None:
     facts = p["facts"]
     t.add_row("GEMM operand dtypes", ", ".join(f"{k} ({v} GEMMs)" for k, v in
                                                facts["gemm_dtypes"].items()) or "none")
+    if facts.get("compiled_for"):
+        t.add_row("graph", facts["compiled_for"])
+    if facts.get("sixteen_bit"):
+        t.add_row("16-bit GEMMs", facts["sixteen_bit"])
     t.add_row("kernels", f"{facts['framework']}")
     if facts.get("attention_kernels"):
         t.add_row("  attention", "; ".join(facts["attention_kernels"]))
+    if facts.get("attention_core"):
+        t.add_row("  attention core", facts["attention_core"])
     if run.get("launch_blocking"):
         t.add_row("  launches", "blocking (CUDA_LAUNCH_BLOCKING=1): each kernel waits for its "
                   "launch's round trip, and nothing overlaps")

@@ -98,6 +98,27 @@ EAGER_MASK_PASSES = 2
 # names cudnn (a trace recorded on a GPU names the kernel it ran).
 SDPA_KERNELS = ("flash2", "cudnn")
 SDPA_DEFAULT = "flash2"
+# GPU generations with no fused attention kernel: their attention is unfused (a run's
+# `flash` compiles the unfused program there: flint.stage.attention_core). Volta (V100,
+# sm_70): FlashAttention v1 and v2 support Turing and later only (Dao-AILab/flash-attention
+# issue #148: Volta's m8n8k4 MMA needs another shared-memory layout, "no longer planning
+# to work on V100"), cuDNN's fused attention and PyTorch's flash SDPA back end need sm80
+# (pytorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp); Megatron-LM of the V100
+# era (2019-2020) runs QK^T and PV as batched GEMMs around its FusedScaleMaskSoftmax
+# (megatron/model/fused_softmax.py).
+UNFUSED_GENERATIONS = ("volta",)
+#
+# What a graph's fused-attention node runs on a generation that lacks the kernel it names
+# (a graph compiled for another GPU's target names cuDNN's): on Volta, unfused (above); on
+# AMD Instinct CDNA 3, the GPU's own fused kernels (Transformer Engine on ROCm runs
+# Composable Kernel's fused attention with AITER's v3 assembly kernels by default:
+# ROCm/TransformerEngine README, NVTE_CK_USES_FWD_V3 / NVTE_CK_USES_BWD_V3 = 1), priced at
+# the spec's `attention_fraction_native`.
+GENERATION_FAMILIES = {"volta": dict.fromkeys(("native", "cudnn", "flash3"), "unfused"),
+                       "cdna3": {"cudnn": "native", "flash3": "native"}}
+# The GPU generation's own fused kernels in words, where they are not NVIDIA's
+NATIVE_NAMES = {"cdna3": "the GPU's own (Composable Kernel / AITER FlashAttention on AMD "
+                         "Instinct)"}
 # Each family in words, as a prediction states it
 FAMILY_NAMES = {"unfused": "unfused (S x S scores through HBM)", "flash1": "FlashAttention v1",
                 "flash2": "FlashAttention-2", "flash3": "FlashAttention-3",
@@ -106,11 +127,20 @@ FAMILY_NAMES = {"unfused": "unfused (S x S scores through HBM)", "flash1": "Flas
                           "and later, FlashAttention-2 on Ampere)"}
 
 
-def family(attn: dict | None, default: str = "native") -> str:
+def family(attn: dict | None, default: str = "native", generation: str = "") -> str:
     """The kernel family an attention node runs: the one it names, else `default` (the
-    GPU generation's own, or SDPA_DEFAULT for a node PyTorch launches)."""
+    GPU generation's own, or SDPA_DEFAULT for a node PyTorch launches), as `generation`
+    runs it (GENERATION_FAMILIES)."""
     impl = (attn or {}).get("impl") or default
-    return impl if impl in FUSED + ("unfused",) else "native"
+    kind = impl if impl in FUSED + ("unfused",) else "native"
+    return GENERATION_FAMILIES.get(generation, {}).get(kind, kind)
+
+
+def family_name(kind: str, generation: str = "") -> str:
+    """A family in words, as a prediction states it."""
+    if kind == "native" and generation in NATIVE_NAMES:
+        return NATIVE_NAMES[generation]
+    return FAMILY_NAMES[kind]
 
 
 def fused_time(flops: float, attn: dict | None, rate: float, sms: int,

@@ -108,7 +108,7 @@ class RooflineCompute:
     def _attention_time(self, node: Node, peak: float, free: int | None = None) -> float:
         attn = node.meta.get("attention") if isinstance(node.meta.get("attention"),
                                                         dict) else None
-        kind = attention_family(node)
+        kind = attention_family(node, self.generation)
         if kind == "unfused" and self.sms:
             t = attention_kernels.unfused_time(
                 attn, peak * self.figure("gemm_fraction"), self.sms,
@@ -158,14 +158,15 @@ class RooflineCompute:
         return kernels.MEMORY_LATENCY_S
 
 
-def attention_family(node: Node) -> str:
+def attention_family(node: Node, generation: str = "") -> str:
     """The kernel family an attention node runs (attention_kernels.FUSED or unfused): the
-    one it names, else SDPA's default for a node PyTorch launches, else the GPU's own."""
+    one it names, else SDPA's default for a node PyTorch launches, else the GPU's own;
+    as the GPU `generation` runs it (attention_kernels.GENERATION_FAMILIES)."""
     attn = node.meta.get("attention")
     attn = attn if isinstance(attn, dict) else None
     torch_made = populations.population(node) in ("eager", "inductor")
     return attention_kernels.family(
-        attn, attention_kernels.SDPA_DEFAULT if torch_made else "native")
+        attn, attention_kernels.SDPA_DEFAULT if torch_made else "native", generation)
 
 
 def attention_rate(spec: HardwareSpec, peak: float, native: bool,

@@ -54,6 +54,7 @@ NET_OVERHEAD_US = 1.0
 # effect of ring", tuning.cc ncclTopoGetAlgoTime).
 RING_PLATEAU = 1.4
 # LL's bandwidth ceiling (GB/s) by architecture, for 1 node / 2 nodes / more.
+# AMD Instinct (RCCL, NCCL's fork) has no figure here and takes Hopper's.
 LL_MAX_BW_GBS = {"volta": (39.0, 39.0, 20.4), "ampere": (87.7, 22.5, 19.0),
                  "hopper": (141.0, 45.0, 35.0), "blackwell": (282.0, 90.0, 70.0)}
 LL_SHARE = 0.5                   # ring LL: half the bus bandwidth (tuning.cc, 2.23+)
@@ -82,9 +83,10 @@ NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
 # or send/recv, and userbuffers' TP-overlap steps are not NCCL's pipeline at all).
 PIPELINE_FILL_BYTES = 12 * 2**20
 PIPELINED = ("LL128", "Simple")
-ARCH_BY_PREFIX = (("a100", "ampere"), ("a10", "ampere"), ("v100", "volta"), ("h100", "hopper"),
-                  ("h200", "hopper"), ("gh200", "hopper"), ("b200", "blackwell"),
-                  ("b300", "blackwell"), ("gb200", "blackwell"), ("gb300", "blackwell"))
+ARCH_BY_PREFIX = (("a100", "ampere"), ("a800", "ampere"), ("a10", "ampere"), ("v100", "volta"),
+                  ("h100", "hopper"), ("h800", "hopper"), ("h200", "hopper"), ("gh200", "hopper"), ("b200", "blackwell"),
+                  ("b300", "blackwell"), ("gb200", "blackwell"), ("gb300", "blackwell"),
+                  ("mi300", "cdna3"), ("mi325", "cdna3"))
 
 
 def architecture(spec_name: str, model: str = "") -> str:

@@ -63,8 +63,13 @@ class NetworkModel:
         object.__setattr__(self, "topology", topology_for(self.spec, self.cluster.devices))
 
     def bus_efficiency(self, level: str) -> float:
-        """Share of the link rate collectives sustain on `level` (calibrated or default)."""
-        return float(self.spec.efficiency.get(f"bus_{level}", DEFAULT_BUS_EFFICIENCY[level]))
+        """Share of the link rate collectives sustain on `level`: calibrated, else the
+        spec's published figure, else the default."""
+        if f"bus_{level}" in self.spec.efficiency:
+            return float(self.spec.efficiency[f"bus_{level}"])
+        stated = (self.spec.scale_up_bus_efficiency if level == "scale_up"
+                  else self.spec.nic_bus_efficiency)
+        return float(stated or DEFAULT_BUS_EFFICIENCY[level])
 
     @property
     def up(self) -> Level:

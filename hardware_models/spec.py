@@ -35,6 +35,8 @@ FIELDS = {
     "scale_up_bandwidth": ("bandwidth", ("interconnect", "scale_up", "bandwidth_per_direction")),
     "scale_up_latency": ("time", ("interconnect", "scale_up", "latency")),
     "scale_up_links": ("count", ("interconnect", "scale_up", "links")),
+    "scale_up_bus_efficiency": ("ratio", ("interconnect", "scale_up", "bus_efficiency")),
+    "nic_bus_efficiency": ("ratio", ("interconnect", "scale_out", "bus_efficiency")),
     "nic_bandwidth": ("bandwidth", ("interconnect", "scale_out", "bandwidth_per_direction")),
     "nic_latency": ("time", ("interconnect", "scale_out", "latency")),
     "devices_per_node": ("count", ("system", "devices_per_node")),
@@ -79,6 +81,8 @@ class HardwareSpec:
     scale_up_bandwidth: float = 0.0  # bytes/s per device, one direction
     scale_up_latency: float = DEFAULT_LATENCY_S["scale_up_latency"]
     scale_up_links: int = 0          # NVLinks per device; 0 = not given (interference.py)
+    scale_up_bus_efficiency: float = 0.0   # 0 = not given: network.DEFAULT_BUS_EFFICIENCY
+    nic_bus_efficiency: float = 0.0
     nic_bandwidth: float = 0.0       # bytes/s per device, one direction
     nic_latency: float = DEFAULT_LATENCY_S["nic_latency"]
     devices_per_node: int = 8
@@ -100,7 +104,11 @@ class HardwareSpec:
         """Peak FLOP/s for an HLO dtype (bf16 GEMMs use bf16 tensor peak; f32 GEMMs TF32)."""
         key = {"bf16": "bf16", "f16": "fp16", "f32": "fp32", "f64": "fp64", "s8": "int8",
                "u8": "int8", "tf32": "tf32"}.get(dtype, "fp8" if dtype.startswith("f8") else dtype)
-        for k in (key, "bf16", "fp16", "fp32"):
+        # a GPU without TF32 (Volta) runs f32 GEMMs on its FP32 units, not its 16-bit
+        # tensor cores; other missing dtypes take the 16-bit rate (fp8 upcast on Ampere,
+        # bf16 as fp16 where there are no BF16 tensor cores, f32 on a TPU's bf16 passes)
+        chain = ("tf32", "fp32") if key == "tf32" else ()
+        for k in chain + (key, "bf16", "fp16", "fp32"):
             if k in self.peak_flops:
                 return self.peak_flops[k]
         raise FlintError(f"hardware {self.name} has no peak FLOP/s for dtype {dtype!r}")
@@ -178,7 +186,7 @@ def spec_from_doc(doc: dict, where: str) -> HardwareSpec:
                         torus=str((system.get("torus") or {}).get("value", "")
                                   if isinstance(system.get("torus"), dict) else
                                   system.get("torus", "")),
-                        compile_target=str(doc.get("compile_target") or ""),
+                        compile_target=_compile_target(doc, sources),
                         sources=sources, efficiency=dict(doc.get("efficiency") or {}), **values)
     if not (spec.scale_up_bandwidth or spec.nic_bandwidth):
         raise FlintError(f"{where}: no link bandwidth: give interconnect.scale_up or "
@@ -186,6 +194,16 @@ def spec_from_doc(doc: dict, where: str) -> HardwareSpec:
     if spec.devices_per_node < 1 or spec.scale_up_domain < 1:
         raise FlintError(f"{where}: devices_per_node and scale_up_domain must be >= 1")
     return spec
+
+
+def _compile_target(doc: dict, sources: dict) -> str:
+    """The spec's compile target; where it is {value, source} (another GPU's target), the
+    source says why and is kept with the spec's sources."""
+    target = doc.get("compile_target") or ""
+    if isinstance(target, dict):
+        sources["compile_target"] = str(target.get("source", ""))
+        target = target.get("value") or ""
+    return str(target)
 
 
 def _scale_up_word(doc: dict, where: str, key: str) -> str:

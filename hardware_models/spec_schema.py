@@ -43,8 +43,10 @@ MAPPING = "mapping"              # free-form mapping of its own (calibration res
 
 LAYOUT: dict[str, Any] = {
     "name": TEXT, "vendor": TEXT, "kind": TEXT, "model": TEXT,
-    # the compile-only target (flint.frontends.targets) this spec's programs compile for
-    "compile_target": TEXT,
+    # the compile-only target (flint.frontends.targets) this spec's programs compile for:
+    # a name, or {value: name, source: why} where it is another GPU's target (the reason
+    # a prediction states)
+    "compile_target": TEXT_FIGURE,
     "compute": {
         "peak_flops": {dtype: Figure("flops") for dtype in DTYPES},
         "clock": Figure("frequency"),
@@ -71,6 +73,9 @@ LAYOUT: dict[str, Any] = {
                 "latency": Figure("time", positive=False), "link": TEXT,
                 # links per device into the scale-up fabric (NVLinks): NCCL's channels
                 "links": Figure("count", integer=True, maximum=1024),
+                # bus bandwidth the collective library sustains on large all-reduces, as
+                # a share of bandwidth_per_direction (its published nccl/rccl-tests curve)
+                "bus_efficiency": Figure("ratio", maximum=1),
                 # in-switch reduction the scale-up fabric offers (NCCL's NVLS): "nvls"
                 "switch_reduction": TEXT}
         for level in ("scale_up", "scale_out")

@@ -1,5 +1,6 @@
 """Flint's collective model against measured nccl-tests all-reduce curves (bus bandwidth vs
-message size), from ../shared/tables/more-published.md section 4.
+message size), from ../shared/tables/more-published.md section 4 (and an RCCL curve on
+MI300X, scripts/tables/rccl-mi300x.md).
 
 One figure of the model is read off one curve: the pipeline fill (nccl.PIPELINE_FILL_BYTES)
 is fitted on the DGX H100 sample (4a, one process per GPU as in training); the other curves
@@ -39,6 +40,7 @@ class System:
     algorithm: str = "auto"       # what the run forced with NCCL_ALGO (the source says)
     overrides: tuple = ()
     note: str = ""
+    table: str = ""               # a curve of its own file (scripts/tables), not section 4
 
 
 SYSTEMS = (
@@ -56,20 +58,23 @@ SYSTEMS = (
     System("A3 Mega 2x8 H100 (4c)", "h100-sxm", 16, 8, 2, "ip_time_us",
            overrides=("nic_bandwidth=200Gb/s",),
            note="8 x 200 Gb/s TCPXO NICs per node; NCCL's default"),
+    System("MI300X 8 GPUs, RCCL (ROCm blog)", "mi300x", 8, 8, 0, "busbw_GBps",
+           note="RCCL's default", table="rccl-mi300x.md"),
 )
+TABLES = Path(__file__).resolve().parent / "tables"
 DECADES = ((1 << 10, "1-10 KB"), (10 << 10, "10-100 KB"), (100 << 10, "0.1-1 MB"),
            (1 << 20, "1-10 MB"), (10 << 20, "10-100 MB"), (100 << 20, "0.1-1 GB"),
            (1 << 30, "1-10 GB"), (10 << 30, "10+ GB"))
 
 
-def read_blocks(path: Path) -> list[list[dict]]:
+def read_blocks(path: Path, section: str = "## 4. NCCL", count: int = 3) -> list[list[dict]]:
     text = path.read_text()
-    start = text.find("## 4. NCCL")
+    start = text.find(section)
     if start < 0:
-        sys.exit(f"{path}: no section '## 4. NCCL' (nccl-tests curves)")
+        sys.exit(f"{path}: no section {section!r} (nccl-tests curves)")
     blocks = re.findall(r"```csv\n(.*?)```", text[start:], re.S)
     out = []
-    for block in blocks[:3]:
+    for block in blocks[:count]:
         lines = block.strip().splitlines()
         header = lines[0].split(",")
         out.append([dict(zip(header, line.split(","))) for line in lines[1:]])
@@ -111,6 +116,13 @@ def predictor(system: System):
         return 2 * (n - 1) / n * size / net.time(node, comm)
 
     return bus_bandwidth
+
+
+def curve(system: System, blocks) -> list[dict]:
+    """The rows of `system`'s measured curve."""
+    if system.table:
+        return read_blocks(TABLES / system.table, section="#", count=1)[0]
+    return blocks[system.block]
 
 
 def compare(system: System, rows: list[dict]) -> dict:
@@ -175,7 +187,7 @@ def fill_scan(blocks) -> None:
     try:
         for mib in range(0, 26, 2):
             nccl.PIPELINE_FILL_BYTES = mib * 2**20
-            errs = [compare(s, blocks[s.block])["median_abs_error"] for s in SYSTEMS]
+            errs = [compare(s, curve(s, blocks))["median_abs_error"] for s in SYSTEMS]
             mark = "  <- nccl.PIPELINE_FILL_BYTES" if mib * 2**20 == chosen else ""
             print(f"{mib:8d} | " + " | ".join(f"{100 * e:{len(n)}.1f}" for n, e in
                                               zip(names, errs)) + mark)
@@ -194,7 +206,7 @@ def main() -> None:
     if a.fill_scan:
         fill_scan(blocks)
         return
-    results = [compare(s, blocks[s.block]) for s in SYSTEMS]
+    results = [compare(s, curve(s, blocks)) for s in SYSTEMS]
     if a.json:
         print(json.dumps(results, indent=1))
     else:

@@ -57,7 +57,9 @@ PUBLISHED_SECTIONS = {
 }
 # accelerator names as the tables spell them, most specific first
 GPUS = (("gb300", "GB300"), ("gb200", "GB200"), ("b300", "B300"), ("b200", "B200"),
-        ("h200", "H200"), ("h100", "H100"), ("a100", "A100"), ("v100", "V100"),
+        ("h200", "H200"), ("h100", "H100"), ("h800", "H800"), ("a100", "A100"),
+        ("a800", "A800"), ("v100", "V100"),
+        ("mi325x", "MI325X"), ("mi300x", "MI300X"),
         ("v6e", "TPU v6e"), ("v5p", "TPU v5p"), ("v5e", "TPU v5e"), ("v4", "TPU v4"),
         ("tpu v3", "TPU v3"))
 # accelerators a section states in its prose rather than its rows

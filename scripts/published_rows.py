@@ -36,11 +36,14 @@ SYSTEMS = {  # published system -> hardware spec (each spec names its compile ta
     "dgx-gb200": "gb200-nvl72", "dgx-gb300": "gb300-nvl72", "a100": "a100-80gb-sxm",
     "v5p": "tpu-v5p", "v5e": "tpu-v5e", "v4": "tpu-v4", "v6e": "tpu-v6e",
 }
-# a system named otherwise ("DGX A100 80GB", "8x H200 SXM", "MI300X"): the first of these
-# tokens it contains; a PCIe card or a 40 GB A100 is another part, not these specs
+# a system named otherwise ("DGX A100 80GB", "8x H200 SXM", "MI300X", "DGX-2H"): the first
+# of these tokens it contains (a V100 is a DGX-1's unless the system is a DGX-2); a PCIe
+# card or a 40 GB A100 is another part, not these specs
 SYSTEM_TOKENS = (("gb300", "gb300-nvl72"), ("gb200", "gb200-nvl72"), ("b300", "b300"),
                  ("b200", "b200"), ("h200", "h200"), ("h100", "h100-sxm"),
-                 ("a100", "a100-80gb-sxm"), ("mi300x", "mi300x"))
+                 ("h800", "h800-sxm"), ("a100", "a100-80gb-sxm"), ("a800", "a800-80gb-sxm"),
+                 ("mi300x", "mi300x"), ("mi325x", "mi325x"),
+                 ("dgx-2", "v100-dgx2"), ("dgx2", "v100-dgx2"), ("v100", "v100-sxm2"))
 
 
 def system_spec(system: str) -> str:
@@ -52,6 +55,8 @@ def system_spec(system: str) -> str:
         return ""                       # PCIe cards and H100 NVL: other parts
     if "a100" in text and re.search(r"\b40\s*g", text):
         return "a100-40gb-sxm"
+    if "a800" in text and re.search(r"\b40\s*g", text):
+        return ""                       # the A800 40GB: another part
     for token, spec in SYSTEM_TOKENS:
         if re.search(rf"(?<![a-z0-9]){token}(?![0-9])", text):
             return spec

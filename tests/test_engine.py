@@ -33,7 +33,6 @@ def test_run_derives_its_layout_and_round_trips():
     ({"devices": 100, "tp": 8}, "devices: 100 do not split into tp 8"),
     ({"pp": 4, "vp": 3, "global_batch": 8}, "vp: pp 4 x vp 3 = 12 model chunks do not fill"),
     ({"micro_batch": 3, "global_batch": 16}, "global_batch: 16 sequences are not a multiple"),
-    ({"hardware": "mi300x"}, "names no compile target"),
     ({"hardware": "h100-sxn"}, "hardware: unknown .h100-sxn. .did you mean .h100-sxm"),
     ({"tpp": 2}, "unknown field 'tpp'.*did you mean 'tp'"),
     ({"model": "llama9"}, "unknown model"),
@@ -175,7 +174,8 @@ def test_models_and_hardware_list(tmp_path):
     code, stdout, _ = run_cli(["hardware", "--json"])
     report = json.loads(stdout)
     assert code == 0 and report["specs"]["gb200-nvl72"]["compile_target"] == "b200"
-    assert report["specs"]["mi300x"]["compile_target"] is None
+    assert report["specs"]["mi300x"]["compile_target"] == "h100-sxm"
+    assert report["specs"]["v100-sxm2"]["compile_target"] == "a100-80gb-sxm"
     assert "h100-sxm" in report["compile_targets"]
 
 

@@ -13,6 +13,8 @@ TABLE = ROOT.parent / "shared" / "tables" / "more-published.md"
 
 
 def _script(name: str):
+    if str(ROOT / "scripts") not in sys.path:      # the scripts import their siblings
+        sys.path.insert(0, str(ROOT / "scripts"))
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -27,11 +29,12 @@ def test_nccl_curves_plateaus_and_decades():
     and GB200); every system reports its size decades."""
     nccl = _script("compare_nccl")
     blocks = nccl.read_blocks(TABLE)
-    results = {s.name: nccl.compare(s, blocks[s.block]) for s in nccl.SYSTEMS}
-    for name, r in results.items():
-        big = r["largest"]
-        assert big["predicted_GBps"] == pytest.approx(big["measured_GBps"], rel=0.10), name
-        assert len(r["decades"]) >= 6
+    results = {s.name: nccl.compare(s, nccl.curve(s, blocks)) for s in nccl.SYSTEMS}
+    for s in nccl.SYSTEMS:
+        big = results[s.name]["largest"]
+        assert big["predicted_GBps"] == pytest.approx(big["measured_GBps"], rel=0.10), s.name
+        # the RCCL curve starts at 1 MiB (its smaller sizes are not in the source's text)
+        assert len(results[s.name]["decades"]) >= (5 if s.table else 6)
     assert results["DGX H100 8 GPUs (4a)"]["median_abs_error"] < 0.15
     # the pipeline fill (fitted on 4a alone) carries to the curves it was not fitted on:
     # 1-100 MB within 20% on the Azure NVLS, A100 and GB200 curves (30-55% before it)

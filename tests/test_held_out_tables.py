@@ -197,15 +197,18 @@ def test_a_row_states_its_recompute_in_words(tmp_path):
 
 
 def test_a_held_out_system_named_its_own_way_finds_its_spec():
-    """'DGX A100 80GB', '8x H200 SXM', 'MI300X', 'TPU v5p' name specs Flint has; a PCIe
-    card, an H100 NVL, a V100 or an H800 name parts it has none for (not rebuildable)."""
+    """'DGX A100 80GB', '8x H200 SXM', 'MI300X', 'TPU v5p', an H800, a V100 (a DGX-1's
+    unless the system is a DGX-2) name specs Flint has; a PCIe card, an H100 NVL or an
+    H20 name parts it has none for (not rebuildable)."""
     from published_rows import system_spec
 
     named = {"DGX A100 80GB": "a100-80gb-sxm", "A100-SXM4-40GB": "a100-40gb-sxm",
              "8x H200 SXM": "h200", "GB200 NVL72": "gb200-nvl72", "MI300X": "mi300x",
-             "TPU v5p": "tpu-v5p", "ND A100 v4": "a100-80gb-sxm", "dgx-h100": "h100-sxm"}
+             "TPU v5p": "tpu-v5p", "ND A100 v4": "a100-80gb-sxm", "dgx-h100": "h100-sxm",
+             "V100": "v100-sxm2", "DGX-2H": "v100-dgx2", "MI325X": "mi325x",
+             "H800": "h800-sxm", "A800-SXM4-80GB": "a800-80gb-sxm"}
     assert {name: system_spec(name) for name in named} == named
-    assert [system_spec(t) for t in ("H100 PCIe", "H100 NVL", "V100", "H800")] == [""] * 4
+    assert [system_spec(t) for t in ("H100 PCIe", "H100 NVL", "V100 PCIe", "H20")] == [""] * 4
 
 
 @pytest.mark.parametrize("column, value, step", [

@@ -23,6 +23,8 @@ def hardware(as_json: bool = typer.Option(False, "--json", help="print the list 
                 target = None
             specs[name] = {"model": spec.model, "kind": spec.kind, "compile_target": target,
                            "peak_bf16_flops": spec.peak_flops.get("bf16", 0.0),
+                           # the 16-bit GEMM rate: BF16's, FP16's where there is no BF16
+                           "peak_16bit_flops": spec.peak("bf16"),
                            "hbm_bytes": spec.hbm_capacity,
                            "hbm_bandwidth_bytes_per_s": spec.hbm_bandwidth,
                            "devices_per_node": spec.devices_per_node,
@@ -44,13 +46,14 @@ def _render(report: dict, console) -> None:
 
     t = Table(title="Hardware specs (`--hardware NAME` or a spec YAML path)",
               title_justify="left")
-    for col in ("spec", "device", "compiles for", "bf16 peak", "HBM", "HBM bandwidth",
+    for col in ("spec", "device", "compiles for", "16-bit peak", "HBM", "HBM bandwidth",
                 "per node", "scale-up domain"):
         t.add_column(col, justify="left" if col in ("spec", "device", "compiles for")
                      else "right", overflow="fold")
     for name, s in report["specs"].items():
         t.add_row(name, s["model"], s["compile_target"] or "none (graphs from another "
-                  "target or a dump)", f"{s['peak_bf16_flops'] / 1e12:,.0f} TFLOP/s",
+                  "target or a dump)", f"{s['peak_16bit_flops'] / 1e12:,.0f} TFLOP/s"
+                  + ("" if s["peak_bf16_flops"] else " (fp16)"),
                   fmt_bytes(s["hbm_bytes"]), f"{s['hbm_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s",
                   f"{s['devices_per_node']} devices", f"{s['scale_up_domain']} devices")
     console.print(t)

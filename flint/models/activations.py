@@ -71,8 +71,10 @@ def megatron_layer_bytes(cfg, run) -> float:
             mlp += mlp_tensors(s * b, cfg.n_shared_experts * cfg.moe_ffn)
     else:
         mlp += mlp_tensors(s * b, cfg.d_ff)
+    from flint.stage import attention_core
+
     scores = 0.0
-    if run.remat == "none" and run.attention == "unfused":
+    if run.remat == "none" and attention_core(run) == "unfused":
         # scores and softmax probabilities, [heads / t, s, s] each (keys over the whole
         # sequence: context parallelism gathers them)
         scores = 4.0 * b * (heads / t) * s * run.seq_len
