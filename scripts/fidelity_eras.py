@@ -31,6 +31,10 @@ ERAS = {
     "internevo": ("InternEvo", "InternEvo 7B: PyTorch, flash-attn, Megatron TP without SP "
                   "('mtp'), hybrid ZeRO-1"),
     # eras a section's heading names (section_of): tables beyond the shared ones
+    "megatron-lm-2019": ("Megatron-LM 2019", "Shoeybi et al. 2019 (arXiv 1909.08053): "
+                         "TP + DP on V100, fp16, no pipeline, no sequence parallelism, "
+                         "unfused attention, local DDP (gradients all-reduced after the "
+                         "backward)"),
     "megatron-lm-2021": ("Megatron-LM 2021", "Narayanan et al. 2021 (arXiv 2104.04473): "
                          "TP + PP + DP, no sequence parallelism, no flash attention, "
                          "gradients all-reduced after the backward"),
@@ -40,6 +44,9 @@ ERAS = {
                         "torch.compile: Inductor's fused kernels, SDPA attention"),
 }
 TORCH_ERAS = ("pytorch", "pytorch-compile")
+# Megatron-LM before its distributed optimizer: a row silent on ZeRO is priced as its era's
+# mechanism says (fidelity_mechanisms), not as Megatron-Core's default
+UNSHARDED_OPTIMIZER_ERAS = ("megatron-lm-2019", "megatron-lm-2021")
 
 
 DEEPSPEED_2022 = ("megatron-deepspeed-2022", "megatron-deepspeed-2022-bf16")

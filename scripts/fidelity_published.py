@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fidelity_eras import TORCH_ERAS
+from fidelity_eras import TORCH_ERAS, UNSHARDED_OPTIMIZER_ERAS
 from fidelity_families import Case
 from fidelity_sections import family_name, gpu_of, section_of
 from published_rows import TABLE, rows_of
@@ -71,6 +71,8 @@ def published_cases(path: Path = TABLE) -> list[Case]:
                         case.fields["reshard_after_forward"] = False   # checked per era
                     if era in TORCH_ERAS and not row.fsdp and row.zero is None:
                         case.fields["zero"] = 0     # PyTorch DDP: gradients all-reduced
+                    if era in UNSHARDED_OPTIMIZER_ERAS and row.zero is None:
+                        case.fields.pop("zero")     # its era's optimizer (a mechanism)
             out.append(case)
             if section == "4" and not case.reason:
                 out.append(_full_recompute(case, record))

@@ -22,6 +22,8 @@ def section_of(section: str, heading: str) -> tuple[str, str]:
     text = heading.lower()
     source = re.sub(r"^[\w.]+\s*", "", heading.strip("# ")).split("(")[0].strip()[:24].strip()
     nvidia = re.search(r"megatron|nemo|nvidia", text)
+    if re.search(r"shoeybi|1909\.08053", text):
+        return source, "megatron-lm-2019"
     if re.search(r"narayanan|2104\.04473|megatron-lm[^|]*\b2021\b", text):
         return source, "megatron-lm-2021"
     if re.search(r"korthikanti|2205\.05198", text):

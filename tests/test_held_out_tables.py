@@ -98,9 +98,9 @@ def test_the_repo_table_beyond_the_shared_ones_is_rebuildable():
     from fidelity_published import published_cases
 
     cases = published_cases(REPO / "scripts" / "tables" / "beyond-shared.md")
-    assert len(cases) == 44 and not [c.reason for c in cases if c.reason]
+    assert len(cases) == 47 and not [c.reason for c in cases if c.reason]
     assert {c.section: c.era for c in cases} == {"8": "megatron-lm-2021", "7a": "pytorch",
-                                                 "7b": "pytorch"}
+                                                 "7b": "pytorch", "9": "megatron-lm-2019"}
     titan = [c for c in cases if c.section == "7a"]
     assert (titan[0].fields["remat"], titan[0].fields["recompute_layers"]) == ("full", 16)
     mpt = next(c for c in cases if c.section == "7b")
@@ -118,6 +118,22 @@ def test_the_repo_table_beyond_the_shared_ones_is_rebuildable():
     flops = 96 * batch * s * layers * h * h * (1 + s / (6 * h) + 51200 / (16 * layers * h))
     assert old[-1].published_step_s == pytest.approx(flops / (gpus * tflops * 1e12),
                                                      rel=1e-3)
+    # Shoeybi et al. 2019 Table 2 on DGX-2H: an epoch of 68,507 iterations in days, the
+    # 2019 code's vocabulary padding (128 x model-parallel size), local DDP, fp16
+    gpt2 = [c for c in cases if c.section == "9"]
+    assert [(c.fields["hardware"], c.fields["tp"], dict(c.fields["model"])["vocab"],
+             c.fields["overlap_grad_reduce"], c.fields["remat"]) for c in gpt2] == [
+        ("v100-dgx2h", 1, 50304, False, "full"), ("v100-dgx2h", 2, 50432, False, "full"),
+        ("v100-dgx2h", 8, 51200, False, "full")]
+    assert gpt2[-1].published_step_s == pytest.approx(2.10 * 86400 / 68507, rel=1e-3)
+    # neither Megatron-LM 2019 nor 2021 shards its optimizer: a row silent on ZeRO takes
+    # its era's mechanism (zero 0), not Megatron-Core's distributed optimizer
+    from fidelity_families import applicable, before_fields, variant_fields
+
+    for case in (old[0], gpt2[0]):
+        assert "zero" not in case.fields
+        assert variant_fields(case, applicable(case))["zero"] == 0
+        assert before_fields(case).get("zero", 1) == 1
 
 
 def test_a_row_states_its_data_parallel_wrapper(tmp_path):
@@ -198,14 +214,15 @@ def test_a_row_states_its_recompute_in_words(tmp_path):
 
 def test_a_held_out_system_named_its_own_way_finds_its_spec():
     """'DGX A100 80GB', '8x H200 SXM', 'MI300X', 'TPU v5p', an H800, a V100 (a DGX-1's
-    unless the system is a DGX-2) name specs Flint has; a PCIe card, an H100 NVL or an
+    unless the system is a DGX-2, or the 450 W DGX-2H) name specs Flint has; a PCIe card, an H100 NVL or an
     H20 name parts it has none for (not rebuildable)."""
     from published_rows import system_spec
 
     named = {"DGX A100 80GB": "a100-80gb-sxm", "A100-SXM4-40GB": "a100-40gb-sxm",
              "8x H200 SXM": "h200", "GB200 NVL72": "gb200-nvl72", "MI300X": "mi300x",
              "TPU v5p": "tpu-v5p", "ND A100 v4": "a100-80gb-sxm", "dgx-h100": "h100-sxm",
-             "V100": "v100-sxm2", "DGX-2H": "v100-dgx2", "MI325X": "mi325x",
+             "V100": "v100-sxm2", "DGX-2": "v100-dgx2", "DGX-2H V100": "v100-dgx2h",
+             "MI325X": "mi325x",
              "H800": "h800-sxm", "A800-SXM4-80GB": "a800-80gb-sxm"}
     assert {name: system_spec(name) for name in named} == named
     assert [system_spec(t) for t in ("H100 PCIe", "H100 NVL", "V100 PCIe", "H20")] == [""] * 4

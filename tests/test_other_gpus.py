@@ -130,3 +130,14 @@ def test_h800_and_a800_are_their_twins_with_fewer_nvlinks():
         slow = NetworkModel(spec, cluster).time(node, comm)
         fast = NetworkModel(base, cluster).time(node, comm)
         assert slow > 1.3 * fast, part
+
+
+def test_the_dgx2h_is_the_dgx2_at_its_raised_clocks():
+    """DGX-2H: the same V100s and fabric as the DGX-2 at 2.1 instead of 2 PFLOPS per 16
+    GPUs (its 450 W power limit), so its tensor rate is 2.1/2.0 of the DGX-2's and its
+    memory and links are the DGX-2's."""
+    h, base = load_spec("v100-dgx2h"), load_spec("v100-dgx2")
+    assert h.peak("fp16") == pytest.approx(2.1e15 / 16) == pytest.approx(base.peak("fp16") * 1.05)
+    assert h.peak("bf16") == h.peak("fp16")          # no BF16 on Volta: 16-bit runs as FP16
+    assert (h.compile_target, h.hbm_bandwidth, h.scale_up_bandwidth, h.devices_per_node) == (
+        base.compile_target, base.hbm_bandwidth, base.scale_up_bandwidth, base.devices_per_node)
