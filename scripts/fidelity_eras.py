@@ -44,9 +44,11 @@ ERAS = {
                         "torch.compile: Inductor's fused kernels, SDPA attention"),
 }
 TORCH_ERAS = ("pytorch", "pytorch-compile")
-# Megatron-LM before its distributed optimizer: a row silent on ZeRO is priced as its era's
-# mechanism says (fidelity_mechanisms), not as Megatron-Core's default
-UNSHARDED_OPTIMIZER_ERAS = ("megatron-lm-2019", "megatron-lm-2021")
+# Megatron-LM before sequence parallelism, flash attention and its distributed optimizer
+MEGATRON_LM_PRE_2022 = ("megatron-lm-2019", "megatron-lm-2021")
+# a row of these eras silent on ZeRO is priced as its era's mechanism says
+# (fidelity_mechanisms), not as Megatron-Core's default
+UNSHARDED_OPTIMIZER_ERAS = MEGATRON_LM_PRE_2022
 
 
 DEEPSPEED_2022 = ("megatron-deepspeed-2022", "megatron-deepspeed-2022-bf16")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fidelity_eras import DEEPSPEED_2022, PERF_RECIPES
+from fidelity_eras import DEEPSPEED_2022, MEGATRON_LM_PRE_2022, PERF_RECIPES
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Mechanism:
 
 MECHANISMS = (
     Mechanism("unfused attention before FlashAttention", (("attention", "unfused"),),
-              ("megatron-lm-2019", "megatron-lm-2021", "megatron-lm-2022", *DEEPSPEED_2022,
+              (*MEGATRON_LM_PRE_2022, "megatron-lm-2022", *DEEPSPEED_2022,
                "megatron-deepspeed-2021"),
               "FlashAttention (Dao et al., arXiv 2205.14135) appeared 2022-05, after MT-NLG "
               "(2021) and BLOOM's 2022-02 sweep; Megatron-LM/DeepSpeed of that time write "
@@ -40,15 +40,15 @@ MECHANISMS = (
               "was not used'",
               "published 4 Korthikanti 2022 x Megatron-LM 2022 x A100"),
     Mechanism("no sequence parallelism before Megatron-LM 2022-05", (("sp", False),),
-              ("megatron-lm-2019", "megatron-lm-2021", *DEEPSPEED_2022,
-               "megatron-deepspeed-2021", "internevo"),
+              (*MEGATRON_LM_PRE_2022, *DEEPSPEED_2022, "megatron-deepspeed-2021",
+               "internevo"),
               "sequence parallelism is Korthikanti et al. 2022 (arXiv 2205.05198, 2022-05); "
               "InternEvo's tensor mode 'mtp' is 'pure megatron tensor parallel without "
               "sequence parallel' (InternLM/InternEvo configs/7B_sft.py)",
               "more 2 InternEvo train_performance x InternEvo x A100"),
     Mechanism("grad reduce after the pipeline flush (DeepSpeed PipelineEngine)",
               (("overlap_grad_reduce", False),),
-              ("megatron-lm-2019", "megatron-lm-2021", *DEEPSPEED_2022, "megatron-deepspeed-2021"),
+              (*MEGATRON_LM_PRE_2022, *DEEPSPEED_2022, "megatron-deepspeed-2021"),
               "DeepSpeed deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceTiedGrads, "
               "ReduceGrads and OptimizerStep are issued after the last BackwardPass; the "
               "engine disables the per-backward all-reduce ('We schedule the all-reduces'); "
@@ -57,7 +57,7 @@ MECHANISMS = (
               "train_step; overlap came with --overlap-grad-reduce in 2023)",
               "more 1 BigScience tr11 x Megatron-DeepSpeed 2022 x A100"),
     Mechanism("stages split by layer count", (("pipeline_split", "layers"),),
-              ("megatron-lm-2019", "megatron-lm-2021", "megatron-lm-2022", *DEEPSPEED_2022,
+              (*MEGATRON_LM_PRE_2022, "megatron-lm-2022", *DEEPSPEED_2022,
                "megatron-deepspeed-2021"),
               "Megatron-DeepSpeed GPTModelPipe: PipelineModule(partition_method="
               "'type:transformer') (BLOOM later 'type:transformer|embedding', an embedding "
@@ -76,7 +76,7 @@ MECHANISMS = (
               "ZeRO stage (its 530B fits without one: ~16 B x 1.9B params per GPU)",
               "more 3 MT-NLG x Megatron-DeepSpeed 2021 x A100"),
     Mechanism("Megatron-LM's optimizer on every data-parallel rank (before its distributed "
-              "optimizer)", (("zero", 0),), ("megatron-lm-2019", "megatron-lm-2021"),
+              "optimizer)", (("zero", 0),), MEGATRON_LM_PRE_2022,
               "Megatron-LM 2019 (pretrain_gpt2.py: FP16_Optimizer around Adam on every rank) "
               "and 2021 (megatron/optimizer/optimizer.py Float16OptimizerWithFloat16Params: "
               "fp32 main parameters and Adam state on every data-parallel rank, gradients "
@@ -231,8 +231,7 @@ MECHANISMS = (
               "(--no-overlap-p2p-communication: on by default)",
               "- (from the framework's source, no family's error)", needs="pipeline_p2p"),
     Mechanism("pipeline sends waited on (Megatron-LM 2021-22)",
-              (("pipeline_p2p", "blocking"),),
-              ("megatron-lm-2019", "megatron-lm-2021", "megatron-lm-2022"),
+              (("pipeline_p2p", "blocking"),), (*MEGATRON_LM_PRE_2022, "megatron-lm-2022"),
               "Megatron-LM 2021 megatron/p2p_communication.py _communicate: "
               "batch_isend_irecv, req.wait() on each, then torch.cuda.synchronize(), for "
               "the interleaved schedule too (overlap_p2p_comm came in 2023)",
@@ -247,7 +246,7 @@ MECHANISMS = (
               "- (from the framework's source, no family's error)", needs="pipeline_p2p"),
     Mechanism("pipeline boundary sent as TP slices and all-gathered",
               (("pipeline_scatter_gather", True),),
-              ("megatron-lm-2019", "megatron-lm-2021", "megatron-lm-2022", *DEEPSPEED_2022,
+              (*MEGATRON_LM_PRE_2022, "megatron-lm-2022", *DEEPSPEED_2022,
                "megatron-deepspeed-2021"),
               "Narayanan et al. 2021 (arXiv 2104.04473) section 4.1 'scatter/gather "
               "optimization', Megatron-LM's --no-scatter-gather-tensors-in-pipeline "
