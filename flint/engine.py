@@ -201,7 +201,8 @@ def layered_graph(run: TrainingRun, cache) -> tuple:
 
     program = stage_program(run)
     key = (program_key(program), run.mesh(), run.hsdp, run.devices_per_host, run.routing,
-           run.dispatcher, run.framework, run.attention, run.zero, run.zero_sync,
+           run.dispatcher, run.framework, run.attention, run.score_path,
+           run.attention_dropout, run.zero, run.zero_sync,
            run.grad_reduce_dtype, run.overlap_grad_reduce, run.tp_comm_overlap,
            run.tp_grad_overlap,
            run.launch_blocking, run.cuda_graphs, run.xla_emitters, run.grad_accumulation,
@@ -245,6 +246,12 @@ def _passes(run: TrainingRun, template):
                              launch_blocking=run.launch_blocking,
                              xla_emitters=run.xla_emitters,
                              cuda_graphs=run.cuda_graphs).run(graph)
+    if run.framework == "megatron" and (run.score_path != "fused" or run.attention_dropout):
+        from flint.passes.score_path import ScorePath
+
+        graph = ScorePath(run.seq_len, run.micro_batch * cfg.n_heads // run.tp
+                          * run.seq_len ** 2, run.score_path,
+                          run.attention_dropout).run(graph)
     if run.tp_comm_overlap:
         from flint.passes.tp_comm_overlap import TpCommOverlap
 

@@ -146,6 +146,12 @@ def hardware_facts(run: TrainingRun, spec, gemm_dtypes: dict) -> dict:
     if attention_core(run) != run.attention:
         out["attention_core"] = (f"{attention_core(run)}: {spec.name} has no fused attention "
                                  "kernel (FlashAttention and cuDNN's need sm80 or later)")
+    if attention_core(run) == "unfused" and run.framework.startswith("torch"):
+        dropout = (f", dropout {run.attention_dropout:g}" if run.attention_dropout else "")
+        kernels = ("each its own kernel" if run.framework == "torch-eager" else
+                   "Inductor fusing the pointwise steps between the GEMMs")
+        out["attention_core"] = (out.get("attention_core", "unfused") + "; PyTorch's score "
+                                 f"path: QK^T, scale, mask, softmax{dropout}, PV, {kernels}")
     target = compile_target(run)
     if target != spec.name and spec.kind == "gpu":
         out["compiled_for"] = f"compiled for {target}, priced on {spec.name}"

@@ -79,6 +79,15 @@ class TrainingRun:
     # backward bucket by bucket (Megatron's --overlap-grad-reduce, DDP, FSDP) or run after
     # the whole backward (Megatron-LM 2021's local DDP, DeepSpeed's pipeline engine)
     attention: str = "flash"
+    # attention unfused (framework megatron or a torch one): the dropout probability on the
+    # attention probabilities (Megatron-LM's --attention-dropout, 0.1 by default there;
+    # today's LLM recipes train without). Fused kernels are priced without their in-kernel
+    # dropout
+    attention_dropout: float = 0.0
+    # attention unfused under megatron: how its scale, causal mask and softmax run. fused:
+    # one kernel (Megatron's FusedScaleMaskSoftmax, from 2020); eager: one PyTorch kernel
+    # each (Megatron-LM 2019). passes.score_path prices both
+    score_path: str = "fused"
     overlap_grad_reduce: bool = True
     # where the micro-batches' gradients are summed (GRAD_ACCUMULATION). None: the
     # framework's own way: in-gemm for megatron and xla, no kernel of its own

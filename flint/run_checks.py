@@ -67,6 +67,7 @@ def _cluster(run) -> None:
 
 def _framework(run) -> None:
     """What the PyTorch twin (flint/models/torch_decoder.py) cannot run, by field."""
+    _attention_dropout(run)
     _grad_sync(run)
     _zero_sync(run)
     _launch_blocking(run)
@@ -92,10 +93,10 @@ def _framework(run) -> None:
     if run.precision != "bf16":
         raise FlintError(f"precision: {name} runs bf16 GEMMs under autocast; FP8 recipes "
                          f"are Transformer Engine's (framework megatron)")
-    if run.attention not in TORCH_SDPA_KERNELS:
+    if run.attention not in TORCH_SDPA_KERNELS + ("unfused",):
         raise FlintError(f"attention: {name} runs SDPA's fused attention: "
                          f"{' | '.join(TORCH_SDPA_KERNELS)} (flash: its FlashAttention-2), "
-                         f"not {run.attention}")
+                         f"or unfused (eager PyTorch's score path), not {run.attention}")
     if run.remat == "dots":
         raise FlintError(f"remat: {name} runs none | selective | full (selective: "
                          f"torchtitan's op-level selective activation checkpointing); dots "
@@ -109,6 +110,28 @@ def _framework(run) -> None:
     if run.zero in (1, 2):
         raise FlintError(f"zero: {name} runs DDP-style data parallelism (zero 0) or FSDP2 "
                          f"(zero 3), not zero {run.zero}")
+
+
+def _attention_dropout(run) -> None:
+    if not run.attention_dropout and run.score_path == "fused":
+        return
+    from flint.hardware_models.attention_kernels import compiled_core
+
+    core = compiled_core(run.attention, run.hardware)
+    if run.score_path != "fused" and (run.framework != "megatron" or core != "unfused"):
+        raise FlintError(f"score_path: {run.score_path} is how Megatron-LM runs an unfused "
+                         f"core's scale, mask and softmax (framework megatron, attention "
+                         f"unfused), not {run.framework} with {core}; torch frameworks run "
+                         f"the twin's own")
+    if run.cp > 1:
+        raise FlintError(f"{'score_path' if run.score_path != 'fused' else 'attention_dropout'}"
+                         f": the unfused core's score path is priced without context "
+                         f"parallelism (cp 1), not cp {run.cp}")
+    if run.attention_dropout and (run.framework == "xla" or core != "unfused"):
+        raise FlintError(f"attention_dropout: dropout on the attention probabilities is "
+                         f"priced for an unfused core run by framework megatron or a torch "
+                         f"one, not {run.framework} with {core}: fused kernels are priced "
+                         f"without their in-kernel dropout")
 
 
 def _zero_sync(run) -> None:

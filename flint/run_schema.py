@@ -45,6 +45,10 @@ COLLECTIVE_MATMUL = ("auto", "off")
 # unfused (S x S scores written to and read from HBM, softmax as its own kernel:
 # Megatron-LM before flash attention, 2021-2022).
 ATTENTION = ("flash", "flash1", "flash2", "flash3", "cudnn", "unfused")
+# How an unfused core's scale, causal mask and softmax run under framework megatron: fused
+# (one kernel, Megatron's FusedScaleMaskSoftmax) or eager (one PyTorch kernel each,
+# Megatron-LM 2019: passes.score_path)
+SCORE_PATHS = ("fused", "eager")
 # When the data-parallel gradient reduction runs in a step of several micro-batches: in
 # every micro-batch's backward (PyTorch's default for DDP and FSDP2, which sync in each
 # backward unless told not to; DeepSpeed ZeRO-2, whose sharded buffer needs it), or only
@@ -99,6 +103,8 @@ class RunSchema(Strict):
     precision: Literal[PRECISIONS] = "bf16"
     framework: Literal[FRAMEWORKS] = "megatron"
     attention: Literal[ATTENTION] = "flash"
+    attention_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    score_path: Literal[SCORE_PATHS] = "fused"
     overlap_grad_reduce: Bool = True
     grad_accumulation: Optional[Literal[GRAD_ACCUMULATION]] = None
     grad_sync: Optional[Literal[GRAD_SYNC]] = None

@@ -37,20 +37,10 @@ def compile_target(run: TrainingRun) -> str:
 
 
 def attention_core(run: TrainingRun) -> str:
-    """The attention core the run's stage compiles: its own, except `flash` (the kernel of
-    the framework on the GPU's generation) on a generation without fused attention
-    kernels (Volta: attention_kernels.UNFUSED_GENERATIONS), whose frameworks run it
-    unfused, the S x S scores through HBM."""
-    if run.attention != "flash":
-        return run.attention
-    from flint.hardware_models.attention_kernels import UNFUSED_GENERATIONS
-    from flint.hardware_models.nccl import generation
-    from flint.hardware_models.spec import load_spec
+    """The attention core the run's stage compiles (attention_kernels.compiled_core)."""
+    from flint.hardware_models.attention_kernels import compiled_core
 
-    spec = load_spec(run.hardware)
-    if spec.kind == "gpu" and generation(spec.name, spec.model) in UNFUSED_GENERATIONS:
-        return "unfused"
-    return run.attention
+    return compiled_core(run.attention, run.hardware)
 
 
 def devices_per_host(run: TrainingRun) -> int:
@@ -98,6 +88,8 @@ def stage_program(run: TrainingRun, exact: bool = False) -> dict:
             [run.lora_base] if run.lora_base != "bf16" else [])
     if compiled_attention(attention_core(run), run.framework):
         program["attention"] = compiled_attention(attention_core(run), run.framework)
+    if torch and run.attention_dropout:     # only then: other programs keep their keys
+        program["attention_dropout"] = run.attention_dropout
     if torch:       # torch.compile's Inductor fuses pointwise chains; eager runs each op
         program["fuse"] = run.framework == "torch-compile"
         program["torch_workload_version"] = TORCH_WORKLOAD_VERSION

@@ -44,6 +44,7 @@ def extract_program(program: dict) -> WorkloadGraph:
         batch_per_replica=program["batch_per_replica"], remat=program["remat"],
         sequence_parallel=program["sequence_parallel"],
         gemm_precision=program.get("gemm_precision"), attention=program.get("attention"),
+        attention_dropout=float(program.get("attention_dropout", 0.0)),
         devices_per_host=program.get("devices_per_host"),
         lora=tuple(program.get("lora", ())),
         compiler_options=tuple(sorted(program.get("compiler_options", {}).items())))

@@ -42,10 +42,13 @@ def extract(model, example_inputs, *, world_size: int, fuse: bool = True, **kw):
 def zoo(name: str, world_size: int, mesh=None, *, batch_per_replica: int = 1,
         seq_len: int | None = None, layers: int | None = None, hardware: str = "h100-sxm",
         fuse: bool = True, sequence_parallel: bool = False, remat: str = "none",
-        dims: dict | None = None, reshard_after_forward: bool = True):
+        dims: dict | None = None, reshard_after_forward: bool = True,
+        attention: str = "flash", attention_dropout: float = 0.0):
     """The torch twin of a zoo model (same shapes as the JAX one) -> WorkloadGraph with
     meta["model_flops_per_device"] for MFU. `remat`: none | full | dots | selective
-    (flint.models.REMAT_POLICIES); `dims`: model dims by user key (layers, hidden, ...)."""
+    (flint.models.REMAT_POLICIES); `dims`: model dims by user key (layers, hidden, ...);
+    `attention`: flash (SDPA's fused kernel) | eager (unfused, one aten op per step of the
+    score path, with `attention_dropout` on the probabilities)."""
     from flint.frontends.program_checks import warn_config_sequence
     from flint.models.decoder import model_flops
     from flint.models.torch_decoder import TP_AXES, zoo_step
@@ -53,7 +56,8 @@ def zoo(name: str, world_size: int, mesh=None, *, batch_per_replica: int = 1,
     warn_config_sequence(name, seq_len, dims)
     step, cfg = zoo_step(name, batch_per_replica, seq_len, layers,
                          sequence_parallel=sequence_parallel, remat=remat, dims=dims,
-                         reshard_after_forward=reshard_after_forward)
+                         reshard_after_forward=reshard_after_forward,
+                         attention=attention, attention_dropout=attention_dropout)
     mesh_t = _mesh(mesh, world_size)
     captured = _capture(step, world_size, mesh_t, hardware)
     graph = captured.workload(fuse=fuse)

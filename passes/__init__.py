@@ -40,13 +40,14 @@ def registry() -> dict[str, type]:
     from flint.passes.pipeline import PipelineParallel
     from flint.passes.place import Place
     from flint.passes.rescale import Rescale
+    from flint.passes.score_path import ScorePath
     from flint.passes.tp_comm_overlap import TpCommOverlap
     from flint.passes.tp_grad_overlap import TpGradOverlap
 
     return {cls.name: cls for cls in (AmaxScope, Anonymize, CollapseAttention,
                                       DistributedOptimizer, ExpandLoops, FusePointwise,
                                       KernelPopulation, LayerTemplate, PipelineParallel, Place,
-                                      Rescale, TpCommOverlap, TpGradOverlap)}
+                                      Rescale, ScorePath, TpCommOverlap, TpGradOverlap)}
 
 
 _ITEM = re.compile(r"\s*([\w\-]+)\s*(?:\{([^}]*)\})?\s*(?:,|$)")

@@ -30,14 +30,19 @@ class Mechanism:
 
 
 MECHANISMS = (
-    Mechanism("unfused attention before FlashAttention", (("attention", "unfused"),),
+    Mechanism("unfused attention before FlashAttention, its probabilities dropped out",
+              (("attention", "unfused"), ("attention_dropout", 0.1)),
               (*MEGATRON_LM_PRE_2022, "megatron-lm-2022", *DEEPSPEED_2022,
                "megatron-deepspeed-2021"),
               "FlashAttention (Dao et al., arXiv 2205.14135) appeared 2022-05, after MT-NLG "
               "(2021) and BLOOM's 2022-02 sweep; Megatron-LM/DeepSpeed of that time write "
               "the S x S scores and run the fused scale-mask-softmax kernel on them "
               "(megatron/model/fused_softmax.py); published.md section 4: 'Flash attention "
-              "was not used'",
+              "was not used'. ParallelAttention then runs torch's dropout on the "
+              "probabilities (megatron/model/transformer.py), --attention-dropout 0.1 by "
+              "default (megatron/arguments.py, the same in Megatron-DeepSpeed); no row's "
+              "config changes it (BigScience's tr11-176B-ml.slurm does not pass it; "
+              "Korthikanti et al. 2022 count the dropout mask in their activation memory)",
               "published 4 Korthikanti 2022 x Megatron-LM 2022 x A100"),
     Mechanism("no sequence parallelism before Megatron-LM 2022-05", (("sp", False),),
               (*MEGATRON_LM_PRE_2022, *DEEPSPEED_2022, "megatron-deepspeed-2021",
@@ -316,4 +321,15 @@ MECHANISMS = (
               "the host and leaves no launch gap between kernels",
               "- (from the submission's configs, no family's error)",
               needs="cuda_graphs", families=r"6c MLPerf"),
+    Mechanism("Megatron-LM 2019's attention score path: scale, mask and softmax as PyTorch "
+              "kernels", (("score_path", "eager"),), ("megatron-lm-2019",),
+              "Megatron-LM's 2019 GPT-2 attention (mpu/transformer.py "
+              "GPT2ParallelSelfAttention) runs its score path as separate PyTorch ops: matmul, "
+              "divide by sqrt(head dim), multiply by the causal mask and subtract 10000 x "
+              "(1 - mask), torch.nn.Softmax, dropout under the model-parallel RNG tracker, "
+              "matmul, on a model cast to half (FP16_Module). Its fused kernels "
+              "(FusedScaleMaskSoftmax in megatron/model/fused_softmax.py, the bias-GeLU and "
+              "bias-dropout-add fusions) came with the 2020 code (passes/score_path.py)",
+              "published 9 Shoeybi et al. 2019 x Megatron-LM 2019 x V100",
+              needs="score_path"),
 )

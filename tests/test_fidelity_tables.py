@@ -102,6 +102,7 @@ def test_before_and_after_run_fields(published, more):
     after = TrainingRun(**variant_fields(bloom, applicable(bloom)))
     assert (before.attention, before.sp, before.pipeline_split) == ("flash", True, "time")
     assert (after.attention, after.sp, after.pipeline_split) == ("unfused", False, "layers")
+    assert (before.attention_dropout, after.attention_dropout) == (0.0, 0.1)
     assert after.remat == "full" and after.zero == 1         # stated, in both
     assert (before.grad_accumulation, after.grad_accumulation) == ("in-gemm", "fp32-copy")
     # the production rows are bf16: BF16_Optimizer's all-reduce and bf16 communication

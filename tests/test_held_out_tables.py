@@ -134,6 +134,11 @@ def test_the_repo_table_beyond_the_shared_ones_is_rebuildable():
         assert "zero" not in case.fields
         assert variant_fields(case, applicable(case))["zero"] == 0
         assert before_fields(case).get("zero", 1) == 1
+    # Megatron's unfused core drops out its probabilities (--attention-dropout 0.1 by
+    # default); the 2019 code runs its scale, mask and softmax as PyTorch kernels
+    after = [variant_fields(c, applicable(c)) for c in (old[0], gpt2[0])]
+    assert [(f["attention"], f["attention_dropout"], f.get("score_path", "fused"))
+            for f in after] == [("unfused", 0.1, "fused"), ("unfused", 0.1, "eager")]
 
 
 def test_a_row_states_its_data_parallel_wrapper(tmp_path):

@@ -40,9 +40,12 @@ def extract(
                                                  "| fp8-delayed | mxfp8"),
     attention: Optional[str] = typer.Option(
         None, help="zoo: attention core flash | unfused (S x S scores through memory) | "
-                   "unfused-half (those in the compute dtype, as Megatron); any torch step: "
-                   "the kernel SDPA runs, flash2 (default) | cudnn (Hopper/Blackwell builds "
-                   "for CUDA 12.9+)"),
+                   "unfused-half (those in the compute dtype, as Megatron); the torch twin's "
+                   "unfused is eager PyTorch's score path; any torch step: the kernel SDPA "
+                   "runs, flash2 (default) | cudnn (Hopper/Blackwell builds for CUDA 12.9+)"),
+    attention_dropout: float = typer.Option(
+        0.0, help="torch twin, --attention unfused: dropout probability on the attention "
+                  "probabilities (Megatron-LM's --attention-dropout; default 0: none)"),
     lora_rank: int = typer.Option(0, help="zoo: LoRA fine-tuning, the adapters' rank on a "
                                   "frozen base (default 0: every weight trained)"),
     lora_targets: str = typer.Option("qkv,proj,fc1,fc2", help="zoo: LoRA's linears, a comma "
@@ -87,8 +90,8 @@ def extract(
         model=model_config or model, framework=framework, devices_per_host=devices_per_host,
         scan=scan, layers=layers, seq_len=seq_len, batch_per_replica=batch_per_replica,
         remat=remat, sequence_parallel=sequence_parallel, dims=dims,
-        gemm_precision=gemm_precision, attention=attention, args_fn=args_fn, fuse=fuse,
-        passes=passes, lora=(lora_rank, lora_targets) if lora_rank else ())
+        gemm_precision=gemm_precision, attention=attention,
+        attention_dropout=attention_dropout, args_fn=args_fn, fuse=fuse, passes=passes, lora=(lora_rank, lora_targets) if lora_rank else ())
     run(lambda: _extract(request, out, as_json, dump_dir, with_estimate, set_, verbose))
 
 

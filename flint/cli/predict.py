@@ -73,6 +73,14 @@ def predict(
         None, help="attention core: flash (the framework's fused kernel for the GPU) | a "
                    "named fused kernel: flash1 (FlashAttention v1) | flash2 | flash3 | cudnn "
                    "(PyTorch SDPA's choice on Hopper/Blackwell in CUDA 12.9+ builds) | unfused"),
+    attention_dropout: Optional[float] = typer.Option(
+        None, help="attention unfused (megatron or torch frameworks): dropout probability on "
+                   "the attention probabilities (Megatron-LM's --attention-dropout; default 0: "
+                   "none)"),
+    score_path: Optional[str] = typer.Option(
+        None, help="attention unfused, megatron: its scale, mask and softmax as one fused "
+                   "kernel (default; FusedScaleMaskSoftmax) | eager (one PyTorch kernel each, "
+                   "Megatron-LM 2019)"),
     tp_comm_overlap: Optional[bool] = typer.Option(
         None, "--tp-comm-overlap/--no-tp-comm-overlap",
         help="TP collectives pipelined with their GEMMs (default: on for megatron with TP+SP)"),
@@ -141,6 +149,7 @@ def predict(
                  global_batch=global_batch, remat=remat, recompute_layers=recompute_layers,
                  precision=precision, fp8_recipe=fp8_recipe,
                  framework=framework, attention=attention,
+                 attention_dropout=attention_dropout, score_path=score_path,
                  overlap_grad_reduce=overlap_grad_reduce, tp_comm_overlap=tp_comm_overlap,
                  tp_grad_overlap=tp_grad_overlap, collective_matmul=collective_matmul,
                  launch_blocking=launch_blocking, cuda_graphs=cuda_graphs,

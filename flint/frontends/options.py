@@ -29,6 +29,7 @@ def given_zoo_options(request) -> list[str]:
              ("--gemm-precision", request.gemm_precision is not None),
              ("--attention", request.attention is not None
               and not names_sdpa_kernel(request)),
+             ("--attention-dropout", bool(request.attention_dropout)),
              ("--sequence-parallel", bool(request.sequence_parallel)),
              ("--lora-rank", bool(request.lora)),
              ("--scan/--unroll", request.scan is not None)]
@@ -67,11 +68,20 @@ def check_options(request) -> None:
             else ""
         raise FlintError(f"--attention {request.attention!r}: use "
                          f"{' | '.join(ZOO_ATTENTION)}{kernels}")
+    if not 0 <= request.attention_dropout < 1:
+        raise FlintError(f"--attention-dropout {request.attention_dropout}: a probability, "
+                         f"at least 0 and below 1")
+    if request.attention_dropout and (request.framework, request.attention) != ("torch",
+                                                                                "unfused"):
+        raise FlintError("--attention-dropout: dropout on the attention probabilities is "
+                         "priced for the torch twin's unfused attention (--framework torch "
+                         "--attention unfused); fused kernels are priced without their "
+                         "in-kernel dropout")
     if request.framework == "torch":
-        if request.attention in ("unfused", "unfused-half"):
-            raise FlintError(f"--attention {request.attention}: the torch twin runs SDPA's fused "
-                             "attention; unfused attention is in the JAX zoo "
-                             "(--framework jax)")
+        if request.attention == "unfused-half":
+            raise FlintError("--attention unfused-half: the torch twin's unfused attention "
+                             "keeps its scores in the compute dtype already (--attention "
+                             "unfused)")
         precision = request.gemm_precision
         if precision is not None and precision not in TORCH_GEMM_PRECISIONS:
             raise FlintError(f"--gemm-precision {precision}: the torch twin runs bf16 GEMMs "

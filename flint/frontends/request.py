@@ -49,10 +49,14 @@ class ExtractRequest:
     # LoRA fine-tuning of the zoo model (flint.models.lora): (rank, "qkv,proj,...") or
     # (rank, targets, "fp8") for a base held in FP8; (): every weight trained
     lora: tuple = ()
-    # attention core: flash (one fused kernel) | unfused (S x S scores through memory,
-    # Megatron-LM's 2021 fused softmax); None: flash. A torch step (the twin or the user's
+    # attention core: flash (one fused kernel) | unfused (S x S scores through memory:
+    # Megatron-LM's 2021 fused softmax in the JAX twin, one eager aten op per step of the
+    # score path in the torch twin); None: flash. A torch step (the twin or the user's
     # own) may name the kernel SDPA runs instead: flash2 (its default) | cudnn
     attention: str | None = None
+    # the torch twin's unfused attention (`attention` unfused): dropout probability on its
+    # attention probabilities (Megatron-LM's --attention-dropout); 0: none
+    attention_dropout: float = 0.0
     # script option: the function of the script giving the step's example arguments
     args_fn: str = "example_args"
     # torch options: fuse pointwise chains as torch.compile would; FSDP2's

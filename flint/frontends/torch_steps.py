@@ -25,7 +25,9 @@ def torch_graph(request, stage):
                        layers=request.layers, hardware=hardware, fuse=request.fuse,
                        sequence_parallel=bool(request.sequence_parallel),
                        remat=request.remat or "none", dims=request.dims or None,
-                       reshard_after_forward=request.reshard_after_forward)
+                       reshard_after_forward=request.reshard_after_forward,
+                       attention="eager" if request.attention == "unfused" else "flash",
+                       attention_dropout=request.attention_dropout)
         return graph, dict(graph.meta.pop("timings", {}))
     from flint.frontends.torch_autocast import quiet_cuda_autocast_warning
 

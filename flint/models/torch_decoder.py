@@ -2,7 +2,11 @@
 
 Attention is SDPA's fused kernel (one aten node forward, one backward), as the JAX twin's
 is one flash-attention node; `attention="xla"` writes it as the JAX twin's unfused
-reference does (grouped-query matmuls over the full sequence, softmax in float32).
+reference does (grouped-query matmuls over the full sequence, softmax in float32);
+`attention="eager"` writes it as eager PyTorch code of the unfused era did
+(flint/models/torch_attention.py) (Megatron-LM's
+2019 GPT-2 attention: every step of the score path its own aten op, the scores in the
+compute dtype, dropout on the probabilities when the step has it).
 Parameters are float32 and compute runs in bfloat16 under autocast, traced with CUDA's
 cast policy as the GPU runs it (flint.frontends.torch_autocast). Layers
 recompute activations by the same policies as the JAX twin (`remat`).
@@ -25,6 +29,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from flint.models.decoder import DecoderConfig
+from flint.models.torch_attention import eager_core
 
 TP_AXES = ("model", "tp", "tensor")
 FSDP_AXES = ("fsdp",)
@@ -49,10 +54,10 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: DecoderConfig):
+    def __init__(self, cfg: DecoderConfig, dropout: float = 0.0):
         super().__init__()
         hd = cfg.head_dim
-        self.cfg, self.hd = cfg, hd
+        self.cfg, self.hd, self.dropout = cfg, hd, dropout
         self.wq = nn.Linear(cfg.d_model, cfg.n_heads * hd, bias=False)
         self.wk = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=False)
         self.wv = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=False)
@@ -73,6 +78,11 @@ class Attention(nn.Module):
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
             k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
             out = _causal_sdpa(q, k, v)
+            return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+        if self.cfg.attention == "eager":
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+            k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+            out = eager_core(q, k, v, self.dropout, self.training)
             return self.wo(out.transpose(1, 2).reshape(b, s, -1))
         kv = k.shape[2]
         q = q.view(b, s, kv, group, hd).permute(0, 2, 3, 1, 4).reshape(b, kv, group * s, hd)
@@ -121,11 +131,11 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: DecoderConfig, moe: bool = False):
+    def __init__(self, cfg: DecoderConfig, moe: bool = False, attention_dropout: float = 0.0):
         super().__init__()
         layer_norm = cfg.norm == "layer"
         self.attn_norm, self.mlp_norm = RMSNorm(cfg.d_model, layer_norm), RMSNorm(cfg.d_model, layer_norm)
-        self.attention, self.mlp = Attention(cfg), MLP(cfg)
+        self.attention, self.mlp = Attention(cfg, attention_dropout), MLP(cfg)
         if moe:
             from flint.models.torch_moe import MoE
 
@@ -145,7 +155,7 @@ class Block(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, cfg: DecoderConfig):
+    def __init__(self, cfg: DecoderConfig, attention_dropout: float = 0.0):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab, cfg.d_model)
@@ -155,8 +165,8 @@ class Decoder(nn.Module):
             from flint.errors import FlintError
 
             raise FlintError(f"{cfg.name}: latent attention (MLA) is in the JAX zoo only")
-        self.layers = nn.ModuleList(Block(cfg, cfg.is_moe and i >= cfg.first_dense)
-                                    for i in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Block(cfg, cfg.is_moe and i >= cfg.first_dense,
+                                          attention_dropout) for i in range(cfg.n_layers))
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm == "layer")
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
         if cfg.tie_embeddings:
@@ -356,8 +366,11 @@ def step_context(model):
 def zoo_step(name: str, batch_per_replica: int = 1, seq_len: int | None = None,
              layers: int | None = None, optimizer="adamw", sequence_parallel: bool = False,
              remat: str = "none", dims: dict | None = None,
-             reshard_after_forward: bool = True):
-    """The TorchStep of a zoo twin and its config (tokens are one rank's batch)."""
+             reshard_after_forward: bool = True, attention: str = "flash",
+             attention_dropout: float = 0.0):
+    """The TorchStep of a zoo twin and its config (tokens are one rank's batch);
+    `attention`: flash (SDPA) | eager (the unfused score path, torch_attention.eager_core), whose
+    probabilities take `attention_dropout`."""
     from flint.frontends.torch_capture import TorchStep
 
     if remat not in TORCH_REMAT_POLICIES:
@@ -366,10 +379,11 @@ def zoo_step(name: str, batch_per_replica: int = 1, seq_len: int | None = None,
         raise FlintError(f"remat {remat!r}: the torch twin runs {' | '.join(TORCH_REMAT_POLICIES)}"
                          f" (torch's selective activation checkpointing, `dots`, does not "
                          f"trace under make_fx)")
-    cfg = config(name, dims, seq_len=seq_len, n_layers=layers, remat=remat)
+    cfg = config(name, dims, seq_len=seq_len, n_layers=layers, remat=remat,
+                 attention=attention)
     tokens = torch.empty(batch_per_replica, cfg.seq_len, dtype=torch.long, device="meta")
     def par(model, mesh):
         return parallelize(model, mesh, sequence_parallel, reshard_after_forward)
 
-    return TorchStep(lambda: Decoder(cfg), (tokens,), (tokens,), cross_entropy, optimizer,
+    return TorchStep(lambda: Decoder(cfg, attention_dropout), (tokens,), (tokens,), cross_entropy, optimizer,
                      par, step_context, on_materialize=data_parallel), cfg
