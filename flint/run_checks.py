@@ -127,11 +127,14 @@ def _attention_dropout(run) -> None:
         raise FlintError(f"{'score_path' if run.score_path != 'fused' else 'attention_dropout'}"
                          f": the unfused core's score path is priced without context "
                          f"parallelism (cp 1), not cp {run.cp}")
-    if run.attention_dropout and (run.framework == "xla" or core != "unfused"):
+    if run.attention_dropout and core != "unfused":
         raise FlintError(f"attention_dropout: dropout on the attention probabilities is "
-                         f"priced for an unfused core run by framework megatron or a torch "
-                         f"one, not {run.framework} with {core}: fused kernels are priced "
+                         f"priced for an unfused core, not {core}: fused kernels are priced "
                          f"without their in-kernel dropout")
+    if run.attention_dropout and run.framework == "xla":
+        raise FlintError("attention_dropout: framework xla prices the JAX twin's program as "
+                         "XLA compiles it, and that program has no dropout (framework "
+                         "megatron or a torch one adds it)")
 
 
 def _zero_sync(run) -> None:
