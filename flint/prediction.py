@@ -143,10 +143,11 @@ def hardware_facts(run: TrainingRun, spec, gemm_dtypes: dict) -> dict:
     from flint.stage import attention_core, compile_target
 
     out = {}
-    if attention_core(run) != run.attention:
-        out["attention_core"] = (f"{attention_core(run)}: {spec.name} has no fused attention "
+    core = attention_core(run)
+    if core != run.attention:
+        out["attention_core"] = (f"{core}: {spec.name} has no fused attention "
                                  "kernel (FlashAttention and cuDNN's need sm80 or later)")
-    if attention_core(run) == "unfused" and run.framework.startswith("torch"):
+    if core == "unfused" and run.framework.startswith("torch"):
         dropout = (f", dropout {run.attention_dropout:g}" if run.attention_dropout else "")
         kernels = ("each its own kernel" if run.framework == "torch-eager" else
                    "Inductor fusing the pointwise steps between the GEMMs")

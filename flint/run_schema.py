@@ -17,6 +17,8 @@ from flint.models import REMAT_POLICIES
 from flint.passes.grad_accumulation import MODES as GRAD_ACCUMULATION
 # how a pipeline stage's sends and receives run beside its compute (passes.pipeline)
 from flint.passes.pipeline import P2P_MODES as PIPELINE_P2P
+# how an unfused core's scale, mask and softmax run under megatron (passes.score_path)
+from flint.passes.score_path import SOFTMAX as SCORE_PATHS
 from flint.schema import Bool, Number, PositiveInt, Str, Strict, did_you_mean
 
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
@@ -45,10 +47,6 @@ COLLECTIVE_MATMUL = ("auto", "off")
 # unfused (S x S scores written to and read from HBM, softmax as its own kernel:
 # Megatron-LM before flash attention, 2021-2022).
 ATTENTION = ("flash", "flash1", "flash2", "flash3", "cudnn", "unfused")
-# How an unfused core's scale, causal mask and softmax run under framework megatron: fused
-# (one kernel, Megatron's FusedScaleMaskSoftmax) or eager (one PyTorch kernel each,
-# Megatron-LM 2019: passes.score_path)
-SCORE_PATHS = ("fused", "eager")
 # When the data-parallel gradient reduction runs in a step of several micro-batches: in
 # every micro-batch's backward (PyTorch's default for DDP and FSDP2, which sync in each
 # backward unless told not to; DeepSpeed ZeRO-2, whose sharded buffer needs it), or only

@@ -47,8 +47,11 @@ from typing import ClassVar
 from flint.errors import FlintError
 from flint.graph import Node, NodeKind, OpClass, WorkloadGraph
 from flint.hardware_models.attention_kernels import UNFUSED_SOFTMAX_PASSES
-from flint.hlo.shapes import DTYPE_BITS
+from flint.hlo.shapes import Shape, parse_shape
 
+# How an unfused core's scale, causal mask and softmax run under framework megatron: fused
+# (one kernel, Megatron's FusedScaleMaskSoftmax) or eager (one PyTorch kernel each,
+# Megatron-LM 2019); the run field `score_path` (flint.run_schema)
 SOFTMAX = ("fused", "eager")
 
 
@@ -105,19 +108,20 @@ class ScorePath:
     def is_scores(self, shape: str) -> bool:
         """A tensor of one call's S x S scores: as many elements, its last two dims S x S
         once unit dims are dropped (XLA's fusions insert them: f32[8,3,1024,1,1024])."""
-        dims = [d for d in _dims(shape) if d != 1]
+        parsed = _array(shape)
+        dims = [d for d in parsed.dims if d != 1] if parsed else []
         return dims[-2:] == [self.seq, self.seq] and math.prod(dims) == self.scores
 
-    def chain(self, path: dict, backward: bool, like: Node) -> list[Node]:
+    def chain(self, path: dict, backward: bool,
+              like: Node) -> tuple[list[Node], bool, list[Node]]:
         """The kernels this pass adds to one score path (in their order), and whether the
         compiled nodes stay: (new nodes before them, keep, new nodes after them)."""
         shape = path["shape"]
-        dtype = shape.split("[", 1)[0]
-        elems = _elements(shape)
-        scores = elems * max(DTYPE_BITS.get(dtype, 16) // 8, 1)
-        mask_shape = f"{dtype}[{self.seq},{self.seq}]"
-        mask = self.seq * self.seq * max(DTYPE_BITS.get(dtype, 16) // 8, 1)
-        bool_mask = f"pred{shape[len(dtype):]}"
+        parsed = parse_shape(shape)
+        elems, scores = parsed.num_elements, parsed.nbytes
+        mask_shape = f"{parsed.dtype}[{self.seq},{self.seq}]"
+        mask = parse_shape(mask_shape).nbytes
+        bool_mask = str(Shape("pred", parsed.dims))
 
         def node(op, op_class, reads, writes, operands, outputs, flops=0.0, exp=0.0):
             meta = {k: v for k, v in like.meta.items()
@@ -196,15 +200,13 @@ def _placed(graph: WorkloadGraph, users, ids: list[int]) -> tuple[list[int], lis
     return sorted(inside | (after & before)), sorted(after - before)
 
 
-def _dims(shape: str) -> list[int]:
-    m = re.search(r"\[([\d,]*)\]", shape)
-    if m is None or not m.group(1):
-        return []
-    return [int(d) for d in m.group(1).split(",")]
-
-
-def _elements(shape: str) -> int:
-    return math.prod(_dims(shape)) if _dims(shape) else 0
+def _array(shape: str) -> Shape | None:
+    """The array a shape string names (None: a tuple, or not an HLO shape)."""
+    try:
+        parsed = parse_shape(shape)
+    except FlintError:
+        return None
+    return None if parsed.is_tuple else parsed
 
 
 def _rewritten(graph: WorkloadGraph, paths: dict, spec: ScorePath) -> WorkloadGraph:

@@ -91,7 +91,8 @@ def extract(
         scan=scan, layers=layers, seq_len=seq_len, batch_per_replica=batch_per_replica,
         remat=remat, sequence_parallel=sequence_parallel, dims=dims,
         gemm_precision=gemm_precision, attention=attention,
-        attention_dropout=attention_dropout, args_fn=args_fn, fuse=fuse, passes=passes, lora=(lora_rank, lora_targets) if lora_rank else ())
+        attention_dropout=attention_dropout, args_fn=args_fn, fuse=fuse, passes=passes,
+        lora=(lora_rank, lora_targets) if lora_rank else ())
     run(lambda: _extract(request, out, as_json, dump_dir, with_estimate, set_, verbose))
 
 

@@ -4,9 +4,9 @@ Attention is SDPA's fused kernel (one aten node forward, one backward), as the J
 is one flash-attention node; `attention="xla"` writes it as the JAX twin's unfused
 reference does (grouped-query matmuls over the full sequence, softmax in float32);
 `attention="eager"` writes it as eager PyTorch code of the unfused era did
-(flint/models/torch_attention.py) (Megatron-LM's
-2019 GPT-2 attention: every step of the score path its own aten op, the scores in the
-compute dtype, dropout on the probabilities when the step has it).
+(flint/models/torch_attention.py, Megatron-LM's 2019 GPT-2 attention: every step of the
+score path its own aten op, the scores in the compute dtype, dropout on the probabilities
+when the step has it).
 Parameters are float32 and compute runs in bfloat16 under autocast, traced with CUDA's
 cast policy as the GPU runs it (flint.frontends.torch_autocast). Layers
 recompute activations by the same policies as the JAX twin (`remat`).
@@ -369,8 +369,8 @@ def zoo_step(name: str, batch_per_replica: int = 1, seq_len: int | None = None,
              reshard_after_forward: bool = True, attention: str = "flash",
              attention_dropout: float = 0.0):
     """The TorchStep of a zoo twin and its config (tokens are one rank's batch);
-    `attention`: flash (SDPA) | eager (the unfused score path, torch_attention.eager_core), whose
-    probabilities take `attention_dropout`."""
+    `attention`: flash (SDPA) | eager (the unfused score path, torch_attention.eager_core),
+    whose probabilities take `attention_dropout`."""
     from flint.frontends.torch_capture import TorchStep
 
     if remat not in TORCH_REMAT_POLICIES:
@@ -385,5 +385,6 @@ def zoo_step(name: str, batch_per_replica: int = 1, seq_len: int | None = None,
     def par(model, mesh):
         return parallelize(model, mesh, sequence_parallel, reshard_after_forward)
 
-    return TorchStep(lambda: Decoder(cfg, attention_dropout), (tokens,), (tokens,), cross_entropy, optimizer,
-                     par, step_context, on_materialize=data_parallel), cfg
+    return TorchStep(lambda: Decoder(cfg, attention_dropout), (tokens,), (tokens,),
+                     cross_entropy, optimizer, par, step_context,
+                     on_materialize=data_parallel), cfg
