@@ -90,9 +90,11 @@ def _framework(run) -> None:
     if run.cp > 1:
         raise FlintError(f"cp: {name} runs the torch twin, which has no context "
                          f"parallelism (framework megatron or xla has)")
-    if run.precision != "bf16":
-        raise FlintError(f"precision: {name} runs bf16 GEMMs under autocast; FP8 recipes "
-                         f"are Transformer Engine's (framework megatron)")
+    if (run.precision, run.fp8_recipe) not in (("bf16", "current"), ("fp8", "current")):
+        raise FlintError(f"precision: {name} runs bf16 GEMMs under autocast, or fp8 as "
+                         f"torchao's Float8Linear does (tensorwise dynamic scaling: "
+                         f"fp8_recipe current); {run.precision} with {run.fp8_recipe} "
+                         f"scaling is Transformer Engine's (framework megatron)")
     if run.attention not in TORCH_SDPA_KERNELS + ("unfused",):
         raise FlintError(f"attention: {name} runs SDPA's fused attention: "
                          f"{' | '.join(TORCH_SDPA_KERNELS)} (flash: its FlashAttention-2), "

@@ -43,12 +43,14 @@ def zoo(name: str, world_size: int, mesh=None, *, batch_per_replica: int = 1,
         seq_len: int | None = None, layers: int | None = None, hardware: str = "h100-sxm",
         fuse: bool = True, sequence_parallel: bool = False, remat: str = "none",
         dims: dict | None = None, reshard_after_forward: bool = True,
-        attention: str = "flash", attention_dropout: float = 0.0):
+        attention: str = "flash", attention_dropout: float = 0.0,
+        gemm_precision: str = "bf16"):
     """The torch twin of a zoo model (same shapes as the JAX one) -> WorkloadGraph with
     meta["model_flops_per_device"] for MFU. `remat`: none | full | dots | selective
     (flint.models.REMAT_POLICIES); `dims`: model dims by user key (layers, hidden, ...);
     `attention`: flash (SDPA's fused kernel) | eager (unfused, one aten op per step of the
-    score path, with `attention_dropout` on the probabilities)."""
+    score path, with `attention_dropout` on the probabilities); `gemm_precision`: bf16 |
+    fp8 (the blocks' linears as torchao's Float8Linear, tensorwise dynamic scaling)."""
     from flint.frontends.program_checks import warn_config_sequence
     from flint.models.decoder import model_flops
     from flint.models.torch_decoder import TP_AXES, zoo_step
@@ -57,7 +59,8 @@ def zoo(name: str, world_size: int, mesh=None, *, batch_per_replica: int = 1,
     step, cfg = zoo_step(name, batch_per_replica, seq_len, layers,
                          sequence_parallel=sequence_parallel, remat=remat, dims=dims,
                          reshard_after_forward=reshard_after_forward,
-                         attention=attention, attention_dropout=attention_dropout)
+                         attention=attention, attention_dropout=attention_dropout,
+                         gemm_precision=gemm_precision, compiled=fuse)
     mesh_t = _mesh(mesh, world_size)
     captured = _capture(step, world_size, mesh_t, hardware)
     graph = captured.workload(fuse=fuse)
@@ -71,7 +74,7 @@ def zoo(name: str, world_size: int, mesh=None, *, batch_per_replica: int = 1,
         cfg, batch_per_replica * dp * cfg.seq_len) / world_size, timings=captured.timings,
                       training={"seq_len": cfg.seq_len, "global_batch": batch_per_replica * dp,
                                 "batch_per_replica": batch_per_replica, "remat": remat,
-                                "gemm_precision": "bf16", "layers": cfg.n_layers})
+                                "gemm_precision": gemm_precision, "layers": cfg.n_layers})
     return graph
 
 

@@ -143,6 +143,10 @@ class _Lowerer:
             self.stands_for[n] = self.waiting.pop(n.args[0], deps)
             return
         cls = ac.op_class(name)
+        if name == "_to_copy" and _to_float8(n):
+            # a saturating cast to FP8 is arithmetic on each element, which Inductor
+            # fuses with the scaling before it (torchao's Float8 casts), not a copy
+            cls = "elementwise"
         if cls == "elementwise" and _scalar_only(n):
             cls = "view"     # 0-d bookkeeping (optimizer step counters): host arithmetic
         if cls == "view" or name == "getitem":
@@ -342,6 +346,12 @@ def iota_groups(ranks: list[int], cluster: Cluster) -> str:
         if sorted(parse_replica_groups(spec, n)[0].tolist()) == sorted(ranks):
             return spec
     return "{{" + ",".join(map(str, ranks)) + "}}"
+
+
+def _to_float8(n) -> bool:
+    out = n.meta.get("val")
+    return isinstance(out, torch.Tensor) and out.dtype.itemsize == 1 and \
+        out.dtype.is_floating_point
 
 
 def _scalar_only(n) -> bool:

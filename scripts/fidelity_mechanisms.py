@@ -182,7 +182,8 @@ MECHANISMS = (
               "parameters (tr11 README: it 'implements its own ZeRO Stage 1')",
               "- (from the framework's source, no family's error)", needs="zero_sync",
               only=(("zero", (1,)),)),
-    # what the torch twin prices: bf16 under autocast, SDPA, DDP (zero 0) or FSDP (zero 3)
+    # what the torch twin prices: bf16 under autocast or torchao's Float8 linears (fp8,
+    # tensorwise dynamic scaling), SDPA, DDP (zero 0) or FSDP (zero 3)
     Mechanism("PyTorch's own kernels for PyTorch FSDP/DDP runs", (("framework", "torch-eager"),),
               ("pytorch",),
               "a PyTorch FSDP/DDP step runs one kernel per aten op (RMSNorm, SiLU, rotary, "
@@ -190,13 +191,13 @@ MECHANISMS = (
               "kernel, not Transformer Engine's fused ones: the torch front end's own "
               "FSDP2/DDP graphs (README, framework torch-eager)",
               "held-out PyTorch FSDP A100/H100 (issue 27)",
-              only=(("precision", ("bf16",)), ("zero", (0, 3)), ("cp", (1,)))),
+              only=(("precision", ("bf16", "fp8")), ("zero", (0, 3)), ("cp", (1,)))),
     Mechanism("Inductor's kernels for PyTorch runs under torch.compile",
               (("framework", "torch-compile"),), ("pytorch-compile",),
               "torch.compile fuses each pointwise chain into one Triton kernel (Inductor); "
               "GEMMs and attention stay cuBLAS and SDPA (README, framework torch-compile)",
               "held-out PyTorch FSDP A100/H100 (issue 27)",
-              only=(("precision", ("bf16",)), ("zero", (0, 3)), ("cp", (1,)))),
+              only=(("precision", ("bf16", "fp8")), ("zero", (0, 3)), ("cp", (1,)))),
     Mechanism("FP8 delayed scaling before current scaling (Transformer Engine DelayedScaling)",
               (("fp8_recipe", "delayed"),), ("megatron-core", "nvidia-perf-recipes"),
               "Transformer Engine's per-tensor FP8 recipe was DelayedScaling (scales from the "

@@ -255,6 +255,10 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
         system = next((f"dgx-{gpu}" for gpu in ("gb300", "gb200", "h200", "h100")
                        if gpu in acc), system)
     row.system = system
+    # how the row's accelerator differs from the spec its system names, as its source
+    # states it (spec overrides: "hbm_bandwidth=2.4TB/s; hbm_capacity=96GB")
+    row.what_if = tuple(w.strip() for w in str(r.get("what_if") or "").split(";")
+                        if w.strip())
     gpus = num("gpus", "chips", "accelerators")
     if gpus is None:
         row.reason = "no GPU count in the row"

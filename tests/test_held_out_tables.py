@@ -95,12 +95,27 @@ def test_the_repo_table_beyond_the_shared_ones_is_rebuildable():
     """scripts/tables/beyond-shared.md: Narayanan 2021 Table 1 (steps from the paper's own
     FLOP count, eq. 3, configurations from its launch scripts), torchtitan's and llm-foundry's PyTorch FSDP tables; every row is
     priced as its heading's era, with the recompute and shapes it states."""
+    from fidelity_families import applicable, before_fields, variant_fields
     from fidelity_published import published_cases
 
+    from flint.run import TrainingRun
+
     cases = published_cases(REPO / "scripts" / "tables" / "beyond-shared.md")
-    assert len(cases) == 47 and not [c.reason for c in cases if c.reason]
-    assert {c.section: c.era for c in cases} == {"8": "megatron-lm-2021", "7a": "pytorch",
-                                                 "7b": "pytorch", "9": "megatron-lm-2019"}
+    assert len(cases) == 54 and not [c.reason for c in cases if c.reason]
+    assert {c.section: c.era for c in cases} == {
+        "8": "megatron-lm-2021", "7a": "pytorch", "7b": "pytorch", "9": "megatron-lm-2019",
+        "7c": "pytorch", "7d": "pytorch-compile"}
+    # torchtitan on Grand Teton H100s: the part's memory as the page states it (spec
+    # overrides), torchao's Float8 linears under torch.compile
+    titan_h100 = [c for c in cases if c.section in ("7c", "7d")]
+    assert {c.what_if for c in titan_h100} == {("hbm_bandwidth=2.4TB/s", "hbm_capacity=96GB")}
+    fp8 = [TrainingRun(**variant_fields(c, applicable(c))) for c in titan_h100
+           if c.fields["precision"] == "fp8"]
+    assert len(fp8) == 3 and {(r.framework, r.fp8_recipe) for r in fp8} == {
+        ("torch-compile", "current")}
+    # Table 4's 2D row: 512 sequences of 8192 tokens over 256 GPUs at 829 tokens/s each
+    assert titan_h100[-1].published_step_s == pytest.approx(512 * 8192 / (829 * 256),
+                                                            rel=1e-6)
     titan = [c for c in cases if c.section == "7a"]
     assert (titan[0].fields["remat"], titan[0].fields["recompute_layers"]) == ("full", 16)
     mpt = next(c for c in cases if c.section == "7b")
@@ -128,8 +143,6 @@ def test_the_repo_table_beyond_the_shared_ones_is_rebuildable():
     assert gpt2[-1].published_step_s == pytest.approx(2.10 * 86400 / 68507, rel=1e-3)
     # neither Megatron-LM 2019 nor 2021 shards its optimizer: a row silent on ZeRO takes
     # its era's mechanism (zero 0), not Megatron-Core's distributed optimizer
-    from fidelity_families import applicable, before_fields, variant_fields
-
     for case in (old[0], gpt2[0]):
         assert "zero" not in case.fields
         assert variant_fields(case, applicable(case))["zero"] == 0

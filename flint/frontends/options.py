@@ -14,10 +14,7 @@ config.json without a sequence length is refused with the flag that sets it.
 from __future__ import annotations
 
 from flint.errors import FlintError
-from flint.models import OFFLOADED_NAMES, ZOO_ATTENTION
-
-# GEMM precisions the torch twin runs (bf16 under autocast); FP8 recipes are JAX-only.
-TORCH_GEMM_PRECISIONS = ("bf16",)
+from flint.models import OFFLOADED_NAMES, TORCH_GEMM_PRECISIONS, ZOO_ATTENTION
 
 
 def given_zoo_options(request) -> list[str]:

@@ -27,7 +27,8 @@ def torch_graph(request, stage):
                        remat=request.remat or "none", dims=request.dims or None,
                        reshard_after_forward=request.reshard_after_forward,
                        attention="eager" if request.attention == "unfused" else "flash",
-                       attention_dropout=request.attention_dropout)
+                       attention_dropout=request.attention_dropout,
+                       gemm_precision=request.gemm_precision or "bf16")
         return graph, dict(graph.meta.pop("timings", {}))
     from flint.frontends.torch_autocast import quiet_cuda_autocast_warning
 

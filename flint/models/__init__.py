@@ -6,6 +6,9 @@ is configured for compile-only devices)."""
 # custom` with tensors set to `offload`): the named tensors go to host memory in the
 # forward and come back for the backward, everything else is recomputed.
 REMAT_POLICIES = ("none", "full", "dots", "selective", "offload-qkvo", "offload-qkv")
+# GEMM operands the torch twin runs: bf16 under autocast, or FP8 as torchao's Float8Linear
+# runs them (tensorwise dynamic scaling: flint.models.torch_float8)
+TORCH_GEMM_PRECISIONS = ("bf16", "fp8")
 # the checkpoint names (MaxText's) each offload policy sends to host memory
 OFFLOADED_NAMES = {
     "offload-qkvo": ("decoder_layer_input", "query_proj", "key_proj", "value_proj",

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from flint.models import TORCH_GEMM_PRECISIONS
 from flint.models.decoder import DecoderConfig
 from flint.models.torch_attention import eager_core
 
@@ -155,7 +156,8 @@ class Block(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, cfg: DecoderConfig, attention_dropout: float = 0.0):
+    def __init__(self, cfg: DecoderConfig, attention_dropout: float = 0.0,
+                 compiled: bool = False):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab, cfg.d_model)
@@ -171,6 +173,10 @@ class Decoder(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        if cfg.gemm_precision == "fp8":      # torchao Float8 (torchtitan's), not the head
+            from flint.models.torch_float8 import convert_linears
+
+            convert_linears(self, skip=("lm_head",), share_casts=compiled)
 
     def forward(self, tokens):
         s = tokens.shape[1]
@@ -208,7 +214,7 @@ def _remat(layer, policy: str, x, cos, sin):
 # `_save_list`): the outputs of matmuls, the fused attention kernels (the CPU flash kernel
 # stands for the GPU's under Flint's trace) and reduce-scatters are kept; everything else
 # (norms, activations, rotary, casts, views) is recomputed in the backward
-_OP_SAC_SAVED = ("mm", "_scaled_dot_product_flash_attention",
+_OP_SAC_SAVED = ("mm", "_scaled_mm", "_scaled_dot_product_flash_attention",
                  "_scaled_dot_product_flash_attention_for_cpu",
                  "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
                  "reduce_scatter_tensor", "max")
@@ -225,7 +231,9 @@ def op_sac_context():
 
     def policy(ctx, func, *args, **kwargs):
         name = func.__name__.split(".")[0]
-        if name == "mm":
+        # torchao's FP8 GEMM reaches SAC as aten.mm on its Float8Tensor subclass: the
+        # twin's _scaled_mm counts as the matmul it is
+        if name in ("mm", "_scaled_mm"):
             mode = "recompute" if ctx.is_recompute else "forward"
             counts[mode] += 1
             if counts[mode] % 2 == 0:
@@ -367,10 +375,13 @@ def zoo_step(name: str, batch_per_replica: int = 1, seq_len: int | None = None,
              layers: int | None = None, optimizer="adamw", sequence_parallel: bool = False,
              remat: str = "none", dims: dict | None = None,
              reshard_after_forward: bool = True, attention: str = "flash",
-             attention_dropout: float = 0.0):
+             attention_dropout: float = 0.0, gemm_precision: str = "bf16",
+             compiled: bool = False):
     """The TorchStep of a zoo twin and its config (tokens are one rank's batch);
     `attention`: flash (SDPA) | eager (the unfused score path, torch_attention.eager_core),
-    whose probabilities take `attention_dropout`."""
+    whose probabilities take `attention_dropout`; `gemm_precision` fp8: the blocks'
+    linears as torchao's Float8Linear (flint.models.torch_float8), an input they share
+    cast once when `compiled` (torch.compile's CSE)."""
     from flint.frontends.torch_capture import TorchStep
 
     if remat not in TORCH_REMAT_POLICIES:
@@ -379,12 +390,18 @@ def zoo_step(name: str, batch_per_replica: int = 1, seq_len: int | None = None,
         raise FlintError(f"remat {remat!r}: the torch twin runs {' | '.join(TORCH_REMAT_POLICIES)}"
                          f" (torch's selective activation checkpointing, `dots`, does not "
                          f"trace under make_fx)")
+    if gemm_precision not in TORCH_GEMM_PRECISIONS:
+        from flint.errors import FlintError
+
+        raise FlintError(f"gemm precision {gemm_precision!r}: the torch twin runs "
+                         f"{' | '.join(TORCH_GEMM_PRECISIONS)} (fp8: torchao's tensorwise "
+                         f"dynamic scaling)")
     cfg = config(name, dims, seq_len=seq_len, n_layers=layers, remat=remat,
-                 attention=attention)
+                 attention=attention, gemm_precision=gemm_precision)
     tokens = torch.empty(batch_per_replica, cfg.seq_len, dtype=torch.long, device="meta")
     def par(model, mesh):
         return parallelize(model, mesh, sequence_parallel, reshard_after_forward)
 
-    return TorchStep(lambda: Decoder(cfg, attention_dropout), (tokens,), (tokens,),
-                     cross_entropy, optimizer, par, step_context,
+    return TorchStep(lambda: Decoder(cfg, attention_dropout, compiled), (tokens,),
+                     (tokens,), cross_entropy, optimizer, par, step_context,
                      on_materialize=data_parallel), cfg
