@@ -22,3 +22,16 @@ def last_uses(graph: WorkloadGraph) -> list[int]:
             for p in producers:
                 last[p] = max(last[p], loop.last)
     return last
+
+
+def reuses_operand_buffer(node) -> bool:
+    """Whether a node may write its output into an operand that dies at it. XLA's buffer
+    assignment does so for any output of an operand's size (elementwise updates,
+    dynamic-update-slice). PyTorch only in its in-place kernels, named with a trailing
+    underscore (add_, mul_, copy_, _foreach_add_; the ATen naming convention): an
+    out-of-place kernel's output is allocated while its inputs are still held, so both
+    count at once (log_softmax's backward beside the gradient it reads)."""
+    aten = node.meta.get("aten")
+    if aten is None:
+        return True
+    return str(aten).rsplit("::", 1)[-1].endswith("_")

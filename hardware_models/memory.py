@@ -21,7 +21,9 @@ Which figure decides whether the step fits (`verdict_bytes`, `verdict_source`):
   template, pipeline stages, distributed optimizer, fusion). XLA's figure is kept beside it.
 - For torch graphs (nodes with meta `aten`), PyTorch's caching allocator replayed over the
   liveness (torch_allocator.py): its peak reserved bytes, rounding and fragmentation
-  included, with the allocated bytes beside them.
+  included, with the allocated bytes beside them. In a torch graph only an in-place
+  kernel writes into a dying operand's buffer (buffers.reuses_operand_buffer); XLA may
+  for any output of that operand's size.
 scripts/memory_reconcile.py takes the showcase's XLA buffer assignment apart.
 """
 from __future__ import annotations
@@ -30,7 +32,8 @@ import re
 from dataclasses import dataclass, field
 
 from flint.graph import WorkloadGraph
-from flint.hardware_models.buffers import last_uses, leaf_bytes  # noqa: F401 (re-exported)
+from flint.hardware_models.buffers import (last_uses, leaf_bytes,  # noqa: F401 (re-exported)
+                                           reuses_operand_buffer)
 
 # What an argument is, from the path JAX records as its name: `params['w']`,
 # `opt_state.mu['w']`, `batch['tokens']`. First match wins. A LoRA step's base weights
@@ -181,8 +184,9 @@ def _liveness(graph: WorkloadGraph):
     live: dict[int, float] = {}
     for i, node in enumerate(graph.nodes):
         d = device[i]
-        live[d] = live.get(d, 0.0) + held[i] - _take_donated_buffer(i, node.inputs, leaves,
-                                                                     held, last)
+        donated = _take_donated_buffer(i, node.inputs, leaves, held, last) \
+            if reuses_operand_buffer(node) else 0.0
+        live[d] = live.get(d, 0.0) + held[i] - donated
         yield i, d, live[d] + float(node.meta.get("transient_bytes", 0.0))
         for j in frees[i]:
             live[device[j]] -= held[j]

@@ -123,8 +123,10 @@ class CachingAllocator:
 def replay(graph) -> CachingAllocator:
     """The caching allocator after serving `graph`'s
     buffers: its arguments for the whole step, each node's outputs from the node until
-    its last consumer, on the stream the producing node runs on."""
-    from flint.hardware_models.buffers import last_uses, leaf_bytes
+    its last consumer, on the stream the producing node runs on; an in-place kernel
+    (buffers.reuses_operand_buffer) writes into an operand of its output's size that dies
+    at it, and that block lives on as its output instead of a new one."""
+    from flint.hardware_models.buffers import last_uses, leaf_bytes, reuses_operand_buffer
     from flint.hardware_models.schedule import stream_of
 
     alloc = CachingAllocator()
@@ -134,9 +136,31 @@ def replay(graph) -> CachingAllocator:
     last = last_uses(graph)
     streams = [stream_of(n) for n in graph.nodes]
     frees: dict[int, list] = {}
+    owned: dict[int, list] = {}         # node -> its outputs' (bytes, block handle)
     for i, node in enumerate(graph.nodes):
-        handles = [alloc.malloc(b, streams[i]) for b in leaf_bytes(node.outputs) if b]
-        frees.setdefault(last[i], []).extend(handles)
+        sizes = [b for b in leaf_bytes(node.outputs) if b]
+        taken = _taken_over(i, node, sizes, owned, last) \
+            if len(sizes) == 1 and node.meta.get("aten") and reuses_operand_buffer(node) \
+            else None
+        if taken is not None:
+            frees[i].remove(taken[1])
+            mine = [taken]
+        else:
+            mine = [(b, alloc.malloc(b, streams[i])) for b in sizes]
+        owned[i] = mine
+        frees.setdefault(last[i], []).extend(h for _, h in mine)
         for h in frees.pop(i, ()):
             alloc.free(h)
     return alloc
+
+
+def _taken_over(i: int, node, sizes: list, owned: dict, last: list):
+    """The (bytes, handle) of an operand block an in-place kernel writes into: one of its
+    output's size whose owner dies at this node; None when there is none."""
+    for j in node.inputs:
+        if last[j] != i:
+            continue
+        for k, (b, handle) in enumerate(owned.get(j, ())):
+            if b == sizes[0]:
+                return owned[j].pop(k)
+    return None

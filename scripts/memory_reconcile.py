@@ -158,8 +158,8 @@ def render(report: dict) -> None:
             t.add_column(col, justify="right" if col == "GiB" else "left")
         t.add_row("live tensors (Flint liveness)", f"{tr['live'] / GIB:.2f}", "")
         t.add_row("allocated blocks", f"{tr['allocated'] / GIB:.2f}",
-                  f"{(tr['allocated'] - tr['live']) / GIB:+.2f}: 512 B / 2 MiB rounding; no "
-                  f"output written into a dying operand's block")
+                  f"{(tr['allocated'] - tr['live']) / GIB:+.2f}: 512 B / 2 MiB rounding (an "
+                  f"out-of-place kernel's output beside its dying inputs in both)")
         t.add_row("segments holding live blocks (verdict)", f"{tr['needed'] / GIB:.2f}",
                   f"{(tr['needed'] - tr['allocated']) / GIB:+.2f}: free pieces of those segments")
         t.add_row("reserved, cache never released", f"{tr['reserved'] / GIB:.2f}",

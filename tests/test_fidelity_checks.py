@@ -156,6 +156,36 @@ def test_caching_allocator_rounds_splits_and_coalesces():
     assert a.allocated == 0 and a.needed == 0 and a.peak_needed == (22 << 20)
 
 
+def test_torch_buffers_follow_out_of_place_and_in_place_kernels():
+    """PyTorch allocates an out-of-place kernel's output while its inputs are still held
+    (no XLA-style reuse of a dying operand's buffer); an in-place kernel (add_) writes
+    into its operand, in Flint's liveness and in the caching-allocator replay alike."""
+    from flint.cluster import Cluster
+    from flint.graph import Node, NodeKind, WorkloadGraph
+    from flint.hardware_models.memory import estimate_memory, live_bytes_by_node
+    from flint.hardware_models.torch_allocator import replay
+
+    mib = "f32[4194304]"                      # 16 MiB: large blocks, own segments
+    def node(i, op, inputs):
+        return Node(i, f"n{i}", NodeKind.COMPUTE, op, "elementwise", inputs=inputs,
+                    outputs=[mib], meta={"aten": f"aten::{op}"})
+
+    nodes = [node(0, "exp", []), node(1, "mul", [0]), node(2, "add_", [1]),
+             node(3, "sum", [2])]
+    graph = WorkloadGraph(Cluster(1, (("data", 1),), "h100-sxm", "gpu"), nodes, [],
+                          meta={"arguments": [], "output_bytes": 0})
+    live = live_bytes_by_node(graph)
+    block = 16 << 20
+    # mul's output beside its dying input; add_ writes into mul's; sum reads it
+    assert live == [block, 2 * block, block, 2 * block]
+    alloc = replay(graph)
+    assert alloc.peak_allocated == 2 * block == estimate_memory(graph).peak_bytes
+    xla = WorkloadGraph(graph.cluster, [Node(n.id, n.name, n.kind, n.op, n.op_class,
+                                             inputs=n.inputs, outputs=n.outputs)
+                                        for n in nodes], [], meta=graph.meta)
+    assert live_bytes_by_node(xla) == [block] * 4      # XLA reuses each dying operand
+
+
 @pytest.mark.skipif(not TABLE.is_file(), reason="../shared/tables absent")
 def test_bigscience_measured_its_blocking_launches_and_only_its_rows_block():
     """compare_launch_blocking pairs the hang-debug rows whose asynchronous run finished;
