@@ -104,7 +104,9 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
             "pass over each tensor (Transformer Engine DelayedScaling)"
             if run.fp8_recipe == "delayed" else
             "current: per-tensor scales from each tensor's own amax, a pass over it before "
-            "its cast (Transformer Engine Float8CurrentScaling)")
+            "its cast (" + ("torchao Float8Linear, tensorwise dynamic scaling; the LM head "
+                            "in bf16" if run.framework.startswith("torch") else
+                            "Transformer Engine Float8CurrentScaling") + ")")
     if run.precision in ("fp8", "mxfp8"):
         out["fp8_weight_casts"] = (
             "once per step, in the first micro-batch, reused by the others (Transformer "

@@ -183,7 +183,7 @@ class _Lowerer:
 
     def _deps(self, n) -> list[int]:
         out: set[int] = set()
-        for a in _fx_args(n):
+        for a in _read_args(n):
             out.update(self.stands_for.get(a, []))
             for t in ac.tensors(a.meta.get("val")):
                 key = _storage(t)
@@ -358,6 +358,19 @@ def _scalar_only(n) -> bool:
     values = [a.meta.get("val") for a in _fx_args(n)] + [n.meta.get("val")]
     ts = [t for v in values for t in ac.tensors(v)]
     return bool(ts) and all(t.dim() == 0 for t in ts)
+
+
+def _read_args(n) -> list:
+    """The fx nodes `n` reads: its arguments less the buffers an out= variant only writes
+    (`out=`: FSDP2's split_with_sizes_copy refilling the unsharded parameters). What was
+    in those buffers before is overwritten, not read, so the node that wrote it last is
+    neither waited for nor kept alive by the write (FSDP2 frees the parameters after the
+    forward and gathers them again for the backward)."""
+    written = n.kwargs.get("out")
+    if written is None or not getattr(n.target, "_schema", None):
+        return _fx_args(n)
+    skip = {id(a) for a in _flat(written) if isinstance(a, torch.fx.Node)}
+    return [a for a in _fx_args(n) if id(a) not in skip]
 
 
 def _fx_args(n) -> list:

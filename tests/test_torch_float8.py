@@ -111,6 +111,7 @@ def test_fp8_gemms_are_priced_at_the_fp8_rate():
     fp8 = predict(TrainingRun(**base, precision="fp8"))
     assert fp8.by_class_s["gemm"] < bf16.by_class_s["gemm"]
     assert fp8.by_class_s["reduction"] > bf16.by_class_s["reduction"]     # the amaxes
+    assert "torchao Float8Linear" in fp8.facts["fp8_scaling"]
 
 
 def test_cli_extracts_the_torch_twin_with_fp8_linears(tmp_path):

@@ -208,3 +208,18 @@ def test_fsdp2_prefetches_all_gathers_on_their_own_stream(llama_4096):
         compute_during += any(st == "compute" and a < f and b > s
                               for st, a, b in zip(tl.stream, tl.start, tl.finish))
     assert compute_during >= len(gathers) - 2   # all but the first ones overlap compute
+
+
+def test_fsdp2_forward_parameter_copy_out_dies_in_the_forward():
+    """FSDP2 frees a block's gathered parameters after its forward and gathers them again
+    for the backward (its copy-out writes them with out=): the forward copy-out is not
+    kept alive by the backward's overwrite, also when selective checkpointing recomputes
+    matmuls in the backward."""
+    g = ft.zoo("tiny", 4, {"fsdp": 4}, remat="selective", fuse=False)
+    users = g.users
+    copies = [n for n in g.nodes if n.op == "split_with_sizes_copy"
+              and n.meta.get("phase") == "forward" and n.meta.get("scope")]
+    layer_copies = [n for n in copies if "Decoder" in n.meta["scope"]]
+    assert layer_copies
+    for n in layer_copies:
+        assert all(g.nodes[u].meta.get("phase") == "forward" for u in users[n.id])
