@@ -276,6 +276,8 @@ def test_documented_pytorch_check_on_the_repo_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "published 7a torchtitan x PyTorch FSDP/DDP x A100" in out
     assert "published 7b llm-foundry x PyTorch FSDP/DDP x H100" in out
+    assert "published 7c torchtitan eager x PyTorch FSDP/DDP x H100" in out
+    assert "x PyTorch FSDP + torch.compile x H100" in out          # 7d, Float8 rows
     assert "Narayanan" not in out
 
 
