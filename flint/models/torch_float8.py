@@ -72,7 +72,7 @@ class _Float8Matmul(torch.autograd.Function):
 class Float8Linear(nn.Linear):
     """nn.Linear whose GEMMs run in FP8 with tensorwise dynamic scaling (no bias: the
     twin's linears have none, as Llama's). `shared_casts`, a dict the linears of one
-    block hold in common, keeps the last input's FP8 cast for the next linear that reads
+    module hold in common, keeps the last input's FP8 cast for the next linear that reads
     the same tensor (Q, K and V; gate and up): torch.compile computes it once, because
     AOTAutograd merges identical ops on the same input (functorch config `cse`, on by
     default); eager PyTorch casts it in each linear (None)."""
@@ -115,12 +115,10 @@ def convert_linears(model: nn.Module, skip: tuple[str, ...] = ("lm_head",),
     cast an input they all read once, as torch.compile runs them); returns how many were
     swapped."""
     swapped = 0
-    for name, module in list(model.named_modules()):
+    for module in list(model.modules()):
         shared: dict = {}
         for child_name, child in list(module.named_children()):
-            full = f"{name}.{child_name}" if name else child_name
-            if type(child) is nn.Linear and child.bias is None and \
-                    full.split(".")[-1] not in skip:
+            if type(child) is nn.Linear and child.bias is None and child_name not in skip:
                 child.__class__ = Float8Linear     # same parameters and hooks
                 if share_casts:
                     child.shared_casts = shared
