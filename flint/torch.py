@@ -53,7 +53,8 @@ def zoo(name: str, world_size: int, mesh=None, *, batch_per_replica: int = 1,
     fp8 (the blocks' linears as torchao's Float8Linear, tensorwise dynamic scaling)."""
     from flint.frontends.program_checks import warn_config_sequence
     from flint.models.decoder import model_flops
-    from flint.models.torch_decoder import TP_AXES, zoo_step
+    from flint.models.torch_decoder import zoo_step
+    from flint.models.torch_parallel import TP_AXES
 
     warn_config_sequence(name, seq_len, dims)
     step, cfg = zoo_step(name, batch_per_replica, seq_len, layers,

@@ -18,7 +18,7 @@ import warnings
 LARGE_REPLICATED_BYTES = 1 << 30
 # Mesh axes that split the batch in Flint's naming and in common user code.
 DATA_AXES = ("data", "fsdp", "batch", "dp", "ddp", "replica", "dcn")
-# Mesh dimensions that split the model, not the batch (flint.models.torch_decoder.TP_AXES,
+# Mesh dimensions that split the model, not the batch (flint.models.torch_parallel.TP_AXES,
 # torchtitan's tp/cp/ep)
 NOT_DATA_DIMS = ("tp", "model", "tensor", "sp", "cp", "context", "ep", "expert")
 # Path components that name a batch: the argument itself or a key inside it.
