@@ -81,9 +81,10 @@ def check_options(request) -> None:
                              "unfused)")
         precision = request.gemm_precision
         if precision is not None and precision not in TORCH_GEMM_PRECISIONS:
-            raise FlintError(f"--gemm-precision {precision}: the torch twin runs bf16 GEMMs "
-                             f"under autocast only; FP8 recipes are in the JAX zoo "
-                             f"(--framework jax)")
+            raise FlintError(f"--gemm-precision {precision}: the torch twin runs "
+                             f"{' | '.join(TORCH_GEMM_PRECISIONS)} GEMMs (fp8: torchao's "
+                             f"tensorwise dynamic scaling); other FP8 recipes are in the JAX "
+                             f"zoo (--framework jax)")
         if request.lora:
             raise FlintError("--lora-rank: LoRA adapters are in the JAX twin (--framework "
                              "jax); the torch twin trains every weight")
