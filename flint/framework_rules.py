@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from flint.run import TrainingRun
 
+# the precisions whose GEMM operands Transformer Engine quantizes from bf16 tensors
+QUANTIZED = ("fp8", "mxfp8", "nvfp4")
+
 
 def gathers_held_for_step(run: TrainingRun) -> bool:
     """FSDP under a pipeline schedule gathers each layer's parameters once per step and
@@ -18,15 +21,15 @@ def weight_casts_held_for_step(run: TrainingRun) -> bool:
     """Megatron-Core with Transformer Engine casts each weight to FP8 once per step, in
     the first micro-batch, and reuses it in the others (passes.layer_template cast_once);
     FSDP (zero 3) gathers its weights anew, XLA and PyTorch cast where their programs do."""
-    return (run.framework == "megatron" and run.precision in ("fp8", "mxfp8")
-            and run.zero != 3)
+    return (run.framework == "megatron" and run.precision in QUANTIZED and run.zero != 3)
 
 
 def amax_local_to_tp(run: TrainingRun) -> bool:
     """Transformer Engine scales an FP8 tensor from its own shard's amax, reduced over the
     tensor-parallel group at most (passes.amax_scope); the extracted step reduces it over
-    every axis the tensor is sharded on."""
-    return run.framework == "megatron" and run.precision in ("fp8", "mxfp8")
+    every axis the tensor is sharded on. NVFP4's tensor scale (its second level) comes
+    from the same quantizers (NVFP4Quantizer's with_amax_reduction)."""
+    return run.framework == "megatron" and run.precision in QUANTIZED
 
 
 def parameter_gather(run: TrainingRun) -> str:

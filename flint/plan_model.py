@@ -146,8 +146,9 @@ class Machine:
 
         self.spec = spec
         self.rate = {"bf16": spec.peak("bf16") * figure(spec, "gemm_fraction")}
-        if "fp8" in spec.peak_flops:
-            self.rate["fp8"] = spec.peak("fp8") * figure(spec, "gemm_fraction")
+        for dtype in ("fp8", "fp4"):
+            if dtype in spec.peak_flops:
+                self.rate[dtype] = spec.peak(dtype) * figure(spec, "gemm_fraction")
         self.attention = attention_rate(spec, spec.peak("bf16"), native=True)[0]
         self.hbm = spec.hbm_bandwidth * figure(spec, "hbm_fraction")
         self.kernel_floor = figure(spec, "kernel_floor")
@@ -160,7 +161,7 @@ class Machine:
         self._links: dict = {}
 
     def gemm_rate(self, precision: str) -> float:
-        return self.rate["bf16" if precision == "bf16" else "fp8"]
+        return self.rate[{"bf16": "bf16", "nvfp4": "fp4"}.get(precision, "fp8")]
 
     def link(self, size: int, stride: int) -> tuple[float, float, bool]:
         """(bus bandwidth B/s per rank, per-step latency s, crosses the network) of a

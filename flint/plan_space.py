@@ -203,6 +203,9 @@ def _check_request(request: PlanRequest, cfg, spec) -> None:
     if bad:
         raise FlintError(f"precision: {bad[0]} GEMMs need FP8 tensor cores; {spec.name} "
                          f"lists none")
+    if "nvfp4" in request.precision and "fp4" not in spec.peak_flops:
+        raise FlintError(f"precision: nvfp4 GEMMs need FP4 tensor cores (Blackwell); "
+                         f"{spec.name} lists none")
     for name in ("ep",):
         values = getattr(request, name)
         if values and any(v > 1 for v in values) and not cfg.n_experts:

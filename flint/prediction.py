@@ -107,7 +107,13 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
             "its cast (" + ("torchao Float8Linear, tensorwise dynamic scaling; the LM head "
                             "in bf16" if run.framework.startswith("torch") else
                             "Transformer Engine Float8CurrentScaling") + ")")
-    if run.precision in ("fp8", "mxfp8"):
+    if run.precision == "nvfp4":
+        out["fp4_scaling"] = (
+            "Transformer Engine NVFP4BlockScaling: E2M1 elements, an E4M3 scale per 16 "
+            "(weights: per 16 x 16), an FP32 scale per tensor from its amax; all three GEMMs "
+            "at the FP4 tensor rate; the weight gradient's operands Hadamard-transformed "
+            "inside their cast; parameters gathered in bf16")
+    if run.precision in ("fp8", "mxfp8", "nvfp4"):
         out["fp8_weight_casts"] = (
             "once per step, in the first micro-batch, reused by the others (Transformer "
             "Engine's cached FP8 weights: Megatron-Core's is_first_microbatch)"

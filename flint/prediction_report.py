@@ -63,8 +63,10 @@ def render_prediction(p: dict, console: Console) -> None:
     t.add_row("MFU / HFU", f"{_pct(p['mfu'])} / {_pct(p['hfu'])}")
     if run["precision"] != "bf16":
         # the convention of the published tables: model flops over the dense BF16 peak
-        t.add_row("  MFU / HFU basis", "the dense BF16 peak; FP8 GEMMs run at up to twice "
-                  "it, so a share above 100% is possible")
+        faster = ("FP4 GEMMs at up to four (Blackwell Ultra: six) times it"
+                  if run["precision"] == "nvfp4" else "FP8 GEMMs at up to twice it")
+        t.add_row("  MFU / HFU basis", f"the dense BF16 peak; {faster}, so a share above "
+                  f"100% is possible")
     if run.get("lora_rank"):
         # a LoRA step never forms the frozen weights' gradients (flint.models.lora)
         t.add_row("  LoRA model flops", "4 per frozen weight and token (forward, input "
@@ -127,6 +129,8 @@ def render_prediction(p: dict, console: Console) -> None:
         t.add_row("FP8 scaling", facts["fp8_scaling"])
     if facts.get("fp8_amax"):
         t.add_row("FP8 amax", facts["fp8_amax"])
+    if facts.get("fp4_scaling"):
+        t.add_row("NVFP4 scaling", facts["fp4_scaling"])
     if facts.get("fp8_weight_casts"):
         t.add_row("FP8 weight casts", facts["fp8_weight_casts"])
     if facts.get("recompute"):

@@ -264,6 +264,9 @@ def _hardware(run) -> None:
     if run.precision != "bf16" and "fp8" not in spec.peak_flops:
         raise FlintError(f"precision: {run.precision} GEMMs need FP8 tensor cores; "
                          f"{spec.name} lists none")
+    if run.precision == "nvfp4" and "fp4" not in spec.peak_flops:
+        raise FlintError(f"precision: nvfp4 GEMMs need FP4 tensor cores (Blackwell); "
+                         f"{spec.name} lists none")
 
 
 def _lora(run, cfg) -> None:

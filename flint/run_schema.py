@@ -23,7 +23,7 @@ from flint.schema import Bool, Number, PositiveInt, Str, Strict, did_you_mean
 
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
 SPLITS = ("time", "layers")
-PRECISIONS = ("bf16", "fp8", "mxfp8")
+PRECISIONS = ("bf16", "fp8", "mxfp8", "nvfp4")
 FP8_RECIPES = ("current", "delayed")
 ZERO_STAGES = (0, 1, 2, 3)
 DISPATCHERS = ("alltoall", "deepep")

@@ -103,7 +103,9 @@ class HardwareSpec:
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for an HLO dtype (bf16 GEMMs use bf16 tensor peak; f32 GEMMs TF32)."""
         key = {"bf16": "bf16", "f16": "fp16", "f32": "fp32", "f64": "fp64", "s8": "int8",
-               "u8": "int8", "tf32": "tf32"}.get(dtype, "fp8" if dtype.startswith("f8") else dtype)
+               "u8": "int8", "tf32": "tf32"}.get(
+                   dtype, "fp8" if dtype.startswith("f8") else
+                   "fp4" if dtype.startswith("f4") else dtype)
         # a GPU without TF32 (Volta) runs f32 GEMMs on its FP32 units, not its 16-bit
         # tensor cores; other missing dtypes take the 16-bit rate (fp8 upcast on Ampere,
         # bf16 as fp16 where there are no BF16 tensor cores, f32 on a TPU's bf16 passes)

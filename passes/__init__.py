@@ -37,6 +37,7 @@ def registry() -> dict[str, type]:
     from flint.passes.fuse import FusePointwise
     from flint.passes.kernel_population import KernelPopulation
     from flint.passes.layer_template import LayerTemplate
+    from flint.passes.nvfp4_storage import Nvfp4Storage
     from flint.passes.pipeline import PipelineParallel
     from flint.passes.place import Place
     from flint.passes.rescale import Rescale
@@ -46,8 +47,9 @@ def registry() -> dict[str, type]:
 
     return {cls.name: cls for cls in (AmaxScope, Anonymize, CollapseAttention,
                                       DistributedOptimizer, ExpandLoops, FusePointwise,
-                                      KernelPopulation, LayerTemplate, PipelineParallel, Place,
-                                      Rescale, ScorePath, TpCommOverlap, TpGradOverlap)}
+                                      KernelPopulation, LayerTemplate, Nvfp4Storage,
+                                      PipelineParallel, Place, Rescale, ScorePath,
+                                      TpCommOverlap, TpGradOverlap)}
 
 
 _ITEM = re.compile(r"\s*([\w\-]+)\s*(?:\{([^}]*)\})?\s*(?:,|$)")

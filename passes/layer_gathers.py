@@ -32,7 +32,7 @@ from flint.graph import Collective, Node, NodeKind, WorkloadGraph
 from flint.hlo.shapes import parse_shape
 
 _INTEGER_PREFIXES = ("s8[", "s16[", "s32[", "s64[", "u8[", "u16[", "u32[", "u64[")
-_FP8_PREFIXES = ("f8",)
+_FP8_PREFIXES = ("f8", "f4")    # FP8 casts, and NVFP4 ones (passes.nvfp4_storage)
 
 
 def microbatch_reach(graph: WorkloadGraph) -> list[bool]:
@@ -46,7 +46,7 @@ def microbatch_reach(graph: WorkloadGraph) -> list[bool]:
 
 
 def weight_casts(graph: WorkloadGraph, tasks: list[str]) -> list[int]:
-    """Ids of F/B compute nodes that cast weights to FP8 (every output FP8, no input array
+    """Ids of F/B compute nodes that cast weights to FP8 or FP4 (every output so, no input array
     that micro-batch data reaches), and of the parameter-only nodes that feed only them
     (the pieces of their scales). A scalar an input carries from micro-batch data does not
     count: XLA fuses a weight's scale with an activation's into one multi-output fusion,

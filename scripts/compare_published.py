@@ -26,7 +26,8 @@ Assumptions (the same for every row, never chosen per row):
   Megatron's GPT (LayerNorm, GeLU 4h MLP, learned positions, vocab 51200) where silent.
 - Precision: BF16, and FP16 (the same dense tensor rate on A100 and H100) -> bf16 GEMMs;
   FP8, FP8-CS, FP8 hybrid -> per-tensor-scaled FP8 GEMMs (forward E4M3, output gradient E5M2); MXFP8 / FP8-MX -> 1x32 block-scaled FP8 GEMMs,
-  at the FP8 tensor rate. Attention runs as a bf16 flash kernel in every row.
+  at the FP8 tensor rate; NVFP4 -> Transformer Engine's NVFP4BlockScaling (E2M1 with
+  16-element E4M3 block scales, all three GEMMs at the FP4 tensor rate). Attention runs as a bf16 flash kernel in every row.
 - Activation recompute: Megatron-family rows use "selective" (recompute the attention
   core only, Megatron's documented default with flash attention, which stores no S x S
   activations); rows that state "full" use full layer recompute.

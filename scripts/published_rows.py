@@ -68,7 +68,7 @@ def system_spec(system: str) -> str:
 # FP16 (mixed precision with loss scaling, the A100-era default) runs its GEMMs at the
 # BF16 tensor rate: the A100 and H100 datasheets list the same dense FP16 and BF16 figure
 PRECISION = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "fp8-cs": "fp8", "mxfp8": "mxfp8",
-             "fp8-mx": "mxfp8",
+             "fp8-mx": "mxfp8", "nvfp4": "nvfp4",
              # mixed-precision names of training frameworks (Composer's amp_*, Lightning's
              # *-mixed, dtype names): the GEMMs run in the half type
              "amp_bf16": "bf16", "bf16-mixed": "bf16", "bfloat16": "bf16",
@@ -170,8 +170,6 @@ def _not_rebuildable(section: str, r: dict, name: str) -> str:
     if section == "5":
         return "no per-step configuration (batch ramp, pods, parallel blocks) is published"
     prec = str(r.get("precision", "")).lower()
-    if "fp4" in prec:
-        return "NVFP4 GEMMs are not modelled"
     if prec.startswith("n/s"):
         return "precision not stated"
     hw = str(r.get("system") or r.get("tpu") or r.get("hw") or "").lower()

@@ -37,7 +37,7 @@ def extract(
                                            "| relu | relu2"),
     dims_pos: Optional[str] = typer.Option(None, "--positional", help="model: rope | learned"),
     gemm_precision: Optional[str] = typer.Option(None, help="zoo: GEMM operands bf16 | fp8 "
-                                                 "| fp8-delayed | mxfp8"),
+                                                 "| fp8-delayed | mxfp8 | nvfp4"),
     attention: Optional[str] = typer.Option(
         None, help="zoo: attention core flash | unfused (S x S scores through memory) | "
                    "unfused-half (those in the compute dtype, as Megatron); the torch twin's "

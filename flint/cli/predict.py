@@ -62,7 +62,7 @@ def predict(
     recompute_layers: Optional[int] = typer.Option(
         None, help="remat full: recompute only this many layers of each pipeline chunk "
                    "(Megatron's block method; default: all)"),
-    precision: Optional[str] = typer.Option(None, help="GEMM precision: bf16 | fp8 | mxfp8"),
+    precision: Optional[str] = typer.Option(None, help="GEMM precision: bf16 | fp8 | mxfp8 | nvfp4"),
     fp8_recipe: Optional[str] = typer.Option(
         None, help="precision fp8: per-tensor scaling from the tensor's current amax (default; "
                    "Transformer Engine's Float8CurrentScaling) | delayed (its DelayedScaling, "

@@ -155,6 +155,10 @@ def extract(request: ExtractRequest, stage: Callable[[str], None] | None = None,
     record_training(graph)
     if names_sdpa_kernel(request):
         graph = with_attention_kernel(graph, request.attention)
+    if request.gemm_precision == "nvfp4":   # the zoo twin's E2M1 containers, as stored
+        from flint.passes.nvfp4_storage import Nvfp4Storage
+
+        graph = Nvfp4Storage().run(graph)
     if after_pass is not None:
         after_pass(None, graph)
     graph = run_pipeline(graph, parse_pipeline(request.passes), callback=after_pass)

@@ -36,7 +36,9 @@ def megatron_layer_bytes(cfg, run) -> float:
     b, h, t = run.micro_batch, cfg.d_model, run.tp
     seq_shard = t if run.sp else 1           # sequence-parallel tensors
     act = 2.0                                # bf16 activations
-    gemm_in = 1.0 if run.precision in ("fp8", "mxfp8") else act
+    # a quantized GEMM input is kept as its cast: FP8 one byte; NVFP4 half a byte and its
+    # E4M3 block scale per 16 elements (the column-wise cast the weight gradient reads)
+    gemm_in = {"fp8": 1.0, "mxfp8": 1.0, "nvfp4": 0.5 + 1 / 16}.get(run.precision, act)
     residual = act * s * b * h / seq_shard
     if run.remat == "full":
         return residual                      # the layer's input only

@@ -1,6 +1,6 @@
 """Building blocks the zoo decoders share (dense and mixture-of-experts): RMS/LayerNorm,
 rotary embeddings, and GEMMs in the configured precision (bf16, FP8 with per-tensor current
-scaling, MXFP8 1x32 blocks)."""
+scaling, MXFP8 1x32 blocks, NVFP4: flint.models.nvfp4)."""
 from __future__ import annotations
 
 from functools import partial
@@ -36,13 +36,18 @@ def matmul(x, w, cfg):
     steps' amax history (Transformer Engine's DelayedScaling), so the cast is the only pass
     over the tensor (it records the amax as it goes, for later steps); mxfp8:
     one scale per 1x32 block of the contraction dim (OCP MX spec), whose GEMM runs at the
-    FP8 tensor rate on Blackwell."""
+    FP8 tensor rate on Blackwell; nvfp4: E2M1 with 16-element E4M3 block scales, all three
+    GEMMs at the FP4 tensor rate (flint.models.nvfp4)."""
     cd = x.dtype
     if w.dtype == jnp.float8_e4m3fn:    # an FP8 parameter: read as it is, never cast
         return _fp8_param_matmul(x, w, cfg.gemm_precision)
     w = w.astype(cd)
     if cfg.gemm_precision == "bf16":
         return jnp.matmul(x, w)
+    if cfg.gemm_precision == "nvfp4":
+        from flint.models.nvfp4 import nvfp4_matmul
+
+        return nvfp4_matmul(x, w)
     return _fp8_matmul(x, w, cfg.gemm_precision)
 
 
