@@ -105,8 +105,8 @@ class TrainingRun:
     # TP all-gathers / reduce-scatters pipelined in chunks with their GEMMs
     # (passes.tp_comm_overlap; Megatron-Core --tp-comm-overlap). None: the framework's
     # default, on for megatron with tp > 1 and sequence parallelism (the NeMo /
-    # Megatron-Bridge performance recipes enable it), off otherwise (XLA's collective
-    # matmul and PyTorch's AsyncTP are opt-in)
+    # Megatron-Bridge performance recipes enable it; not for NVFP4, which they run
+    # without it), off otherwise (XLA's collective matmul and PyTorch's AsyncTP are opt-in)
     tp_comm_overlap: Optional[bool] = None
     # the backward's TP reduction of each column-parallel linear's input gradient runs
     # while that linear's weight-gradient GEMM computes (passes.tp_grad_overlap; Megatron's
@@ -309,8 +309,12 @@ class TrainingRun:
                else "blocking" if self.framework == "megatron" and one_f_one_b
                else "posted-ahead")
         return {"sp": self.tp > 1,
+                # Megatron-Bridge's performance recipes turn it off for NVFP4 on every
+                # Blackwell GPU (scripts/performance/configs/llama/llama3_llm_pretrain.py
+                # and llama31_llm_pretrain.py: `tp_comm_overlap = False if precision ==
+                # "nvfp4"`): its TP all-gathers then run whole, before their GEMMs
                 "tp_comm_overlap": self.framework == "megatron" and self.tp > 1
-                and bool(self.sp) and not blocking,
+                and bool(self.sp) and not blocking and self.precision != "nvfp4",
                 "tp_grad_overlap": self.framework == "megatron" and self.tp > 1
                 and not blocking,
                 "schedule": schedule,

@@ -142,3 +142,16 @@ def test_plan_refuses_nvfp4_without_fp4_tensor_cores_and_prices_it_on_blackwell(
     model = Machine(load_spec("gb300-nvl72"))
     assert model.gemm_rate("nvfp4") == 3 * model.gemm_rate("fp8")
 
+
+def test_megatron_nvfp4_runs_tp_communication_whole_unless_told():
+    """Megatron-Bridge's performance recipes turn TP communication overlap off for NVFP4
+    (`tp_comm_overlap = False if precision == "nvfp4"`): the run's default follows; an
+    explicit setting stays; other precisions keep it on."""
+    from flint.run import TrainingRun
+
+    base = dict(model="llama3-70b", seq_len=8192, devices=64, tp=4, pp=2, global_batch=64,
+                hardware="gb200-nvl72")
+    assert TrainingRun(**base, precision="mxfp8").tp_comm_overlap
+    assert not TrainingRun(**base, precision="nvfp4").tp_comm_overlap
+    assert TrainingRun(**base, precision="nvfp4", tp_comm_overlap=True).tp_comm_overlap
+    assert TrainingRun(**base, precision="nvfp4").replace(precision="fp8").tp_comm_overlap
