@@ -25,7 +25,27 @@ def _sibling_key(label: str):
     return (m.group(1), m.group(2)) if m else None
 
 
-def _layout(case) -> str:
+def rebuildable(cases) -> dict:
+    """{(the row's label past its number and before its precision, precision): case} of the
+    rebuildable NVFP4 and MXFP8 rows."""
+    out = {}
+    for case in cases:
+        key = _sibling_key(case.label)
+        if key and not case.reason:
+            out[key] = case
+    return out
+
+
+def nvfp4_pairs(cases) -> list[tuple]:
+    """(NVFP4 row, its MXFP8 sibling) for each NVFP4 row with one: the same release,
+    model, system and GPU count (their layouts may differ: `layout`)."""
+    rows = rebuildable(cases)
+    return [(fp4, rows[(name, "MXFP8")]) for (name, prec), fp4 in sorted(rows.items())
+            if prec == "NVFP4" and (name, "MXFP8") in rows]
+
+
+def layout(case) -> str:
+    """tp/pp/vp/micro-batch as the row states them."""
     f = case.fields
     return "/".join(str(f.get(k, 1)) for k in ("tp", "pp", "vp", "micro_batch"))
 
@@ -39,11 +59,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", default="build/fidelity", help="stage-program cache directory")
     args = ap.parse_args(argv)
     runner = Runner(Path(args.cache), quiet=True)
-    cases = {}
-    for case in load_cases("published"):
-        key = _sibling_key(case.label)
-        if key and not case.reason:
-            cases[key] = case
+    published = load_cases("published")
+    cases = rebuildable(published)
 
     def step(case, **changes) -> float:
         run, why = runner.build(case, applicable(case))
@@ -55,13 +72,10 @@ def main(argv=None) -> int:
     print("NVFP4 over MXFP8, same release, model, system and GPUs (step ratio MXFP8 / NVFP4; "
           "layout: tp/pp/vp/micro-batch, MXFP8's where it differs)")
     print(f"{'row':58s} {'measured':>9s} {'Flint':>7s}  layout")
-    for (name, prec), fp4 in sorted(cases.items()):
-        mx = cases.get((name, "MXFP8"))
-        if prec != "NVFP4" or mx is None:
-            continue
+    for fp4, mx in nvfp4_pairs(published):
         measured = mx.published_step_s / fp4.published_step_s
-        layout = _layout(fp4) + ("" if _layout(mx) == _layout(fp4) else f" (MXFP8 {_layout(mx)})")
-        print(f"{fp4.label[:58]:58s} {measured:8.2f}x {step(mx) / step(fp4):6.2f}x  {layout}")
+        shape = layout(fp4) + ("" if layout(mx) == layout(fp4) else f" (MXFP8 {layout(mx)})")
+        print(f"{fp4.label[:58]:58s} {measured:8.2f}x {step(mx) / step(fp4):6.2f}x  {shape}")
 
     print("\nNVFP4 rows with TP > 1: step error with TP communication overlap off (the "
           "recipes' choice, the default) and on")

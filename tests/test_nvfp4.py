@@ -155,3 +155,22 @@ def test_megatron_nvfp4_runs_tp_communication_whole_unless_told():
     assert not TrainingRun(**base, precision="nvfp4").tp_comm_overlap
     assert TrainingRun(**base, precision="nvfp4", tp_comm_overlap=True).tp_comm_overlap
     assert TrainingRun(**base, precision="nvfp4").replace(precision="fp8").tp_comm_overlap
+
+
+def test_fidelity_nvfp4_pairs_each_nvfp4_row_with_its_mxfp8_sibling():
+    """scripts/fidelity_nvfp4.py (README) sets an NVFP4 row beside the MXFP8 row of the
+    same release, model, system and GPU count, and says where their layouts differ."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from fidelity import load_cases
+    from fidelity_nvfp4 import layout, nvfp4_pairs
+
+    pairs = {fp4.label.split()[0]: (fp4, mx) for fp4, mx in nvfp4_pairs(load_cases("published"))}
+    fp4, mx = pairs["1a#79"]
+    assert mx.label.startswith("1a#78 ") and "MXFP8" in mx.label
+    assert layout(fp4) == layout(mx) == "2/4/5/1"
+    fp4, mx = pairs["1a#35"]                  # 405B on GB300: NVFP4 at TP4, MXFP8 at TP2
+    assert layout(fp4) != layout(mx)
+    assert all("NVFP4" in a.label and "MXFP8" in b.label for a, b in pairs.values())
