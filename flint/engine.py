@@ -235,10 +235,6 @@ def _passes(run: TrainingRun, template):
 
     cfg = run.model_config()
     graph = ExpandLoops().run(template)
-    if run.precision == "nvfp4":
-        from flint.passes.nvfp4_storage import Nvfp4Storage
-
-        graph = Nvfp4Storage().run(graph)
     if cfg.n_experts:
         from flint.passes.moe_routing import MoeRouting
 

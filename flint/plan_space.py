@@ -199,13 +199,10 @@ def _check_request(request: PlanRequest, cfg, spec) -> None:
         raise FlintError("plan: no device count")
     if request.global_batch < 1:
         raise FlintError("plan: global batch must be at least one sequence")
-    bad = [p for p in request.precision if p != "bf16" and "fp8" not in spec.peak_flops]
-    if bad:
-        raise FlintError(f"precision: {bad[0]} GEMMs need FP8 tensor cores; {spec.name} "
-                         f"lists none")
-    if "nvfp4" in request.precision and "fp4" not in spec.peak_flops:
-        raise FlintError(f"precision: nvfp4 GEMMs need FP4 tensor cores (Blackwell); "
-                         f"{spec.name} lists none")
+    from flint.run_checks import check_precision
+
+    for precision in request.precision:
+        check_precision(precision, spec)
     for name in ("ep",):
         values = getattr(request, name)
         if values and any(v > 1 for v in values) and not cfg.n_experts:

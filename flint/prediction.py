@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flint.framework_rules import (amax_local_to_tp, parameter_gather,
+from flint.framework_rules import (QUANTIZED, amax_local_to_tp, parameter_gather,
                                    weight_casts_held_for_step)
 from flint.models import OFFLOADED_NAMES
 from flint.run import TrainingRun
@@ -113,7 +113,7 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
             "(weights: per 16 x 16), an FP32 scale per tensor from its amax; all three GEMMs "
             "at the FP4 tensor rate; the weight gradient's operands Hadamard-transformed "
             "inside their cast; parameters gathered in bf16")
-    if run.precision in ("fp8", "mxfp8", "nvfp4"):
+    if run.precision in QUANTIZED:
         out["fp8_weight_casts"] = (
             "once per step, in the first micro-batch, reused by the others (Transformer "
             "Engine's cached FP8 weights: Megatron-Core's is_first_microbatch)"

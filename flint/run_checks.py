@@ -261,10 +261,15 @@ def _hardware(run) -> None:
     if run.cuda_graphs and target.platform != "gpu":
         raise FlintError(f"cuda_graphs: {run.hardware} is not a GPU (a TPU runs the step as "
                          f"one program; leave cuda_graphs out)")
-    if run.precision != "bf16" and "fp8" not in spec.peak_flops:
-        raise FlintError(f"precision: {run.precision} GEMMs need FP8 tensor cores; "
+    check_precision(run.precision, spec)
+
+
+def check_precision(precision: str, spec) -> None:
+    """Quantized GEMMs need the GPU's tensor cores for them (runs and plans)."""
+    if precision != "bf16" and "fp8" not in spec.peak_flops:
+        raise FlintError(f"precision: {precision} GEMMs need FP8 tensor cores; "
                          f"{spec.name} lists none")
-    if run.precision == "nvfp4" and "fp4" not in spec.peak_flops:
+    if precision == "nvfp4" and "fp4" not in spec.peak_flops:
         raise FlintError(f"precision: nvfp4 GEMMs need FP4 tensor cores (Blackwell); "
                          f"{spec.name} lists none")
 

@@ -32,7 +32,7 @@ from flint.graph import Collective, Node, NodeKind, WorkloadGraph
 from flint.hlo.shapes import parse_shape
 
 _INTEGER_PREFIXES = ("s8[", "s16[", "s32[", "s64[", "u8[", "u16[", "u32[", "u64[")
-_FP8_PREFIXES = ("f8", "f4")    # FP8 casts, and NVFP4 ones (passes.nvfp4_storage)
+_QUANTIZED_PREFIXES = ("f8", "f4")    # FP8 and NVFP4 (passes.nvfp4_storage) casts
 
 
 def microbatch_reach(graph: WorkloadGraph) -> list[bool]:
@@ -65,7 +65,7 @@ def weight_casts(graph: WorkloadGraph, tasks: list[str]) -> list[int]:
 def _casts_weights(graph: WorkloadGraph, n: Node, batch: list[bool]) -> bool:
     """Whether `n` writes FP8 (every output) from arrays no micro-batch data reaches."""
     return (n.collective is None and bool(n.outputs)
-            and all(o.startswith(_FP8_PREFIXES) for o in n.outputs)
+            and all(o.startswith(_QUANTIZED_PREFIXES) for o in n.outputs)
             and not any(o.startswith(_INTEGER_PREFIXES) for o in n.operands)
             and not any(batch[i] and not all(parse_shape(o).num_elements <= 1
                                              for o in graph.nodes[i].outputs)

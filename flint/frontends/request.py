@@ -155,7 +155,9 @@ def extract(request: ExtractRequest, stage: Callable[[str], None] | None = None,
     record_training(graph)
     if names_sdpa_kernel(request):
         graph = with_attention_kernel(graph, request.attention)
-    if request.gemm_precision == "nvfp4":   # the zoo twin's E2M1 containers, as stored
+    # the zoo twin's E2M1 containers as the GPU stores them (the engine's stage programs
+    # come through here too)
+    if request.gemm_precision == "nvfp4":
         from flint.passes.nvfp4_storage import Nvfp4Storage
 
         graph = Nvfp4Storage().run(graph)

@@ -47,9 +47,7 @@ class DecoderConfig:
     compute_dtype: str = "bfloat16"
     attention: str = "flash"     # flash (fused kernel) | xla (materialized S x S scores,
     #                              fp32) | xla-half (the same in the compute dtype)
-    gemm_precision: str = "bf16"  # bf16 | fp8 (per-tensor current scaling) | fp8-delayed
-    #                               (per-tensor delayed scaling) | mxfp8 (1x32 blocks)
-    #                               | nvfp4 (E2M1, 16-element blocks: flint.models.nvfp4)
+    gemm_precision: str = "bf16"  # GEMM_PRECISIONS below (flint.models.layers.matmul)
     head_size: int = 0           # per-head dim when not d_model / heads (Qwen3: 128)
     # Mixture of experts (flint.models.moe): 0 experts = a dense decoder.
     n_experts: int = 0
@@ -105,6 +103,7 @@ ZOO = {
 #   offload-qkvo / offload-qkv: MaxText's host offload (flint.models.OFFLOADED_NAMES): the
 #   layer input and the named projections' outputs are copied to pinned host memory and
 #   back (XLA's async host DMAs), the rest (attention core, MLP) recomputed.
+# fp8 / fp8-delayed: per-tensor current / delayed scaling; mxfp8: 1x32 blocks; nvfp4: E2M1
 GEMM_PRECISIONS = ("bf16", "fp8", "fp8-delayed", "mxfp8", "nvfp4")
 
 
