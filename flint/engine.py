@@ -32,6 +32,7 @@ from flint.errors import FlintError
 from flint.prediction import Prediction, prediction_facts  # noqa: F401 (re-exported)
 from flint.framework_rules import (amax_local_to_tp, gathered_weights_freed,
                                    gathers_held_for_step, parameter_gather,
+                                   unsharded_gradient_accumulation,
                                    weight_casts_held_for_step)
 from flint.run import TrainingRun
 # the stage program's names, re-exported (callers import them from the engine)
@@ -206,7 +207,7 @@ def layered_graph(run: TrainingRun, cache) -> tuple:
            run.grad_reduce_dtype, run.overlap_grad_reduce, run.tp_comm_overlap,
            run.tp_grad_overlap,
            run.launch_blocking, run.cuda_graphs, run.xla_emitters, run.grad_accumulation,
-           gathers_held_for_step(run),
+           gathers_held_for_step(run), unsharded_gradient_accumulation(run),
            # the accumulation's first micro-batch differs, and a tied embedding's copy
            # is its own only on another stage than the embedding's
            (run.microbatches, run.pp > 1) if run.grad_accumulation != "in-gemm" else None)
@@ -290,6 +291,8 @@ def _passes(run: TrainingRun, template):
         graph = GradAccumulation(run.grad_accumulation, microbatches=run.microbatches,
                                  tied_copy=cfg.tie_embeddings and run.pp > 1,
                                  shards=run.dp if run.zero == 2 else 1,
+                                 unsharded=dict(run.mesh()).get("fsdp", 1)
+                                 if unsharded_gradient_accumulation(run) else 1,
                                  dtype="f32" if run.framework.startswith("torch")
                                  else "bf16").run(graph)
     # the whole model's flops for one micro-batch of the stage's data-parallel group, per

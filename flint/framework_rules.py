@@ -12,9 +12,22 @@ QUANTIZED = ("fp8", "mxfp8", "nvfp4")
 def gathers_held_for_step(run: TrainingRun) -> bool:
     """FSDP under a pipeline schedule gathers each layer's parameters once per step and
     holds them through its micro-batches (passes.layer_gathers: torch.distributed.pipelining
-    with FSDP2, torchtitan, Llama 3); XLA's pipelined programs (MaxText's default,
-    pipeline_fsdp_ag_once=False) and runs without a pipeline gather in every micro-batch."""
-    return run.zero == 3 and run.pp > 1 and run.framework == "megatron"
+    with FSDP2 and reshard_after_forward False, torchtitan's default under a pipeline,
+    Llama 3); XLA's pipelined programs (MaxText's default, pipeline_fsdp_ag_once=False) and
+    runs without a pipeline gather in every micro-batch."""
+    return run.zero == 3 and run.pp > 1 and run.framework != "xla"
+
+
+def unsharded_gradient_accumulation(run: TrainingRun) -> bool:
+    """FSDP2 with its gradient sync off (set_requires_gradient_sync(False): every
+    micro-batch's backward but the last under torch.distributed.pipelining) keeps each
+    parameter's unsharded gradient and adds the next micro-batches' into it, in the
+    reduce dtype (fp32 under Flint's torch twin's MixedPrecisionPolicy): FSDPParam's
+    to_accumulated_grad_if_needed and accumulate_unsharded_grad_if_needed
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py); the last backward reduce-scatters
+    the sum (passes.grad_accumulation `unsharded`)."""
+    return (run.framework.startswith("torch") and run.zero == 3
+            and run.grad_sync == "last-microbatch")
 
 
 def weight_casts_held_for_step(run: TrainingRun) -> bool:

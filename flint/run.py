@@ -139,8 +139,10 @@ class TrainingRun:
     xla_emitters: str = "mlir"
     # zero 3: FSDP frees a layer's gathered parameters after its forward and gathers them
     # again for its backward (FULL_SHARD, FSDP2's default); False keeps them (ZeRO-2 style,
-    # SHARD_GRAD_OP): one all-gather per layer and micro-batch instead of two, more memory
-    reshard_after_forward: bool = True
+    # SHARD_GRAD_OP): one all-gather per layer and micro-batch instead of two, more memory.
+    # None: False for the torch frameworks under a pipeline (torchtitan's
+    # reshard_after_forward_policy "default" is `not pp_enabled`), True otherwise
+    reshard_after_forward: Optional[bool] = None
     routing: str = "balanced"
     # precision fp8: how Transformer Engine scales each tensor (FP8_RECIPES). current: from
     # the tensor's own amax, a pass over it before the cast (Float8CurrentScaling, TE 2.2+,
@@ -320,8 +322,13 @@ class TrainingRun:
                 "schedule": schedule,
                 "pipeline_p2p": p2p,
                 "grad_accumulation": "autograd" if torch else "in-gemm",
-                "grad_sync": "every-microbatch" if torch or self.zero == 2
+                # torch.distributed.pipelining reduces a stage's gradients in its last
+                # micro-batch's backward only (DDP's no_sync, FSDP2's
+                # set_requires_gradient_sync(False) before, stage.py
+                # backward_maybe_with_nosync); without stages PyTorch reduces in each
+                "grad_sync": "every-microbatch" if (torch and self.pp == 1) or self.zero == 2
                 else "last-microbatch",
+                "reshard_after_forward": not (torch and self.zero == 3 and self.pp > 1),
                 "cuda_graphs": self.framework == "xla" and self._on_gpu()}
 
     def _on_gpu(self) -> bool:

@@ -77,6 +77,14 @@ def _framework(run) -> None:
     if run.xla_emitters != "mlir" and run.framework != "xla":
         raise FlintError(f"xla_emitters: {run.framework} does not run XLA's fusion emitters "
                          f"(the choice is for framework xla)")
+    if run.reshard_after_forward and run.zero == 3 and run.pp > 1 and \
+            run.framework.startswith("torch"):
+        raise FlintError("reshard_after_forward: under a pipeline torch.distributed.pipelining "
+                         "keeps FSDP2's parameters gathered after each backward but the "
+                         "last (set_reshard_after_backward(False)), so resharding after the "
+                         "forward regathers once per micro-batch, which Flint does not "
+                         "price: leave it unset (False under a pipeline, torchtitan's "
+                         "default)")
     if not run.reshard_after_forward:
         if run.zero != 3:
             raise FlintError("reshard_after_forward: only FSDP (zero 3) reshards parameters")
@@ -166,10 +174,12 @@ def _grad_sync(run) -> None:
         raise FlintError("grad_sync: zero 2 shards the gradient buffer, so each micro-batch's "
                          "gradients are reduce-scattered in its own backward (DeepSpeed "
                          "refuses no_sync with gradient partitioning): use every-microbatch")
-    if run.zero == 3 and run.framework.startswith("torch"):
-        raise FlintError("grad_sync: last-microbatch under FSDP2 (set_requires_gradient_sync"
-                         "(False)) keeps every layer's unsharded gradients until the last "
-                         "micro-batch, which Flint does not price: use every-microbatch")
+    if run.zero == 3 and run.framework.startswith("torch") and run.pp == 1:
+        raise FlintError("grad_sync: last-microbatch under FSDP2 without a pipeline "
+                         "(set_requires_gradient_sync(False) in a loop of backwards) gathers "
+                         "the parameters again in every micro-batch while it keeps their "
+                         "unsharded gradients, which Flint does not price: use "
+                         "every-microbatch, or pp > 1 (torch.distributed.pipelining)")
 
 
 def _batch(run) -> None:

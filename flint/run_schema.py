@@ -114,7 +114,7 @@ class RunSchema(Strict):
     launch_blocking: Bool = False
     cuda_graphs: Optional[Bool] = None
     xla_emitters: Literal[XLA_EMITTERS] = "mlir"
-    reshard_after_forward: Bool = True
+    reshard_after_forward: Optional[Bool] = None
     routing: Str = "balanced"
     fp8_recipe: Literal[FP8_RECIPES] = "current"
     lora_rank: Annotated[int, Field(ge=0, le=2**16)] = 0

@@ -40,6 +40,8 @@ from flint.hardware_models.buffers import (last_uses, leaf_bytes,  # noqa: F401 
 # (`params['frozen']...`, flint.models.lora) are frozen parameters: no gradient buffer, no
 # optimizer state, nothing a sharded optimizer re-sizes.
 _CATEGORIES = (("frozen_parameters", re.compile(r"frozen", re.I)),
+               # FSDP2's unsharded gradient sums (passes.grad_accumulation `unsharded`)
+               ("gradients", re.compile(r"grad_accumulator")),
                ("optimizer_state", re.compile(r"opt|adam|momentum|\bmu\b|\bnu\b", re.I)),
                ("parameters", re.compile(r"param|weight|model", re.I)),
                ("inputs", re.compile(r"batch|input|token|label|data", re.I)))

@@ -20,6 +20,13 @@ A step of m micro-batches sums m gradients. Where that sum is made decides what 
   to the high-precision grads now to prevent accumulating in the bf16 grads"): a cast
   (read 2, write 4 bytes) and an add (read 4 + 4, write 4) per parameter.
 
+FSDP2 with its gradient sync off (`unsharded`: the micro-batches but the last under
+torch.distributed.pipelining) adds into each parameter's unsharded gradient instead, in
+its reduce dtype: bf16 gradients into an fp32 sum (read 2 + 4, write 4 bytes per element of
+the whole, unsharded parameter; FSDPParam.accumulate_unsharded_grad_if_needed), a sum held
+from the block's first backward to the last one's reduce-scatter: one argument per block
+(`<block>.grad_accumulator`, flint.hardware_models.memory's "gradients").
+
 The first micro-batch has nothing to add to (AccumulateGrad assigns its gradient, the
 BF16_Optimizer casts it alone), so each micro-batch's copy of an add is priced at
 (m - 1) / m of its bytes: the step's total is exact. A gradient buffer sharded over the
@@ -63,6 +70,9 @@ class GradAccumulation:
     microbatches: int = 1       # of the step (the pipeline's depth)
     tied_copy: bool = False
     shards: int = 1             # ranks a (ZeRO-2) gradient buffer is sharded over
+    # FSDP2 without gradient sync: the FSDP degree the parameter arguments are sharded over,
+    # the gradients it sums are whole (bf16 into an fp32 sum held for the step); 1: none
+    unsharded: int = 1
     # autograd: the gradients' dtype, the parameters' own (AccumulateGrad adds in it):
     # bf16/fp16 weights under DeepSpeed's fp16 engine and InternEvo, f32 weights under
     # torch.autocast (the torch frameworks' twin)
@@ -73,8 +83,12 @@ class GradAccumulation:
         if self.mode not in MODES:
             raise FlintError(f"unknown gradient accumulation {self.mode!r}; use "
                              f"{' | '.join(MODES)}")
-        if self.microbatches < 1 or self.shards < 1:
-            raise FlintError("grad-accumulation: microbatches and shards must be >= 1")
+        if self.microbatches < 1 or self.shards < 1 or self.unsharded < 1:
+            raise FlintError("grad-accumulation: microbatches, shards and unsharded must be "
+                             ">= 1")
+        if self.unsharded > 1 and (self.mode != "autograd" or self.shards > 1):
+            raise FlintError("grad-accumulation: unsharded (FSDP2's sum of whole gradients) "
+                             "is autograd accumulation of unsharded parameters")
         if self.dtype not in ("bf16", "f16", "f32"):
             raise FlintError(f"grad-accumulation: dtype {self.dtype!r} is not bf16, f16 or f32")
 
@@ -82,7 +96,9 @@ class GradAccumulation:
         steady = (self.microbatches - 1) / self.microbatches   # adds per micro-batch
         kernels = [(k, src, dst, steady if k == "accumulate" else 1.0)
                    for k, src, dst in _KERNELS.get(self.mode, ())]
-        if self.mode == "autograd":           # AccumulateGrad adds in the gradients' dtype
+        if self.unsharded > 1:      # FSDP2: the bf16 gradient into the fp32 unsharded sum
+            kernels = [(k, "bf16", "f32", share) for k, _, _, share in kernels]
+        elif self.mode == "autograd":           # AccumulateGrad adds in the gradients' dtype
             kernels = [(k, self.dtype, self.dtype, share) for k, _, _, share in kernels]
         kernels = [k for k in kernels if k[3] > 0]
         if not kernels:
@@ -104,6 +120,7 @@ class GradAccumulation:
         nodes: list[Node] = []
         new_id: dict[int, int] = {}
         accumulated: dict[int, int] = {}      # a block's backward -> its last kernel
+        sums: list = []                       # FSDP2's unsharded fp32 sums, per block
         for n in graph.nodes:
             copy = _copy(n, len(nodes), new_id, accumulated)
             nodes.append(copy)
@@ -113,25 +130,30 @@ class GradAccumulation:
                 continue
             elems, tensors = (embed if label == "embed" else head if label == "head"
                               else per_layer)
-            elems /= self.shards
+            elems = elems / self.shards * self.unsharded
             if elems <= 0:
                 continue
+            if self.unsharded > 1:
+                sums.append([f"{label}.grad_accumulator", elems * _bytes("f32")])
             last = copy.id
             for kernel, src, dst, share in kernels:
-                reads = 2 if kernel == "accumulate" else 1
+                # an add reads the new gradient and the sum; a cast its input
+                operands = [src, dst] if kernel == "accumulate" else [src]
                 nodes.append(Node(len(nodes), f"grad_acc.{kernel}.{label}",
                                   NodeKind.COMPUTE, "add" if kernel == "accumulate"
                                   else "convert", "elementwise", [last],
-                                  bytes_read=elems * share * _bytes(src) * reads,
+                                  bytes_read=elems * share * sum(map(_bytes, operands)),
                                   bytes_written=elems * share * _bytes(dst),
                                   outputs=[f"{dst}[{int(elems)}]"],
-                                  operands=[f"{src}[{int(elems)}]"] * reads,
+                                  operands=[f"{d}[{int(elems)}]" for d in operands],
                                   meta={"phase": "backward", "layer": label,
                                         "kernel_source": "eager", "kernels": tensors,
                                         "grad_accumulation": self.mode}))
                 last = len(nodes) - 1
             accumulated[new_id[n.id]] = last
         meta = dict(graph.meta, grad_accumulation=self.mode)
+        if sums:
+            meta["arguments"] = [list(a) for a in graph.meta.get("arguments") or ()] + sums
         out = WorkloadGraph(graph.cluster, nodes, list(graph.communicators),
                             list(graph.loops), meta)
         out.check()

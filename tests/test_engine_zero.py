@@ -149,13 +149,14 @@ def test_fsdp_under_a_pipeline_gathers_parameters_once_per_step(monkeypatch):
     engine._PIPELINED.clear()
 
 
-def test_only_fsdp_under_a_megatron_pipeline_holds_its_gathers():
+def test_only_fsdp_under_a_megatron_or_torch_pipeline_holds_its_gathers():
     """XLA's pipelined FSDP (MaxText's default, pipeline_fsdp_ag_once=False) and FSDP
     without stages gather in every micro-batch, as their programs do."""
     from flint.engine import gathers_held_for_step
 
     base = dict(model=LLAMA6, devices=16, global_batch=64)
     assert gathers_held_for_step(TrainingRun(**base, pp=2, zero=3))
+    assert gathers_held_for_step(TrainingRun(**base, pp=2, zero=3, framework="torch-eager"))
     assert not gathers_held_for_step(TrainingRun(**base, pp=2, zero=3, framework="xla"))
     assert not gathers_held_for_step(TrainingRun(**base, zero=3))
     assert not gathers_held_for_step(TrainingRun(**base, pp=2, zero=1))

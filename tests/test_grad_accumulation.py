@@ -151,10 +151,71 @@ def test_grad_sync_defaults_follow_the_framework_and_impossible_ones_are_refused
         "last-microbatch"
     with pytest.raises(FlintError, match="grad_sync: zero 2 shards the gradient buffer"):
         TrainingRun(**dict(BASE, zero=2), grad_sync="last-microbatch")
-    with pytest.raises(FlintError, match="grad_sync: last-microbatch under FSDP2"):
+    with pytest.raises(FlintError, match="grad_sync: last-microbatch under FSDP2 without "
+                                         "a pipeline"):
         TrainingRun(**TORCH, zero=3, grad_sync="last-microbatch")
     with pytest.raises(FlintError, match="grad_sync"):
         TrainingRun.from_json(dict(BASE, grad_sync="sometimes"))
+
+
+def test_torch_pipelines_reduce_once_and_fsdp2_keeps_its_gathers_by_default():
+    """torch.distributed.pipelining reduces a stage's gradients in the last micro-batch's
+    backward only (DDP's no_sync, FSDP2's set_requires_gradient_sync(False) before it), and
+    torchtitan keeps FSDP2's gathered parameters under a pipeline (reshard_after_forward
+    False); resharding after the forward there is refused, not priced as something else."""
+    from flint.framework_rules import gathers_held_for_step, unsharded_gradient_accumulation
+
+    staged = dict(TORCH, pp=2)
+    fsdp, ddp = TrainingRun(**staged, zero=3), TrainingRun(**staged, zero=0)
+    assert (fsdp.grad_sync, fsdp.reshard_after_forward) == ("last-microbatch", False)
+    assert (ddp.grad_sync, ddp.reshard_after_forward) == ("last-microbatch", True)
+    assert gathers_held_for_step(fsdp) and unsharded_gradient_accumulation(fsdp)
+    assert not unsharded_gradient_accumulation(ddp)
+    flat = TrainingRun(**TORCH, zero=3)
+    assert (flat.grad_sync, flat.reshard_after_forward) == ("every-microbatch", True)
+    assert not gathers_held_for_step(flat)
+    assert fsdp.replace(pp=1).grad_sync == "every-microbatch"
+    with pytest.raises(FlintError, match="reshard_after_forward: under a pipeline"):
+        TrainingRun(**staged, zero=3, reshard_after_forward=True)
+    code, _, stderr = run_cli(["predict", "--model", "tiny", "--seq-len", "64", "--devices",
+                               "4", "--pp", "2", "--global-batch", "8", "--framework",
+                               "torch-eager", "--zero", "3", "--reshard-after-forward"])
+    assert code == 2 and len(stderr.strip().splitlines()) == 1
+    assert "reshard_after_forward" in stderr
+
+
+def test_fsdp2_under_a_pipeline_sums_whole_gradients_in_fp32_and_reduces_them_once():
+    """With its gradient sync off FSDP2 adds each micro-batch's bf16 gradient into the
+    unsharded fp32 sum (2 + 4 bytes read, 4 written per element of the whole parameter, at
+    (m - 1)/m), holds the sums for the step (4 bytes per parameter of the stage, an argument
+    of its own) and reduce-scatters and gathers once: the same collective seconds for 2 and
+    8 micro-batches."""
+    from flint.engine import predict
+
+    def run(gbs):
+        return TrainingRun(**dict(TORCH, pp=2, global_batch=gbs), zero=3)
+
+    few, many = run(4), run(16)
+    assert (few.dp, few.microbatches, many.microbatches) == (2, 2, 8)
+    g = _layered(many)
+    adds = [n for n in g.nodes if n.name.startswith("grad_acc.accumulate.layer_")]
+    cfg = many.model_config()
+    d, kv = cfg.d_model, cfg.n_kv_heads * cfg.d_model // cfg.n_heads
+    per_layer = d * d * 2 + 2 * d * kv + 3 * d * cfg.d_ff           # + two norms
+    share = (8 - 1) / 8
+    assert adds[0].bytes_written == pytest.approx(4 * per_layer * share, rel=0.01)
+    assert adds[0].bytes_read == pytest.approx(6 * per_layer * share, rel=0.01)
+    sums = {name: b for name, b in g.meta["arguments"] if name.endswith(".grad_accumulator")}
+    assert sums["layer_0.grad_accumulator"] == pytest.approx(4 * per_layer, rel=0.01)
+    p_few, p_many = predict(few), predict(many)
+    # the mean over the two stages' devices: every layer's, the embedding's and the head's
+    whole = per_layer * cfg.n_layers + 2 * cfg.vocab * d
+    assert p_many.memory["arguments_bytes"]["gradients"] == pytest.approx(
+        4 * whole / 2, rel=0.01)
+    for kind in ("reduce-scatter", "all-gather"):
+        assert p_many.collectives_s[kind] == pytest.approx(p_few.collectives_s[kind],
+                                                           rel=0.06)
+    assert p_many.facts["grad_sync"] == "last-microbatch"
 
 
 def test_torch_ddp_reduces_every_micro_batch_and_accumulates_in_f32():

@@ -104,8 +104,8 @@ def predict(
                    "the default) | legacy (the LLVM emitters before them)"),
     reshard_after_forward: Optional[bool] = typer.Option(
         None, "--reshard-after-forward/--no-reshard-after-forward",
-        help="zero 3 (torch): FSDP2 regathers parameters for the backward (default) or "
-             "keeps them"),
+        help="zero 3 (torch): FSDP2 regathers parameters for the backward (default "
+             "without pp) or keeps them (default with pp, torchtitan's)"),
     overlap_grad_reduce: Optional[bool] = typer.Option(
         None, "--overlap-grad-reduce/--no-overlap-grad-reduce",
         help="reduce gradients bucket by bucket during the backward (default) or after it"),
@@ -115,8 +115,9 @@ def predict(
                    "BF16 optimizer) (default: autograd for torch-*, else in-gemm)"),
     grad_sync: Optional[str] = typer.Option(
         None, help="when gradients are reduced: every-microbatch (PyTorch DDP/FSDP2's "
-                   "default, ZeRO-2) | last-microbatch (no_sync, Megatron) (default: "
-                   "every-microbatch for torch-* and zero 2, else last-microbatch)"),
+                   "default, ZeRO-2) | last-microbatch (no_sync, Megatron, "
+                   "torch.distributed.pipelining) (default: every-microbatch for torch-* "
+                   "without pp and zero 2, else last-microbatch)"),
     lora_rank: Optional[int] = typer.Option(
         None, help="LoRA fine-tuning: the adapters' rank on a frozen base (default 0: every "
                    "weight trained)"),
