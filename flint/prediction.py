@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from flint.framework_rules import (QUANTIZED, amax_local_to_tp, parameter_gather,
+                                   unsharded_gradient_accumulation,
                                    weight_casts_held_for_step)
 from flint.models import OFFLOADED_NAMES
 from flint.run import TrainingRun
@@ -130,6 +131,11 @@ def prediction_facts(run: TrainingRun, graph, what_if, points=None) -> dict:
             "in the first micro-batch's forward, one bucket ahead of the layer that uses it "
             "(Megatron-Core's overlap_param_gather)" if parameter_gather(run) == "prefetch"
             else "all at the start of the step, after the optimizer's update")
+    if unsharded_gradient_accumulation(run):
+        out["gradient_sums"] = (
+            "FSDP2 with its gradient sync off: each micro-batch's bf16 gradient added into the "
+            "whole parameter's fp32 sum, held for the step and reduce-scattered in the last "
+            "backward (FSDPParam.accumulate_unsharded_grad_if_needed)")
     if any(n.meta.get("held") == "step" for n in graph.nodes):
         out["parameter_gathers"] = (
             "once per step, each layer's before its first micro-batch and held until the "

@@ -19,7 +19,8 @@ _ACCUMULATION = {"in-gemm": "in-gemm: inside the weight-gradient GEMMs (no kerne
 
 # when the data-parallel reduction runs in a step of several micro-batches (run.GRAD_SYNC)
 _SYNC = {"every-microbatch": "every micro-batch's backward (PyTorch DDP/FSDP2 default, ZeRO-2)",
-         "last-microbatch": "the last micro-batch's backward only (no_sync, Megatron)"}
+         "last-microbatch": "the last micro-batch's backward only (no_sync: Megatron, "
+                            "torch.distributed.pipelining)"}
 
 
 # how a stage's boundary sends and receives run beside its compute (passes.pipeline)
@@ -121,6 +122,8 @@ def render_prediction(p: dict, console: Console) -> None:
     if facts.get("grad_accumulation"):
         t.add_row("gradient accumulation", _ACCUMULATION.get(facts["grad_accumulation"],
                                                              facts["grad_accumulation"]))
+    if facts.get("gradient_sums"):
+        t.add_row("  gradient sums", facts["gradient_sums"])
     if facts.get("grad_sync") and facts.get("microbatches", 1) > 1:
         t.add_row("gradient reduction", _SYNC.get(facts["grad_sync"], facts["grad_sync"]))
     if facts.get("parameter_gathers"):

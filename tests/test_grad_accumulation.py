@@ -216,6 +216,8 @@ def test_fsdp2_under_a_pipeline_sums_whole_gradients_in_fp32_and_reduces_them_on
         assert p_many.collectives_s[kind] == pytest.approx(p_few.collectives_s[kind],
                                                            rel=0.06)
     assert p_many.facts["grad_sync"] == "last-microbatch"
+    assert "fp32 sum" in p_many.facts["gradient_sums"]
+    assert "gradient_sums" not in predict(TrainingRun(**TORCH, zero=3)).facts
 
 
 def test_torch_ddp_reduces_every_micro_batch_and_accumulates_in_f32():
