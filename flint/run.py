@@ -104,9 +104,9 @@ class TrainingRun:
     grad_reduce_dtype: str = "fp32"
     # TP all-gathers / reduce-scatters pipelined in chunks with their GEMMs
     # (passes.tp_comm_overlap; Megatron-Core --tp-comm-overlap). None: the framework's
-    # default, on for megatron with tp > 1 and sequence parallelism (the NeMo /
-    # Megatron-Bridge performance recipes enable it; not for NVFP4, which they run
-    # without it), off otherwise (XLA's collective matmul and PyTorch's AsyncTP are opt-in)
+    # default, on for megatron with tp > 1 and sequence parallelism but nvfp4 (the NeMo /
+    # Megatron-Bridge performance recipes), off otherwise (XLA's collective matmul and
+    # PyTorch's AsyncTP are opt-in)
     tp_comm_overlap: Optional[bool] = None
     # the backward's TP reduction of each column-parallel linear's input gradient runs
     # while that linear's weight-gradient GEMM computes (passes.tp_grad_overlap; Megatron's
@@ -138,10 +138,9 @@ class TrainingRun:
     # hardware_models.populations prices each.
     xla_emitters: str = "mlir"
     # zero 3: FSDP frees a layer's gathered parameters after its forward and gathers them
-    # again for its backward (FULL_SHARD, FSDP2's default); False keeps them (ZeRO-2 style,
-    # SHARD_GRAD_OP): one all-gather per layer and micro-batch instead of two, more memory.
-    # None: False for the torch frameworks under a pipeline (torchtitan's
-    # reshard_after_forward_policy "default" is `not pp_enabled`), True otherwise
+    # again for its backward (FULL_SHARD, FSDP2's default); False keeps them (SHARD_GRAD_OP):
+    # one all-gather per layer and micro-batch instead of two, more memory. None: False for
+    # the torch frameworks under a pipeline (torchtitan's), True otherwise
     reshard_after_forward: Optional[bool] = None
     routing: str = "balanced"
     # precision fp8: how Transformer Engine scales each tensor (FP8_RECIPES). current: from
@@ -296,13 +295,15 @@ class TrainingRun:
 
     def derived_defaults(self) -> dict:
         """What the fields left out (None) take from the others: sp on with TP; TP
-        communication overlap for megatron with TP and SP (the performance recipes');
-        interleaved 1F1B with virtual stages; pipeline sends waited on in megatron's
-        non-interleaved schedules, posted ahead otherwise (one at a time, and no TP
-        overlap, where launches block); and the framework's gradient
-        handling: PyTorch sums micro-batch gradients with AccumulateGrad and reduces them in every
-        backward (DDP's and FSDP2's default, and ZeRO-2's need), Megatron's
-        gradient-accumulation fusion and XLA sum in the GEMM and reduce once."""
+        communication overlap for megatron with TP and SP (the performance recipes', which
+        turn it off for nvfp4: Megatron-Bridge's llama3/llama31_llm_pretrain.py); interleaved
+        1F1B with virtual stages; pipeline sends waited on in megatron's non-interleaved
+        schedules, posted ahead otherwise (one at a time, and no TP overlap, where launches
+        block); the framework's gradient handling: PyTorch sums with AccumulateGrad and
+        reduces in every backward (DDP's and FSDP2's default, ZeRO-2's need) but under a
+        pipeline in the last only (torch.distributed.pipelining's backward_maybe_with_nosync),
+        where FSDP2 also keeps its gathers (torchtitan's reshard_after_forward = not
+        pp_enabled); Megatron and XLA sum in the GEMM and reduce once."""
         torch = self.framework.startswith("torch")
         schedule = "interleaved" if self.vp > 1 else "1f1b"
         blocking = self.launch_blocking         # one launch at a time: nothing overlaps
@@ -311,10 +312,6 @@ class TrainingRun:
                else "blocking" if self.framework == "megatron" and one_f_one_b
                else "posted-ahead")
         return {"sp": self.tp > 1,
-                # Megatron-Bridge's performance recipes turn it off for NVFP4 on every
-                # Blackwell GPU (scripts/performance/configs/llama/llama3_llm_pretrain.py
-                # and llama31_llm_pretrain.py: `tp_comm_overlap = False if precision ==
-                # "nvfp4"`): its TP all-gathers then run whole, before their GEMMs
                 "tp_comm_overlap": self.framework == "megatron" and self.tp > 1
                 and bool(self.sp) and not blocking and self.precision != "nvfp4",
                 "tp_grad_overlap": self.framework == "megatron" and self.tp > 1
@@ -322,10 +319,6 @@ class TrainingRun:
                 "schedule": schedule,
                 "pipeline_p2p": p2p,
                 "grad_accumulation": "autograd" if torch else "in-gemm",
-                # torch.distributed.pipelining reduces a stage's gradients in its last
-                # micro-batch's backward only (DDP's no_sync, FSDP2's
-                # set_requires_gradient_sync(False) before, stage.py
-                # backward_maybe_with_nosync); without stages PyTorch reduces in each
                 "grad_sync": "every-microbatch" if (torch and self.pp == 1) or self.zero == 2
                 else "last-microbatch",
                 "reshard_after_forward": not (torch and self.zero == 3 and self.pp > 1),
