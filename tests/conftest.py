@@ -1,4 +1,5 @@
 """Test session: JAX on 8 host CPU devices (set before any backend starts)."""
+import json
 import os
 import subprocess
 import sys
@@ -71,6 +72,17 @@ def run_cli(argv) -> tuple[int, str, str]:
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else 1
     return code, out.getvalue(), err.getvalue()
+
+
+def cli_json_per(argv, flag: str, values) -> dict:
+    """`argv` (a --json command) run once per value of `flag`, each exiting 0: its JSON
+    output by value."""
+    out = {}
+    for value in values:
+        code, stdout, stderr = run_cli(list(argv) + [flag, value])
+        assert code == 0, stderr
+        out[value] = json.loads(stdout)
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from conftest import LLAMA6, run_cli
+from conftest import LLAMA6, cli_json_per, run_cli
 from flint.errors import FlintError
 from flint.run import TrainingRun
 
@@ -277,11 +277,7 @@ def test_fp8_delayed_scaling_drops_the_amax_passes():
     reductions, and the report names the recipe."""
     argv = ["predict", "--model", "tiny", "--seq-len", "64", "--devices", "4", "--tp", "2",
             "--global-batch", "8", "--precision", "fp8", "--json"]
-    out = {}
-    for recipe in ("current", "delayed"):
-        code, stdout, stderr = run_cli(argv + ["--fp8-recipe", recipe])
-        assert code == 0, stderr
-        out[recipe] = json.loads(stdout)
+    out = cli_json_per(argv, "--fp8-recipe", ("current", "delayed"))
     cur, dly = out["current"], out["delayed"]
     assert dly["step_time_s"] < cur["step_time_s"]
     assert dly["by_class_s"]["reduction"] < cur["by_class_s"]["reduction"]

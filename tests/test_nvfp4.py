@@ -4,14 +4,12 @@ block scales written by the cast that reads the tensor; refused where the GPU ha
 tensor cores."""
 from __future__ import annotations
 
-import json
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import cli_json_per, run_cli
 from flint.errors import FlintError
 from flint.graph import Node, NodeKind, WorkloadGraph
 from flint.hardware_models.spec import load_spec
@@ -82,11 +80,7 @@ def test_an_nvfp4_run_prices_fp4_gemms_and_says_how_it_scales(tmp_path):
     model.write_text("base: llama3-8b\nlayers: 2\nseq: 1024\nvocab: 32000\n")
     argv = ["predict", "--model", str(model), "--seq-len", "1024", "--devices", "4",
             "--global-batch", "8", "--hardware", "b200", "--json"]
-    out = {}
-    for precision in ("mxfp8", "nvfp4"):
-        code, stdout, stderr = run_cli(argv + ["--precision", precision])
-        assert code == 0, stderr
-        out[precision] = json.loads(stdout)
+    out = cli_json_per(argv, "--precision", ("mxfp8", "nvfp4"))
     fp4, fp8 = out["nvfp4"], out["mxfp8"]
     dtypes = fp4["facts"]["gemm_dtypes"]
     assert "f4e2m1fn" in dtypes and "f8e4m3fn" not in dtypes
