@@ -158,8 +158,11 @@ def _why_nothing(key: str, flat: WorkloadGraph, spec) -> str:
     graphs = [g for g in (flat, template_of(flat)) if g is not None]
     spans = [_domains(g, c, spec) for g in graphs for c in _used_communicators(g)]
     link = spec.scale_up_link if not spec.torus else "ICI"
-    if key in SCALE_OUT + SCALE_UP and not spans:
+    if key in SCALE_OUT + SCALE_UP + ("nccl_protocol",) and not spans:
         return "this run has no collectives"
+    if key == "nccl_protocol":
+        return ("NCCL's tuner picks that protocol for every collective of this run anyway "
+                "(or none of them runs on NCCL)")
     if key in SCALE_OUT:
         if all(k == 1 for k, _ in spans):
             return (f"no collective crosses a node in this run (every group stays inside "

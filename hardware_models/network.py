@@ -90,6 +90,13 @@ class NetworkModel:
         return getattr(self.spec, name) if name in self.spec.sources else None
 
     @property
+    def nccl_protocol(self) -> str:
+        """The protocol collectives run: the one asked for (NCCL_PROTO of a what-if), else
+        the one the system's environment allows (the spec's nccl_protocol), else NCCL's
+        pick ("auto")."""
+        return self.protocol if self.protocol != "auto" else self.spec.nccl_protocol
+
+    @property
     def nccl(self) -> bool:
         return self.spec.kind == "gpu" and not self.topology.is_torus
 
@@ -106,7 +113,7 @@ class NetworkModel:
             return bus_bytes / level.bandwidth + steps * level.latency
         return nccl.collective_time(bus_bytes, steps, level.bandwidth, level.link, algorithm,
                                     nccl.architecture(self.spec.name, self.spec.model), nodes, all_reduce,
-                                    self.protocol, level.hop_override, launch, inter_steps,
+                                    self.nccl_protocol, level.hop_override, launch, inter_steps,
                                     self._given("nic_latency"), buffer)
 
     @property
@@ -239,8 +246,10 @@ class NetworkModel:
             return opts
         opts = {"ring": self.phase(2 * (p - 1) / p * s, 2 * (p - 1), ring_level, "ring", k,
                                    True, inter_steps=2 * (k - 1) if m > 1 else 0, buffer=s)}
+        # NVLS runs the Simple protocol only (nccl.nvls_time): none where NCCL_PROTO
+        # names another
         nvls = (self.spec.switch_reduction == "nvls" and self.spec.scale_up_link == "nvlink"
-                and m > 1)
+                and m > 1 and self.nccl_protocol in ("auto", "Simple"))
         if k > 1:
             network = m * out.bandwidth / (1.0 if k == 2 else 2.0)
             chain = up.bandwidth / 2 if m > 1 else float("inf")

@@ -46,12 +46,25 @@ FIELDS = {
 }
 # Figures that are words, not quantities: the fabric's name and a TPU slice shape
 # (`--set torus=4x4x8` picks the slice; the spec's `system.torus` is the largest one).
-TEXT_FIELDS = ("fabric", "torus", "scale_up_link", "switch_reduction")
+TEXT_FIELDS = ("fabric", "torus", "scale_up_link", "switch_reduction", "nccl_protocol")
 SCALE_UP_LINKS = ("nvlink", "pci")
 SWITCH_REDUCTIONS = ("none", "nvls")   # no reduction, or NVLink SHARP in the NVSwitch
-# Word figures of the scale-up level: allowed values (the first is the default) and key.
-WORD_FIELDS = {"scale_up_link": SCALE_UP_LINKS, "switch_reduction": SWITCH_REDUCTIONS}
-WORD_KEYS = {"scale_up_link": "link", "switch_reduction": "switch_reduction"}
+# The NCCL protocol a system's environment allows (its NCCL_PROTO): "auto" lets NCCL's
+# tuner pick among LL, LL128 and Simple. GCP's A3 / A3 Mega (GPUDirect-TCPX / TCPXO) run
+# Simple only: the NCCL environment Google's recipes require sets NCCL_PROTO=Simple with
+# NCCL_ALGO=Ring,Tree and NCCL_NVLS_ENABLE=0 (GoogleCloudPlatform cluster-toolkit
+# a3-megagpu-8g examples, AI-Hypercomputer gpu-recipes a3mega templates; apple/axlearn's
+# a3_mega launcher: "TCPX only supports Simple protocol"): LL and LL128 rely on the NIC
+# writing flag-carrying 8- and 128-byte stores into GPU memory as they were sent, which a
+# TCP receive path does not. NCCL_PROTO is process-wide: the choice holds inside a node too.
+NCCL_PROTOCOLS = ("auto", "Simple", "LL128", "LL")
+# Word figures of the interconnect: allowed values (the first is the default), and the
+# level and key they are read from.
+WORD_FIELDS = {"scale_up_link": SCALE_UP_LINKS, "switch_reduction": SWITCH_REDUCTIONS,
+               "nccl_protocol": NCCL_PROTOCOLS}
+WORD_KEYS = {"scale_up_link": ("scale_up", "link"),
+             "switch_reduction": ("scale_up", "switch_reduction"),
+             "nccl_protocol": ("scale_out", "nccl_protocol")}
 # Latencies used when no public figure exists (documented modelling assumptions, replaced
 # by calibration): NCCL's base latency per step is a few microseconds on NVLink and
 # InfiniBand alike.
@@ -92,6 +105,7 @@ class HardwareSpec:
     fabric: str = "fat-tree"
     scale_up_link: str = "nvlink"    # nvlink | pci: which NCCL latency class the level has
     switch_reduction: str = "none"   # nvls: the scale-up switches reduce (NVLink SHARP)
+    nccl_protocol: str = "auto"      # NCCL_PROTO the system's environment sets (auto: NCCL's)
     torus: str = ""                  # largest ICI slice, e.g. 16x16x24; "" if switched
     torus_slice: str = ""            # the slice a job uses (what-if); "" = most cubic fit
     # the compile-only target programs for this spec compile for ("" = none: a spec with
@@ -183,8 +197,9 @@ def spec_from_doc(doc: dict, where: str) -> HardwareSpec:
     spec = HardwareSpec(name=str(doc.get("name", Path(where).stem)), kind=str(doc.get("kind", "gpu")),
                         model=str(doc.get("model", "")), peak_flops=peaks,
                         fabric=str(system.get("fabric", "fat-tree")),
-                        scale_up_link=_scale_up_word(doc, where, "scale_up_link"),
-                        switch_reduction=_scale_up_word(doc, where, "switch_reduction"),
+                        scale_up_link=_level_word(doc, where, "scale_up_link"),
+                        switch_reduction=_level_word(doc, where, "switch_reduction"),
+                        nccl_protocol=_level_word(doc, where, "nccl_protocol"),
                         torus=str((system.get("torus") or {}).get("value", "")
                                   if isinstance(system.get("torus"), dict) else
                                   system.get("torus", "")),
@@ -208,13 +223,15 @@ def _compile_target(doc: dict, sources: dict) -> str:
     return str(target)
 
 
-def _scale_up_word(doc: dict, where: str, key: str) -> str:
-    """A word figure of interconnect.scale_up (`link`, `switch_reduction`), checked."""
+def _level_word(doc: dict, where: str, key: str) -> str:
+    """A word figure of an interconnect level (`link`, `switch_reduction`,
+    `nccl_protocol`), checked."""
     allowed = WORD_FIELDS[key]
-    up = (doc.get("interconnect") or {}).get("scale_up") or {}
-    value = str(up.get(WORD_KEYS[key], allowed[0])) if isinstance(up, dict) else allowed[0]
+    level, word = WORD_KEYS[key]
+    node = (doc.get("interconnect") or {}).get(level) or {}
+    value = str(node.get(word, allowed[0])) if isinstance(node, dict) else allowed[0]
     if value not in allowed:
-        raise FlintError(f"{where}: interconnect.scale_up.{WORD_KEYS[key]} {value!r} is not "
+        raise FlintError(f"{where}: interconnect.{level}.{word} {value!r} is not "
                          f"one of {', '.join(allowed)}")
     return value
 

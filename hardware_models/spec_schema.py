@@ -77,7 +77,9 @@ LAYOUT: dict[str, Any] = {
                 # a share of bandwidth_per_direction (its published nccl/rccl-tests curve)
                 "bus_efficiency": Figure("ratio", maximum=1),
                 # in-switch reduction the scale-up fabric offers (NCCL's NVLS): "nvls"
-                "switch_reduction": TEXT}
+                "switch_reduction": TEXT,
+                # the one NCCL protocol the system's environment allows (NCCL_PROTO)
+                "nccl_protocol": TEXT}
         for level in ("scale_up", "scale_out")
     },
     "system": {

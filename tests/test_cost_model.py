@@ -330,3 +330,70 @@ def test_nccl_protocols_by_size():
                                            "collective", collective=Collective(
                                                "all-reduce", 0, big, big, "bf16")), comm)
     assert nccl.architecture("a100-40gb-sxm") == "ampere"
+
+
+def test_a_systems_nccl_protocol_holds_everywhere_and_takes_nvls_away_unless_simple(tmp_path):
+    """`nccl_protocol` (interconnect.scale_out, or --set) is the NCCL_PROTO a system's
+    environment sets: every collective is priced as that protocol, and NVLS (Simple only)
+    is offered only where Simple is allowed."""
+    h100 = load_spec("h100-sxm")
+    assert h100.nccl_protocol == "auto"
+    comm = _comm("[1,8]<=[8]", 8)
+    cluster = Cluster(8, (("data", 8),))
+
+    def ar(spec, size):
+        node = Node(0, "ar", NodeKind.COLLECTIVE, "all-reduce", "collective",
+                    collective=Collective("all-reduce", 0, size, size, "bf16"))
+        net = NetworkModel(spec, cluster)
+        return net.time(node, comm), set(net.options(node, comm))
+
+    simple = load_spec("h100-sxm", ["nccl_protocol=Simple"])
+    ll = load_spec("h100-sxm", ["nccl_protocol=LL"])
+    assert simple.sources["nccl_protocol"] == "what-if override"
+    # 8 bytes: NCCL's pick is LL; Simple-only pays Simple's base and per-step latency
+    assert ar(h100, 8)[0] < ar(simple, 8)[0]
+    assert ar(simple, 8)[0] == pytest.approx(
+        dataclasses.replace(NetworkModel(h100, cluster), protocol="Simple").time(
+            Node(0, "ar", NodeKind.COLLECTIVE, "all-reduce", "collective",
+                 collective=Collective("all-reduce", 0, 8, 8, "bf16")), comm))
+    big = 1 << 30
+    assert "nvls" in ar(simple, big)[1] and ar(simple, big)[0] == ar(h100, big)[0]
+    assert "nvls" not in ar(ll, big)[1] and ar(ll, big)[0] > ar(h100, big)[0]
+    # in a spec file, under interconnect.scale_out; a word it does not know is one line
+    import yaml
+
+    from flint.hardware_models.spec import SPECS_DIR
+
+    doc = yaml.safe_load((SPECS_DIR / "h100-sxm.yaml").read_text())
+    doc["interconnect"]["scale_out"]["nccl_protocol"] = "Simple"
+    path = tmp_path / "simple.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert load_spec(str(path)).nccl_protocol == "Simple"
+    doc["interconnect"]["scale_out"]["nccl_protocol"] = "LL256"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(FlintError, match="nccl_protocol 'LL256' is not one of auto, Simple"):
+        load_spec(str(path))
+    with pytest.raises(FlintError, match="--set nccl_protocol: 'fast' is not one of"):
+        load_spec("h100-sxm", ["nccl_protocol=fast"])
+
+
+def test_readme_a3_mega_form_prices_a_16_gpu_all_reduce_as_simple_without_nvls(tmp_path):
+    """The README's A3 Mega what-ifs on the DGX H100 spec (`--set nic_bandwidth=200Gb/s
+    --set switch_reduction=none --set nccl_protocol=Simple`): a small all-reduce over two
+    nodes pays Simple's latency; a bad protocol word is one line, exit 2."""
+    comm = _comm("[1,16]<=[16]", 16)
+    nodes = [Node(0, "ar", NodeKind.COLLECTIVE, "all-reduce", "collective",
+                  collective=Collective("all-reduce", 0, 4096, 4096, "bf16"))]
+    g = tmp_path / "g.json"
+    WorkloadGraph(Cluster(16, (("data", 16),)), nodes, [comm]).save(g)
+    a3 = ["--set", "nic_bandwidth=200Gb/s", "--set", "switch_reduction=none",
+          "--set", "nccl_protocol=Simple"]
+    steps = {}
+    for name, sets in (("dgx", []), ("a3", a3)):
+        r = run_flint("estimate", str(g), "--hardware", "h100-sxm", *sets, "--json")
+        assert r.returncode == 0, r.stderr
+        steps[name] = json.loads(r.stdout)["step_time_s"]
+    # NCCL's tree latencies over two nodes: Simple ~92 us, LL (NCCL's pick) ~25 us
+    assert steps["a3"] > 3 * steps["dgx"] and 80e-6 < steps["a3"] < 110e-6
+    r = run_flint("estimate", str(g), "--hardware", "h100-sxm", "--set", "nccl_protocol=LL64")
+    assert r.returncode == 2 and "nccl_protocol" in r.stderr and "Traceback" not in r.stderr

@@ -91,6 +91,7 @@ def test_fuzzed_spec_yaml_loads_or_is_refused(path, value):
 @FUZZ
 @given(st.sampled_from(["hbm_bandwidth", "peak_bf16", "devices_per_node", "scale_up_domain",
                         "nic_latency", "oversubscription", "torus", "fabric", "leaf_group",
+                        "nccl_protocol", "switch_reduction",
                         "bandwith", ""]),
        st.text(max_size=16))
 def test_fuzzed_what_if_applies_or_is_refused(key, value):

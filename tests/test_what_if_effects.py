@@ -52,6 +52,15 @@ def test_the_network_what_ifs_apply_where_the_run_crosses_nodes():
     (faster,) = _effects(TWO_NODES, ["nic_bandwidth=800Gb/s"]).values()
     assert faster["effect"] == "none"
     assert faster["detail"].startswith("no collective of this run is bound by it")
+    # the NCCL_PROTO of an environment that allows Simple only (GCP's TCPXO): tiny's small
+    # messages lose LL's latency
+    simple = _effects(TWO_NODES, ["nccl_protocol=Simple", "nccl_protocol=auto"])
+    assert simple["nccl_protocol=auto"]["detail"] == ("the h100-sxm spec already has "
+                                                      "nccl_protocol = auto")
+    (simple,) = _effects(TWO_NODES, ["nccl_protocol=Simple"]).values()
+    assert simple["effect"] == "applied" and "collectives" in simple["detail"]
+    assert predict(TWO_NODES, what_if=["nccl_protocol=Simple"]).step_time_s > \
+        predict(TWO_NODES).step_time_s
 
 
 @pytest.mark.parametrize("command", ["predict", "estimate"])
