@@ -3,6 +3,11 @@
 `load_spec("h100-sxm", ["hbm_bandwidth=4.8TB/s", "nic_bandwidth=800Gb/s"])` reads the
 figures into SI units (FLOP/s, B/s, B, s) and applies what-if overrides, checking units.
 A path to a YAML file (e.g. a calibrated model) works in place of a name.
+
+A spec may start from a shipped one: `based_on: h100-sxm` takes that spec's document and
+replaces what this one states (a figure whole, a section key by key), so a system that is
+another's GPU in other surroundings (GCP's A3 Mega: the DGX H100's GPU, its own NICs and
+NCCL environment) states only where it differs, each with its own source.
 """
 from __future__ import annotations
 
@@ -148,6 +153,13 @@ def load_spec(name_or_path: str, overrides=()) -> HardwareSpec:
 def _parsed(path: str, mtime_ns: int) -> HardwareSpec:
     """A spec file read and checked once per version of the file (sweeps and plans load
     the same spec thousands of times); the spec is frozen, so sharing it is safe."""
+    doc = _document(path)
+    check_spec_doc(doc, path)
+    return spec_from_doc(doc, path)
+
+
+def _document(path: str, chain: tuple = ()) -> dict:
+    """The spec file's YAML, on top of the shipped spec it is `based_on` (if any)."""
     import yaml
 
     try:
@@ -157,8 +169,31 @@ def _parsed(path: str, mtime_ns: int) -> HardwareSpec:
     except (yaml.YAMLError, RecursionError) as e:
         first = (str(e) or "nested too deeply").splitlines()[0]
         raise FlintError(f"{path}: not valid YAML: {first}") from None
-    check_spec_doc(doc, path)
-    return spec_from_doc(doc, path)
+    if not (isinstance(doc, dict) and "based_on" in doc):
+        return doc
+    base = doc["based_on"]
+    if not isinstance(base, str) or base not in spec_names():
+        raise FlintError(f"{path}: based_on {base!r} is not a shipped spec (known: "
+                         f"{', '.join(spec_names())})")
+    if base in chain:
+        raise FlintError(f"{path}: based_on {base!r} goes round in a circle "
+                         f"({' -> '.join(chain + (base,))})")
+    own = {k: v for k, v in doc.items() if k != "based_on"}
+    return _merged(_document(str(SPECS_DIR / f"{base}.yaml"), chain + (base,)), own)
+
+
+def _merged(base: dict, own: dict) -> dict:
+    """`own` over `base`: a section merges key by key; a figure ({value, source}) or any
+    other value replaces the base's whole."""
+    out = dict(base)
+    for key, value in own.items():
+        below = out.get(key)
+        if (isinstance(value, dict) and isinstance(below, dict) and "value" not in value
+                and "value" not in below):
+            out[key] = _merged(below, value)
+        else:
+            out[key] = value
+    return out
 
 
 def spec_from_doc(doc: dict, where: str) -> HardwareSpec:

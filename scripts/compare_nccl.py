@@ -43,9 +43,6 @@ class System:
     table: str = ""               # a curve of its own file (scripts/tables), not section 4
 
 
-# GCP A3 Mega (a3-megagpu-8g) as what-ifs on the DGX H100 spec: its NICs and its NCCL
-# environment (the README's A3 Mega example)
-A3_MEGA = ("nic_bandwidth=200Gb/s", "switch_reduction=none", "nccl_protocol=Simple")
 SYSTEMS = (
     System("DGX H100 8 GPUs (4a)", "h100-sxm", 8, 8, 0, "ip_time_us",
            note="NCCL's default algorithm (none forced)"),
@@ -59,9 +56,8 @@ SYSTEMS = (
            note="the source runs NCCL_ALGO=Ring; 4 GPUs (one VM) assumed by the table"),
     # A3 Mega: 8 x 200 Gb/s NICs per 8-GPU node (GPUDirect-TCPXO), as the table states,
     # under the NCCL environment GCP's TCPXO recipes set (NCCL_PROTO=Simple,
-    # NCCL_NVLS_ENABLE=0: hardware_models/spec.py NCCL_PROTOCOLS)
-    System("A3 Mega 2x8 H100 (4c)", "h100-sxm", 16, 8, 2, "ip_time_us",
-           overrides=A3_MEGA,
+    # NCCL_NVLS_ENABLE=0): the a3-mega spec
+    System("A3 Mega 2x8 H100 (4c)", "a3-mega", 16, 8, 2, "ip_time_us",
            note="8 x 200 Gb/s TCPXO NICs per node; Simple only, no NVLS, as GCP's "
                 "TCPXO environment sets"),
     System("MI300X 8 GPUs, RCCL (ROCm blog)", "mi300x", 8, 8, 0, "busbw_GBps",

@@ -36,10 +36,11 @@ SYSTEMS = {  # published system -> hardware spec (each spec names its compile ta
     "dgx-gb200": "gb200-nvl72", "dgx-gb300": "gb300-nvl72", "a100": "a100-80gb-sxm",
     "v5p": "tpu-v5p", "v5e": "tpu-v5e", "v4": "tpu-v4", "v6e": "tpu-v6e",
 }
-# a system named otherwise ("DGX A100 80GB", "8x H200 SXM", "MI300X", "DGX-2H"): the first
-# of these tokens it contains (a V100 is a DGX-1's unless the system is a DGX-2); a PCIe
+# a system named otherwise ("DGX A100 80GB", "8x H200 SXM", "MI300X", "DGX-2H", "GCP A3
+# Mega"): the first of these tokens it contains (a V100 is a DGX-1's unless the system is a DGX-2); a PCIe
 # card or a 40 GB A100 is another part, not these specs
-SYSTEM_TOKENS = (("gb300", "gb300-nvl72"), ("gb200", "gb200-nvl72"), ("b300", "b300"),
+SYSTEM_TOKENS = (("a3 mega", "a3-mega"), ("a3-mega", "a3-mega"), ("a3mega", "a3-mega"),
+                 ("a3-megagpu", "a3-mega"), ("gb300", "gb300-nvl72"), ("gb200", "gb200-nvl72"), ("b300", "b300"),
                  ("b200", "b200"), ("h200", "h200"), ("h100", "h100-sxm"),
                  ("h800", "h800-sxm"), ("a100", "a100-80gb-sxm"), ("a800", "a800-80gb-sxm"),
                  ("mi300x", "mi300x"), ("mi325x", "mi325x"),

@@ -377,10 +377,11 @@ def test_a_systems_nccl_protocol_holds_everywhere_and_takes_nvls_away_unless_sim
         load_spec("h100-sxm", ["nccl_protocol=fast"])
 
 
-def test_readme_a3_mega_form_prices_a_16_gpu_all_reduce_as_simple_without_nvls(tmp_path):
-    """The README's A3 Mega what-ifs on the DGX H100 spec (`--set nic_bandwidth=200Gb/s
-    --set switch_reduction=none --set nccl_protocol=Simple`): a small all-reduce over two
-    nodes pays Simple's latency; a bad protocol word is one line, exit 2."""
+def test_readme_a3_mega_spec_prices_a_16_gpu_all_reduce_as_simple_without_nvls(tmp_path):
+    """The README's `--hardware a3-mega` (based_on h100-sxm): the DGX H100 spec with its
+    NICs, NVLS off and Simple only, as those three what-ifs on h100-sxm price it; a small
+    all-reduce over two nodes pays Simple's latency; a bad protocol word is one line,
+    exit 2."""
     comm = _comm("[1,16]<=[16]", 16)
     nodes = [Node(0, "ar", NodeKind.COLLECTIVE, "all-reduce", "collective",
                   collective=Collective("all-reduce", 0, 4096, 4096, "bf16"))]
@@ -389,11 +390,35 @@ def test_readme_a3_mega_form_prices_a_16_gpu_all_reduce_as_simple_without_nvls(t
     a3 = ["--set", "nic_bandwidth=200Gb/s", "--set", "switch_reduction=none",
           "--set", "nccl_protocol=Simple"]
     steps = {}
-    for name, sets in (("dgx", []), ("a3", a3)):
-        r = run_flint("estimate", str(g), "--hardware", "h100-sxm", *sets, "--json")
+    for name, args in (("dgx", ["--hardware", "h100-sxm"]), ("a3", ["--hardware", "a3-mega"]),
+                       ("sets", ["--hardware", "h100-sxm", *a3])):
+        r = run_flint("estimate", str(g), *args, "--json")
         assert r.returncode == 0, r.stderr
         steps[name] = json.loads(r.stdout)["step_time_s"]
+    assert steps["a3"] == steps["sets"]
     # NCCL's tree latencies over two nodes: Simple ~92 us, LL (NCCL's pick) ~25 us
     assert steps["a3"] > 3 * steps["dgx"] and 80e-6 < steps["a3"] < 110e-6
     r = run_flint("estimate", str(g), "--hardware", "h100-sxm", "--set", "nccl_protocol=LL64")
     assert r.returncode == 2 and "nccl_protocol" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_spec_based_on_a_shipped_one_states_only_where_it_differs(tmp_path):
+    """`based_on`: the shipped spec's document under this one's; a figure is replaced
+    whole, a section key by key; a base that is not a shipped spec is one line."""
+    h100, a3 = load_spec("h100-sxm"), load_spec("a3-mega")
+    assert a3.peak_flops == h100.peak_flops and a3.hbm_bandwidth == h100.hbm_bandwidth
+    assert a3.sources["peak_bf16"] == h100.sources["peak_bf16"]
+    assert a3.scale_up_bandwidth == h100.scale_up_bandwidth     # scale_up merged by key
+    assert (a3.nic_bandwidth, a3.switch_reduction, a3.nccl_protocol) == (25e9, "none",
+                                                                         "Simple")
+    assert "TCPXO" in a3.sources["nic_bandwidth"] and a3.compile_target == "h100-sxm"
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("based_on: a3-mega\nname: mine\nmemory:\n  hbm_bandwidth: "
+                    "{value: 3.0 TB/s, source: my measurement}\n")
+    s = load_spec(str(mine))
+    assert (s.name, s.hbm_bandwidth, s.hbm_capacity, s.nccl_protocol) == (
+        "mine", 3.0e12, h100.hbm_capacity, "Simple")
+    assert s.sources["hbm_bandwidth"] == "my measurement"
+    mine.write_text("based_on: h100-sxxm\nname: mine\n")
+    with pytest.raises(FlintError, match="based_on 'h100-sxxm' is not a shipped spec"):
+        load_spec(str(mine))

@@ -232,7 +232,7 @@ def test_a_row_states_its_recompute_in_words(tmp_path):
 
 def test_a_held_out_system_named_its_own_way_finds_its_spec():
     """'DGX A100 80GB', '8x H200 SXM', 'MI300X', 'TPU v5p', an H800, a V100 (a DGX-1's
-    unless the system is a DGX-2, or the 450 W DGX-2H) name specs Flint has; a PCIe card, an H100 NVL or an
+    unless the system is a DGX-2, or the 450 W DGX-2H), GCP's A3 Mega name specs Flint has; a PCIe card, an H100 NVL or an
     H20 name parts it has none for (not rebuildable)."""
     from published_rows import system_spec
 
@@ -241,7 +241,9 @@ def test_a_held_out_system_named_its_own_way_finds_its_spec():
              "TPU v5p": "tpu-v5p", "ND A100 v4": "a100-80gb-sxm", "dgx-h100": "h100-sxm",
              "V100": "v100-sxm2", "DGX-2": "v100-dgx2", "DGX-2H V100": "v100-dgx2h",
              "MI325X": "mi325x",
-             "H800": "h800-sxm", "A800-SXM4-80GB": "a800-80gb-sxm"}
+             "H800": "h800-sxm", "A800-SXM4-80GB": "a800-80gb-sxm",
+             # GCP's A3 Mega is an H100 node with its own network: its own spec
+             "GCP A3 Mega (8x H100)": "a3-mega", "a3-megagpu-8g": "a3-mega"}
     assert {name: system_spec(name) for name in named} == named
     assert [system_spec(t) for t in ("H100 PCIe", "H100 NVL", "V100 PCIe", "H20")] == [""] * 4
 
