@@ -89,6 +89,8 @@ def training_run(row: Row):
         run = replace(run, overlap_grad_reduce=row.overlap_grad_reduce)
     if row.collective_matmul != "auto":
         run = replace(run, collective_matmul=row.collective_matmul)
+    if row.tp_comm_overlap is not None:
+        run = replace(run, tp_comm_overlap=row.tp_comm_overlap)
     if row.lora_rank:
         run = replace(run, lora_rank=row.lora_rank, lora_targets=row.lora_targets,
                       lora_base=row.lora_base)

@@ -63,6 +63,8 @@ def published_cases(path: Path = TABLE) -> list[Case]:
                         case.fields["overlap_grad_reduce"] = row.overlap_grad_reduce
                     if row.collective_matmul != "auto":     # the config's XLA flags
                         case.fields["collective_matmul"] = row.collective_matmul
+                    if row.tp_comm_overlap is not None:     # the config's userbuffers
+                        case.fields["tp_comm_overlap"] = row.tp_comm_overlap
                     if row.lora_rank:                   # LoRA fine-tuning's adapters
                         case.fields.update(lora_rank=row.lora_rank,
                                            lora_targets=run.lora_targets,

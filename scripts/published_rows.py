@@ -78,6 +78,7 @@ PRECISION = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "fp8-cs": "fp8", "mxf
 # all-reduces each gradient bucket as the backward fills it) or local (megatron/model/
 # distributed.py, allreduce_gradients after the backward, from train_step)
 DDP_OVERLAP = {"torch": True, "local": False}
+YES_NO = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 # the model dims a row may state (tables of custom GPTs), flint.models.describe's keys
 SHAPE_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
 
@@ -117,6 +118,9 @@ class Row:
     what_if: tuple = ()               # spec overrides the row's cluster states (TPU slices)
     # XLA's collective matmul as the row's config sets it (TrainingRun.collective_matmul)
     collective_matmul: str = "auto"
+    # Megatron's TP communication overlap as the row's config sets it (a `tp_comm_overlap`
+    # column: NeMo's ub_tp_comm_overlap); None: not stated (the framework's era decides)
+    tp_comm_overlap: bool | None = None
     # LoRA fine-tuning (TrainingRun.lora_rank / lora_targets): 0 trains every weight
     lora_rank: int = 0
     lora_targets: str = ""
@@ -276,6 +280,12 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
     row.tp, row.pp = int(num("tp", default=1)), int(num("pp", default=1))
     row.cp = int(num("cp", default=1))
     row.vp = row.vp if section == "4" else int(num("vp", default=1))
+    overlap = str(r.get("tp_comm_overlap") or "").strip().lower()
+    if overlap:
+        row.tp_comm_overlap = YES_NO.get(overlap)
+        if row.tp_comm_overlap is None:
+            row.reason = f"tp_comm_overlap {overlap!r} is not true or false"
+            return
     ddp = str(r.get("ddp") or "").strip().lower()
     if ddp:
         row.overlap_grad_reduce = DDP_OVERLAP.get(ddp)
@@ -307,6 +317,11 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
         row.remat, row.recompute_layers = "full", max(1, layers // row.pp // 2)
     elif "full" in stated or re.search(r"^\s*(true|yes|on)\s*$", stated):
         row.remat = "full"         # a yes/no column checkpoints whole blocks
+    elif re.search(r"^\s*minimal(_flash)?\s*$", stated):
+        # MaxText's remat_policy minimal (the dots without batch dimensions saved) and
+        # minimal_flash (those and the attention output): with a fused attention kernel
+        # both keep what Flint's `dots` keeps (published_maxtext.maxtext_2023)
+        row.remat = "dots"
     elif re.search(r"\bnone\b|\bno\b|\boff\b|false", stated):
         row.remat = "none"
     if section == "2d":

@@ -101,10 +101,17 @@ def test_the_repo_table_beyond_the_shared_ones_is_rebuildable():
     from flint.run import TrainingRun
 
     cases = published_cases(REPO / "scripts" / "tables" / "beyond-shared.md")
-    assert len(cases) == 54 and not [c.reason for c in cases if c.reason]
+    assert len(cases) == 57 and not [c.reason for c in cases if c.reason]
     assert {c.section: c.era for c in cases} == {
         "8": "megatron-lm-2021", "7a": "pytorch", "7b": "pytorch", "9": "megatron-lm-2019",
-        "7c": "pytorch", "7d": "pytorch-compile"}
+        "7c": "pytorch", "7d": "pytorch-compile", "10a": "megatron-core", "10b": "maxtext"}
+    # GCP's A3 Mega recipes: its own spec; NeMo's configs turn userbuffers off, MaxText's
+    # shards within a VM and replicates across VMs, its minimal_flash keeping the dots
+    a3 = [c for c in cases if c.section.startswith("10")]
+    assert {c.fields["hardware"] for c in a3} == {"a3-mega"}
+    assert [c.fields.get("tp_comm_overlap") for c in a3] == [False, False, None]
+    assert (a3[2].fields["zero"], a3[2].fields["hsdp"], a3[2].fields["remat"],
+            a3[2].fields["micro_batch"]) == (3, 8, "dots", 4)
     # torchtitan on Grand Teton H100s: the part's memory as the page states it (spec
     # overrides), torchao's Float8 linears under torch.compile
     titan_h100 = [c for c in cases if c.section in ("7c", "7d")]
@@ -209,6 +216,27 @@ def test_a_row_states_its_sharding_in_words(tmp_path):
         ("torch-eager", 3, True, 8), ("torch-eager", 0, True, 0)]
 
 
+def test_a_row_states_its_tp_comm_overlap(tmp_path):
+    """A `tp_comm_overlap` column (NeMo's ub_tp_comm_overlap) wins over the era's rule
+    (Megatron-Core recipes: the framework's default, on under TP); a word that is not
+    yes or no is one reason, not a guess."""
+    from fidelity_families import applicable, variant_fields
+    from fidelity_published import published_cases
+
+    from flint.run import TrainingRun
+
+    rows = "".join(f"GPT3-175B,DGX-H100,256,4,8,2,1,2048,2048,FP8,{o},25.1\n"
+                   for o in ("false", "true", "", "maybe"))
+    path = tmp_path / "held.md"
+    path.write_text("## 11. NeMo on H100 (a recipe)\n\n```csv\nmodel,system,gpus,tp,pp,vp,"
+                    f"mbs,gbs,seq,precision,tp_comm_overlap,step_time_s\n{rows}```\n")
+    off, on, silent, bad = published_cases(path)
+    assert "tp_comm_overlap 'maybe' is not true or false" in bad.reason
+    runs = [TrainingRun(**variant_fields(c, applicable(c))) for c in (off, on, silent)]
+    assert [r.tp_comm_overlap for r in runs] == [False, True, True]
+    assert "tp_comm_overlap" not in silent.fields
+
+
 def test_a_row_states_its_recompute_in_words(tmp_path):
     """torchtitan's 'selective layer' checkpoints every second block; a yes/no column's yes
     checkpoints whole blocks; a stated recompute is never refitted to memory (M8)."""
@@ -216,18 +244,19 @@ def test_a_row_states_its_recompute_in_words(tmp_path):
     from fidelity_published import published_cases
 
     rows = "".join(f"Llama2-13B,H100,64,1,1,64,128,4096,BF16,2.0,{ac}\n" for ac in (
-        "selective layer", "true", "no", ""))
+        "selective layer", "true", "no", "", "minimal_flash"))
     path = tmp_path / "held.md"
     path.write_text("## 9. NVIDIA Megatron-Core scaling\n\n```csv\nmodel,system,gpus,tp,pp,"
                     f"fsdp,gbs,seq,precision,step_time_s,activation_checkpointing\n{rows}```\n")
     cases = published_cases(path)
+    # MaxText's minimal / minimal_flash: the dots (and the fused attention's output) kept
     assert [(c.fields.get("remat"), c.fields.get("recompute_layers")) for c in cases] == [
-        ("full", 20), ("full", 0), ("none", 0), (None, None)]
+        ("full", 20), ("full", 0), ("none", 0), (None, None), ("dots", 0)]
     # an unstated recompute is the framework's (its era's), selective unless one says so
     from fidelity_families import variant_fields
     assert variant_fields(cases[3], []).get("remat", "selective") == "selective"
     fitted = [any(m.fit_memory for m in applicable(c)) for c in cases]
-    assert fitted == [False, False, False, True]
+    assert fitted == [False, False, False, True, False]
 
 
 def test_a_held_out_system_named_its_own_way_finds_its_spec():
@@ -281,6 +310,20 @@ def test_documented_pytorch_check_on_the_repo_table(tmp_path, capsys):
     assert "published 7c torchtitan eager x PyTorch FSDP/DDP x H100" in out
     assert "x PyTorch FSDP + torch.compile x H100" in out          # 7d, Float8 rows
     assert "Narayanan" not in out
+
+
+def test_documented_a3_mega_check_on_the_repo_table(tmp_path, capsys):
+    """README: `fidelity.py --file scripts/tables/beyond-shared.md --families 'A3 Mega'`
+    selects GCP's A3 Mega recipes, NeMo's and MaxText's (bounded here by --cached-only)."""
+    import fidelity
+
+    table = str(REPO / "scripts" / "tables" / "beyond-shared.md")
+    assert fidelity.main(["--file", table, "--families", "A3 Mega", "--cached-only",
+                          "--no-lofo", "--quiet", "--cache", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "published 10a A3 Mega NeMo recipes x Megatron-Core+TE x H100" in out
+    assert "published 10b A3 Mega MaxText recipe x MaxText/XLA x H100" in out
+    assert "torchtitan" not in out and "Narayanan" not in out
 
 
 def test_sharding_is_read_from_any_column_named_for_it():
