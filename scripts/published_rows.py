@@ -79,6 +79,11 @@ PRECISION = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "fp8-cs": "fp8", "mxf
 # distributed.py, allreduce_gradients after the backward, from train_step)
 DDP_OVERLAP = {"torch": True, "local": False}
 YES_NO = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+# (column, its words' meanings, Row field, why a word it does not know stops the row)
+WORD_COLUMNS = (("tp_comm_overlap", YES_NO, "tp_comm_overlap",
+                 "tp_comm_overlap {} is not true or false"),
+                ("ddp", DDP_OVERLAP, "overlap_grad_reduce",
+                 "data-parallel wrapper {} not modelled"))
 # the model dims a row may state (tables of custom GPTs), flint.models.describe's keys
 SHAPE_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
 
@@ -280,18 +285,15 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
     row.tp, row.pp = int(num("tp", default=1)), int(num("pp", default=1))
     row.cp = int(num("cp", default=1))
     row.vp = row.vp if section == "4" else int(num("vp", default=1))
-    overlap = str(r.get("tp_comm_overlap") or "").strip().lower()
-    if overlap:
-        row.tp_comm_overlap = YES_NO.get(overlap)
-        if row.tp_comm_overlap is None:
-            row.reason = f"tp_comm_overlap {overlap!r} is not true or false"
+    # word columns: what the row's config says of an overlap (a word it does not know is
+    # one reason, not a guess)
+    for column, meanings, name, refusal in WORD_COLUMNS:
+        word = str(r.get(column) or "").strip().lower()
+        if word and meanings.get(word) is None:
+            row.reason = refusal.format(repr(word))
             return
-    ddp = str(r.get("ddp") or "").strip().lower()
-    if ddp:
-        row.overlap_grad_reduce = DDP_OVERLAP.get(ddp)
-        if row.overlap_grad_reduce is None:
-            row.reason = f"data-parallel wrapper {ddp!r} not modelled"
-            return
+        if word:
+            setattr(row, name, meanings[word])
     row.fsdp = (num("fsdp", default=0) or 0) > 0
     stated = stated_sharding(r)
     for key, value in stated.items():

@@ -296,34 +296,26 @@ def test_a_held_out_row_gives_its_time_under_other_names(tmp_path, column, value
         assert case.reason.startswith("no step time, tokens/s or samples/s in the row")
 
 
-def test_documented_pytorch_check_on_the_repo_table(tmp_path, capsys):
-    """README: `fidelity.py --file scripts/tables/beyond-shared.md --families PyTorch`
-    selects the torchtitan and llm-foundry families (bounded here by --cached-only)."""
+@pytest.mark.parametrize("families, present, absent", [
+    # the torchtitan and llm-foundry families (7d: the Float8 rows under torch.compile)
+    ("PyTorch", ("published 7a torchtitan x PyTorch FSDP/DDP x A100",
+                 "published 7b llm-foundry x PyTorch FSDP/DDP x H100",
+                 "published 7c torchtitan eager x PyTorch FSDP/DDP x H100",
+                 "x PyTorch FSDP + torch.compile x H100"), ("Narayanan",)),
+    # GCP's A3 Mega recipes, NeMo's and MaxText's
+    ("A3 Mega", ("published 10a A3 Mega NeMo recipes x Megatron-Core+TE x H100",
+                 "published 10b A3 Mega MaxText recipe x MaxText/XLA x H100"),
+     ("torchtitan", "Narayanan"))])
+def test_documented_checks_on_the_repo_table(tmp_path, capsys, families, present, absent):
+    """README: `fidelity.py --file scripts/tables/beyond-shared.md --families PyTorch` and
+    `--families 'A3 Mega'` select those families (bounded here by --cached-only)."""
     import fidelity
 
     table = str(REPO / "scripts" / "tables" / "beyond-shared.md")
-    assert fidelity.main(["--file", table, "--families", "PyTorch", "--cached-only",
+    assert fidelity.main(["--file", table, "--families", families, "--cached-only",
                           "--no-lofo", "--quiet", "--cache", str(tmp_path / "c")]) == 0
     out = capsys.readouterr().out
-    assert "published 7a torchtitan x PyTorch FSDP/DDP x A100" in out
-    assert "published 7b llm-foundry x PyTorch FSDP/DDP x H100" in out
-    assert "published 7c torchtitan eager x PyTorch FSDP/DDP x H100" in out
-    assert "x PyTorch FSDP + torch.compile x H100" in out          # 7d, Float8 rows
-    assert "Narayanan" not in out
-
-
-def test_documented_a3_mega_check_on_the_repo_table(tmp_path, capsys):
-    """README: `fidelity.py --file scripts/tables/beyond-shared.md --families 'A3 Mega'`
-    selects GCP's A3 Mega recipes, NeMo's and MaxText's (bounded here by --cached-only)."""
-    import fidelity
-
-    table = str(REPO / "scripts" / "tables" / "beyond-shared.md")
-    assert fidelity.main(["--file", table, "--families", "A3 Mega", "--cached-only",
-                          "--no-lofo", "--quiet", "--cache", str(tmp_path / "c")]) == 0
-    out = capsys.readouterr().out
-    assert "published 10a A3 Mega NeMo recipes x Megatron-Core+TE x H100" in out
-    assert "published 10b A3 Mega MaxText recipe x MaxText/XLA x H100" in out
-    assert "torchtitan" not in out and "Narayanan" not in out
+    assert all(p in out for p in present) and not any(a in out for a in absent)
 
 
 def test_sharding_is_read_from_any_column_named_for_it():
