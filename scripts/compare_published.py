@@ -31,7 +31,7 @@ Assumptions (the same for every row, never chosen per row):
 - Activation recompute: Megatron-family rows use "selective" (recompute the attention
   core only, Megatron's documented default with flash attention, which stores no S x S
   activations); rows that state "full" use full layer recompute.
-- Data parallelism: what a row states in words (published_rows.stated_sharding: FSDP's
+- Data parallelism: what a row states in words (table_columns.stated_sharding: FSDP's
   FULL_SHARD / HYBRID_SHARD / NO_SHARD, DDP, a ZeRO stage; SHARD_GRAD_OP's parameters kept
   from forward to backward are FSDP2's option, which scripts/fidelity.py applies to the
   PyTorch families); else FSDP column > 0 -> ZeRO-3 sharding (fsdp axis); otherwise data

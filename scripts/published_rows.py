@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from published_maxtext import maxtext_2023, maxtext_offload, no_collective_matmul  # noqa: E402
-from table_columns import first_number, published_step  # noqa: E402
+from table_columns import (WORD_COLUMNS, first_number, published_step,  # noqa: E402
+                           stated_sharding)
 
 TABLE = REPO.parent / "shared" / "tables" / "published.md"
 WITHIN = 0.10
@@ -74,16 +75,6 @@ PRECISION = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "fp8-cs": "fp8", "mxf
              # *-mixed, dtype names): the GEMMs run in the half type
              "amp_bf16": "bf16", "bf16-mixed": "bf16", "bfloat16": "bf16",
              "amp_fp16": "bf16", "16-mixed": "bf16", "float16": "bf16", "amp_fp8": "fp8"}
-# Megatron-LM's --DDP-impl: torch (PyTorch DistributedDataParallel, whose reducer
-# all-reduces each gradient bucket as the backward fills it) or local (megatron/model/
-# distributed.py, allreduce_gradients after the backward, from train_step)
-DDP_OVERLAP = {"torch": True, "local": False}
-YES_NO = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
-# (column, its words' meanings, Row field, why a word it does not know stops the row)
-WORD_COLUMNS = (("tp_comm_overlap", YES_NO, "tp_comm_overlap",
-                 "tp_comm_overlap {} is not true or false"),
-                ("ddp", DDP_OVERLAP, "overlap_grad_reduce",
-                 "data-parallel wrapper {} not modelled"))
 # the model dims a row may state (tables of custom GPTs), flint.models.describe's keys
 SHAPE_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
 
@@ -356,38 +347,6 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
 
 # the columns a table states its data-parallel flavour in: "sharding_strategy",
 # "fsdp_mode", "zero_stage", "dp_type", "data_parallel", "strategy", ...
-SHARDING_COLUMN = re.compile(r"shard|zero|fsdp|strateg|data[_ ]parallel|dp[_ ]type", re.I)
-
-
-def stated_sharding(r: dict) -> dict:
-    """The data-parallel flavour a row states in words (PyTorch FSDP's ShardingStrategy,
-    DeepSpeed's ZeRO stage, DDP): {} when it states none. FULL_SHARD and ZeRO-3 shard the
-    parameters and gather them per layer twice (forward, backward); SHARD_GRAD_OP keeps
-    the gathered parameters from forward to backward (FSDP docs: 'parameters are not
-    freed after forward'); HYBRID_SHARD does either within a host and all-reduces across
-    hosts; ZeRO-2 shards gradients and optimizer, ZeRO-1 the optimizer; NO_SHARD and DDP
-    all-reduce the gradients."""
-    columns = [c for c in r if c and SHARDING_COLUMN.search(c)]
-    text = " ".join(str(r.get(c) or "") for c in columns if first_number(r.get(c)) is None)
-    text = re.sub(r"[\s-]+", "_", text.lower())
-    stage = next((int(first_number(r[c])) for c in columns if "zero" in c.lower()
-                  and first_number(r.get(c)) is not None), None)
-    out: dict = {}
-    if "no_shard" in text or re.search(r"(^|_)ddp($|_)", text) or stage == 0:
-        out["zero"] = 0
-    elif "hybrid" in text or "hsdp" in text:
-        out.update(zero=3, hybrid=True, reshard_after_forward="zero2" not in text)
-    elif "shard_grad_op" in text:
-        out.update(zero=3, reshard_after_forward=False)
-    elif "full_shard" in text or re.search(r"zero_?3|fsdp", text) or stage == 3:
-        out["zero"] = 3
-    elif re.search(r"zero_?2", text) or stage == 2:
-        out["zero"] = 2
-    elif re.search(r"zero_?1|distributed_optimizer", text) or stage == 1:
-        out["zero"] = 1
-    return out
-
-
 def _have_libtpu() -> bool:
     try:
         import libtpu  # noqa: F401
