@@ -17,7 +17,8 @@ def maxtext_2023(row, r: dict, spec_name: str) -> None:
     `1x v5p-128`: a most-cubic torus of chips / slices. Remat `minimal` is MaxText's
     policy of that time, jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims: the
     projections' outputs are kept, the rest recomputed; with the fused attention kernel
-    (attention=flash) no batched dot is left, so the zoo's `dots` policy is the same.
+    (attention=flash) no batched dot is left, so the zoo's `dots` policy is the same
+    (published_rows reads it with every table's recompute column).
     `spec_name`: the hardware spec of the row's system (its torus, for a slice)."""
     from flint.hardware_models.spec import load_spec
     from flint.hardware_models.topology import most_cubic_slice
@@ -40,8 +41,6 @@ def maxtext_2023(row, r: dict, spec_name: str) -> None:
         row.hsdp = per_slice // row.tp      # FSDP within a slice, replicas across
         spec = load_spec(spec_name)
         row.what_if = (f"torus={most_cubic_slice(spec, per_slice)}",)
-    stated = str(r.get("remat", "")).strip().lower()
-    row.remat = {"minimal": "dots", "full": "full"}.get(stated, row.remat)
 
 
 # MaxText configs whose xla_flags add DISABLE_COLLECTIVE_MATMUL (benchmarks/

@@ -313,7 +313,7 @@ def _fill(row: Row, section: str, r: dict, name: str) -> None:
     elif re.search(r"^\s*minimal(_flash)?\s*$", stated):
         # MaxText's remat_policy minimal (the dots without batch dimensions saved) and
         # minimal_flash (those and the attention output): with a fused attention kernel
-        # both keep what Flint's `dots` keeps (published_maxtext.maxtext_2023)
+        # both keep what Flint's `dots` keeps (published_maxtext.maxtext_2023 says why)
         row.remat = "dots"
     elif re.search(r"\bnone\b|\bno\b|\boff\b|false", stated):
         row.remat = "none"

@@ -74,6 +74,17 @@ def run_cli(argv) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
+def communicator(spec_text: str, n: int):
+    """The Communicator of replica groups `spec_text` over n devices on a mesh of data x
+    model (8 per node), as an extracted graph carries it."""
+    from flint.graph import Communicator
+    from flint.hlo.replica_groups import mesh_axes_spanned, parse_replica_groups
+
+    g = parse_replica_groups(spec_text, n)
+    return Communicator(0, "groups", spec_text, n, g.shape[1], g.shape[0],
+                        mesh_axes_spanned(g, [("data", n // 8), ("model", 8)]))
+
+
 def cli_json_per(argv, flag: str, values) -> dict:
     """`argv` (a --json command) run once per value of `flag`, each exiting 0: its JSON
     output by value."""

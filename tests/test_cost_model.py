@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import run_flint
+from conftest import communicator, run_flint
 from flint.cluster import Cluster
 from flint.errors import FlintError
 from flint.graph import Collective, Communicator, Node, NodeKind, WorkloadGraph
@@ -84,22 +84,14 @@ def test_bad_specs(tmp_path, edit, msg):
         load_spec(str(p))
 
 
-def _comm(spec_text, n):
-    from flint.hlo.replica_groups import mesh_axes_spanned, parse_replica_groups
-
-    g = parse_replica_groups(spec_text, n)
-    return Communicator(0, "groups", spec_text, n, g.shape[1], g.shape[0],
-                        mesh_axes_spanned(g, [("data", n // 8), ("model", 8)]))
-
-
 def test_network_levels_and_algorithms(spec_path):
     spec = load_spec(str(spec_path))
     net = NetworkModel(spec, Cluster(64, (("data", 8), ("model", 8))))
     s = 1 << 30
     node = Node(0, "ar", NodeKind.COLLECTIVE, "all-reduce", "collective",
                 collective=Collective("all-reduce", 0, s, s, "bf16"))
-    inside = _comm("[8,8]<=[64]", 64)          # model axis: one NVLink domain
-    across = _comm("[8,8]<=[8,8]T(1,0)", 64)   # data axis: one rank per node
+    inside = communicator("[8,8]<=[64]", 64)          # model axis: one NVLink domain
+    across = communicator("[8,8]<=[8,8]T(1,0)", 64)   # data axis: one rank per node
     # NCCL ring, Simple protocol at 1 GiB: base latency 8.4 us + 14 steps of the spec's
     # stated 2 us + the bus bytes at 80% of the link (bus efficiency) + filling the
     # pipeline (nccl.PIPELINE_FILL_BYTES of the buffer at the ring's algorithm bandwidth,
@@ -108,7 +100,7 @@ def test_network_levels_and_algorithms(spec_path):
     assert net.time(node, inside) == pytest.approx(ring_inside)
     assert net.placement(across).domains == 8
     assert net.time(node, across) > 5 * net.time(node, inside)  # NIC is 8x slower
-    everyone = _comm("[1,64]<=[64]", 64)
+    everyone = communicator("[1,64]<=[64]", 64)
     # Across nodes NCCL's rings stripe their channels over the node's 8 NICs while the
     # NVLink carries them too: bus bandwidth min(NVLink, 8 x NIC), not one NIC's.
     ring = dataclasses.replace(net, algorithm="ring", latency_free=True).time(node, everyone)
@@ -127,7 +119,7 @@ def test_oversubscription_applies_past_one_leaf_group(spec_path):
     s = 1 << 30
     node = Node(0, "ag", NodeKind.COLLECTIVE, "all-gather", "collective",
                 collective=Collective("all-gather", 0, s, s, "bf16"))
-    two_leaves = _comm("[8,8]<=[8,8]T(1,0)", 64)  # one rank per node, nodes 0-7
+    two_leaves = communicator("[8,8]<=[8,8]T(1,0)", 64)  # one rank per node, nodes 0-7
     four_nodes = Communicator(1, "groups", "{{0,8,16,24},{32,40,48,56}}", 64, 4, 2, ("data",))
     assert net.placement(two_leaves).leaves == 2 and net.placement(four_nodes).leaves == 1
     flat = load_spec(str(spec_path), ["leaf_group=32 devices"])
@@ -138,7 +130,7 @@ def test_oversubscription_applies_past_one_leaf_group(spec_path):
 
 
 def _toy_graph(async_comm: bool) -> WorkloadGraph:
-    comm = _comm("[1,8]<=[8]", 8)
+    comm = communicator("[1,8]<=[8]", 8)
     mm = dict(kind=NodeKind.COMPUTE, op="dot", op_class="gemm", flops=2e12,
               operands=["bf16[8192,8192]"])
     nodes = [Node(0, "g0", **mm),
@@ -290,7 +282,7 @@ def test_nccl_protocols_by_size():
 
     h100 = load_spec("h100-sxm")
     net = NetworkModel(h100, Cluster(8, (("data", 8),)))
-    comm = _comm("[1,8]<=[8]", 8)
+    comm = communicator("[1,8]<=[8]", 8)
 
     def ar(size, **kw):
         node = Node(0, "ar", NodeKind.COLLECTIVE, "all-reduce", "collective",

@@ -5,18 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import communicator
 from flint.cluster import Cluster
-from flint.graph import Collective, Communicator, Node, NodeKind, WorkloadGraph
+from flint.graph import Collective, Node, NodeKind, WorkloadGraph
 from flint.hardware_models.cost_model import default_cost_model
 from flint.hardware_models.spec import load_spec
-
-
-def _comm(spec_text, n):
-    from flint.hlo.replica_groups import mesh_axes_spanned, parse_replica_groups
-
-    g = parse_replica_groups(spec_text, n)
-    return Communicator(0, "groups", spec_text, n, g.shape[1], g.shape[0],
-                        mesh_axes_spanned(g, [("data", n // 8), ("model", 8)]))
 
 
 def test_overlap_slows_compute_on_gpus():
@@ -63,7 +56,7 @@ def test_overlap_slows_compute_on_gpus():
     assert interference(tpu.spec, tpu.compute, tpu.network, gemm, ag) == 1.0
     # once the network has priced a collective, its HBM share is its own traffic at the
     # rate it ran, and a small one holds only the channels NCCL gives it (32 KiB each)
-    comm = _comm("[1,8]<=[8]", 8)
+    comm = communicator("[1,8]<=[8]", 8)
     t = model.network.time(ag, comm)
     local = 2 * 7 / 8 * 8e8 / t
     assert model.overlap_slowdown(copy, ag) == pytest.approx(
@@ -129,7 +122,7 @@ def test_nccl_channels_two_per_nvlink_inside_a_domain_and_16_across_nodes():
     # priced by the network inside one node, an H100 all-gather leaves 100 SMs to a GEMM:
     # 2048 tiles of 128x256 in 16 waves alone take 21 beside it
     model = default_cost_model(WorkloadGraph(cluster=Cluster(8, (("data", 8),))), "h100-sxm")
-    model.network.time(big, _comm("[1,8]<=[8]", 8))
+    model.network.time(big, communicator("[1,8]<=[8]", 8))
     gemm = Node(2, "g", NodeKind.COMPUTE, "dot", "gemm", flops=2.0 * 8192 ** 3,
                 operands=["bf16[8192,8192]"], outputs=["bf16[8192,8192]"])
     c = model.compute

@@ -8,20 +8,19 @@ import json
 
 import pytest
 
-from conftest import run_flint
+from conftest import communicator, run_flint
 from flint.cluster import Cluster
 from flint.errors import FlintError
 from flint.graph import Collective, Node, NodeKind, WorkloadGraph
 from flint.hardware_models.network import NetworkModel
 from flint.hardware_models.spec import load_spec
-from test_cost_model import _comm
 def test_a_systems_nccl_protocol_holds_everywhere_and_takes_nvls_away_unless_simple(tmp_path):
     """`nccl_protocol` (interconnect.scale_out, or --set) is the NCCL_PROTO a system's
     environment sets: every collective is priced as that protocol, and NVLS (Simple only)
     is offered only where Simple is allowed."""
     h100 = load_spec("h100-sxm")
     assert h100.nccl_protocol == "auto"
-    comm = _comm("[1,8]<=[8]", 8)
+    comm = communicator("[1,8]<=[8]", 8)
     cluster = Cluster(8, (("data", 8),))
 
     def ar(spec, size):
@@ -65,7 +64,7 @@ def test_readme_a3_mega_spec_prices_a_16_gpu_all_reduce_as_simple_without_nvls(t
     NICs, NVLS off and Simple only, as those three what-ifs on h100-sxm price it; a small
     all-reduce over two nodes pays Simple's latency; a bad protocol word is one line,
     exit 2."""
-    comm = _comm("[1,16]<=[16]", 16)
+    comm = communicator("[1,16]<=[16]", 16)
     nodes = [Node(0, "ar", NodeKind.COLLECTIVE, "all-reduce", "collective",
                   collective=Collective("all-reduce", 0, 4096, 4096, "bf16"))]
     g = tmp_path / "g.json"
